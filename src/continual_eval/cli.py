@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-#: sub-command -> "module:function"; each function takes the remaining argv and returns an exit code.
+#: sub-command -> ("module:function", help); the function takes the remaining argv, returns a code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("continual_eval.experiments.cli:main", "train a task stream and write its report"),
     "report": ("continual_eval.report:main", "draw and tabulate what ContinualEvalCallback wrote"),

@@ -1,0 +1,47 @@
+"""Pure tensor functions of the accuracy matrix ``R[i, j]`` and the untrained baseline ``b[j]``.
+
+Nothing here keeps state or modifies its inputs; every function takes ``validate`` to skip the
+value checks (which read back from the device) in hot loops.
+"""
+
+from continual_eval.functional._checks import FORGETTING_CONVENTIONS, check_scores, used_cells
+from continual_eval.functional.accuracy_matrix import (
+    FWT_CONVENTIONS,
+    average_accuracy,
+    average_incremental_accuracy,
+    backward_transfer,
+    backward_transfer_per_task,
+    continual_metrics,
+    forgetting,
+    forgetting_per_task,
+    forward_transfer,
+    forward_transfer_per_task,
+    intransigence,
+    intransigence_per_task,
+    learning_accuracy,
+    select_used_cells,
+)
+from continual_eval.functional.curves import CURVE_KEYS, continual_metrics_curve, running_peak
+
+__all__ = [
+    "CURVE_KEYS",
+    "FORGETTING_CONVENTIONS",
+    "FWT_CONVENTIONS",
+    "average_accuracy",
+    "average_incremental_accuracy",
+    "backward_transfer",
+    "backward_transfer_per_task",
+    "check_scores",
+    "continual_metrics",
+    "continual_metrics_curve",
+    "forgetting",
+    "forgetting_per_task",
+    "forward_transfer",
+    "forward_transfer_per_task",
+    "intransigence",
+    "intransigence_per_task",
+    "learning_accuracy",
+    "running_peak",
+    "select_used_cells",
+    "used_cells",
+]

@@ -1,0 +1,106 @@
+"""Input validation shared by the functional layer.
+
+Every check names what is wrong and where (the cell ``scores[i, j]`` or ``baseline[j]``). Validation
+synchronises with the device (it reads values back), which is why every public function takes a
+``validate`` flag that hot loops can turn off.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+FORGETTING_CONVENTIONS = ("peak", "chaudhry")
+
+
+def used_cells(num_tasks: int, device: torch.device | None = None) -> Tensor:
+    """Boolean [T, T] mask of the cells the GEM metrics read: ``j <= i + 1``."""
+    idx = torch.arange(num_tasks, device=device)
+    return idx.unsqueeze(0) <= idx.unsqueeze(1) + 1
+
+
+def check_forgetting_convention(convention: str) -> None:
+    if convention not in FORGETTING_CONVENTIONS:
+        raise ValueError(
+            f"unknown forgetting convention {convention!r}; "
+            f"expected one of {FORGETTING_CONVENTIONS}"
+        )
+
+
+def _check_float(name: str, tensor: Tensor) -> None:
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {tensor.dtype}")
+
+
+def _first_bad_cell(values: Tensor, mask: Tensor, what: str) -> tuple[int, ...] | None:
+    """Index of the first cell selected by ``mask`` that fails ``what`` ('finite' or 'unit')."""
+    if what == "finite":
+        bad = mask & ~torch.isfinite(values)
+    else:
+        bad = mask & ((values < 0) | (values > 1))
+    if not bool(bad.any()):
+        return None
+    return tuple(int(v) for v in bad.nonzero()[0])
+
+
+def check_cells(
+    name: str,
+    values: Tensor,
+    mask: Tensor,
+    cell_desc: str,
+    unit_interval: bool = True,
+    index_prefix: tuple[int, ...] = (),
+) -> None:
+    """Raise ``ValueError`` naming the first cell selected by ``mask`` that is not finite (or, with
+    ``unit_interval``, not in [0, 1]); ``index_prefix`` is prepended to the reported index."""
+    cell = _first_bad_cell(values, mask, "finite")
+    if cell is not None:
+        index = ", ".join(map(str, index_prefix + cell))
+        raise ValueError(
+            f"{name}[{index}] is {values[cell].item()}; {cell_desc} must be finite "
+            "(NaN is allowed only in cells no metric reads)"
+        )
+    if unit_interval:
+        cell = _first_bad_cell(values, mask, "unit")
+        if cell is not None:
+            index = ", ".join(map(str, index_prefix + cell))
+            raise ValueError(
+                f"{name}[{index}] = {values[cell].item():.6g} is outside [0, 1]; "
+                "accuracies must lie in [0, 1]"
+            )
+
+
+def check_scores(scores: Tensor, *, unit_interval: bool = True) -> None:
+    """Validate an accuracy matrix: square 2-D floating tensor, used cells finite and in [0, 1]."""
+    _check_float("scores", scores)
+    if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or scores.shape[0] < 1:
+        raise ValueError(
+            f"scores must be a square [T, T] matrix with T >= 1, got shape {tuple(scores.shape)}"
+        )
+    with torch.no_grad():
+        mask = used_cells(scores.shape[0], scores.device)
+        check_cells("scores", scores.detach(), mask, "used cells (j <= i + 1)", unit_interval)
+
+
+def check_vector(
+    name: str, vector: Tensor, scores: Tensor, *, skip_first: bool, unit_interval: bool = True
+) -> None:
+    """Validate a per-task vector (baseline or reference) against ``scores``' task count."""
+    _check_float(name, vector)
+    num_tasks = scores.shape[0]
+    if vector.ndim != 1 or vector.shape[0] != num_tasks:
+        raise ValueError(
+            f"{name} must have shape [T] = [{num_tasks}] to match scores, got {tuple(vector.shape)}"
+        )
+    if vector.dtype != scores.dtype:
+        raise TypeError(f"{name} dtype {vector.dtype} does not match scores dtype {scores.dtype}")
+    if vector.device != scores.device:
+        raise ValueError(f"{name} is on {vector.device} but scores is on {scores.device}")
+    with torch.no_grad():
+        mask = torch.ones(num_tasks, dtype=torch.bool, device=vector.device)
+        if skip_first:
+            mask[0] = False
+        desc = f"{name}[1:]" if skip_first else name
+        check_cells(name, vector.detach(), mask, desc, unit_interval)

@@ -1,0 +1,202 @@
+"""``ContinualMetrics``: the accuracy matrix as a torchmetrics ``Metric``, one stage at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from continual_eval.functional import continual_metrics, used_cells
+from continual_eval.functional._checks import check_cells, check_forgetting_convention
+
+
+def replicated_reduction(gathered: Tensor) -> Tensor:
+    """DDP reduction for states every rank must hold identically (the accuracy matrix).
+
+    ``gathered`` is the ranks' copies stacked on dim 0. Summing or averaging would corrupt R (a
+    sum doubles it; a mean silently blends ranks that disagree), so the copies are compared
+    (NaN equal to NaN) and rank 0's is returned; ranks that disagree raise an error naming them.
+    """
+    reference = gathered[0]
+    for rank in range(1, gathered.shape[0]):
+        if not torch.equal(torch.isnan(gathered[rank]), torch.isnan(reference)) or not torch.equal(
+            torch.nan_to_num(gathered[rank], nan=0.0), torch.nan_to_num(reference, nan=0.0)
+        ):
+            raise RuntimeError(
+                f"ContinualMetrics state differs between rank 0 and rank {rank}: every rank must "
+                "update with the same row (reduce correct/total counts across ranks first)"
+            )
+    return reference
+
+
+class ContinualMetrics(Metric):
+    r"""ACC, BWT, FWT and forgetting of an accuracy matrix filled one training stage at a time.
+
+    Call :meth:`update_baseline` once with the untrained model's per-task accuracies, then
+    :meth:`update` after each stage with that stage's row ``R[s, :]`` (length ``num_tasks``; NaN is
+    allowed in cells no metric reads, ``j > s + 1``). :meth:`compute` returns
+    :func:`~continual_eval.functional.continual_metrics` of the stages so far, ``R[:s, :s]`` and
+    ``b[:s]``.
+
+    Distributed: the states are *replicated*, not partial — every rank updates with the same row,
+    which callers obtain by reducing correct/total counts across ranks before :meth:`update` (as
+    :class:`~continual_eval.ContinualEvalCallback` does). A sync therefore compares the ranks'
+    copies and keeps rank 0's (:func:`replicated_reduction`); it never sums or averages R.
+
+    Args:
+        num_tasks: ``T``, the number of tasks (rows and columns of R).
+        forgetting: ``"peak"`` (default) or ``"chaudhry"``; see the functional layer.
+        validate: check every row and the baseline as they arrive.
+
+    Example:
+        >>> import torch
+        >>> metric = ContinualMetrics(num_tasks=2)
+        >>> metric.update_baseline(torch.tensor([0.5, 0.5]))
+        >>> metric.update(torch.tensor([0.9, 0.6]))
+        >>> metric.update(torch.tensor([0.7, 0.95]))
+        >>> {k: round(v.item(), 4) for k, v in metric.compute().items()}
+        {'acc': 0.825, 'bwt': -0.2, 'fwt': 0.1, 'forgetting': 0.2}
+    """
+
+    is_differentiable = False
+    higher_is_better: bool | None = None
+    full_state_update = False
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+
+    scores_state: Tensor
+    baseline_state: Tensor
+    stages: Tensor
+
+    def __init__(
+        self, num_tasks: int, *, forgetting: str = "peak", validate: bool = True, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(num_tasks, int) or num_tasks < 1:
+            raise ValueError(f"num_tasks must be a positive int, got {num_tasks!r}")
+        check_forgetting_convention(forgetting)
+        self.num_tasks = num_tasks
+        self.forgetting = forgetting
+        self.validate = validate
+        nan = float("nan")
+        self.add_state(
+            "scores_state",
+            torch.full((num_tasks, num_tasks), nan),
+            dist_reduce_fx=replicated_reduction,
+            persistent=True,
+        )
+        self.add_state(
+            "baseline_state",
+            torch.full((num_tasks,), nan),
+            dist_reduce_fx=replicated_reduction,
+            persistent=True,
+        )
+        self.add_state(
+            "stages",
+            torch.zeros((), dtype=torch.long),
+            dist_reduce_fx=replicated_reduction,
+            persistent=True,
+        )
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def num_stages(self) -> int:
+        """Number of stages recorded so far."""
+        return int(self.stages)
+
+    @property
+    def scores(self) -> Tensor:
+        """The rows recorded so far, ``[num_stages, num_tasks]`` (NaN = not evaluated)."""
+        return self.scores_state[: self.num_stages].clone()
+
+    @property
+    def baseline(self) -> Tensor:
+        """The untrained baseline, ``[num_tasks]`` (NaN until :meth:`update_baseline`)."""
+        return self.baseline_state.clone()
+
+    @property
+    def has_baseline(self) -> bool:
+        return bool(torch.isfinite(self.baseline_state[1:]).all()) or self.num_tasks == 1
+
+    # ------------------------------------------------------------------ updates
+    def _as_row(self, name: str, values: Tensor) -> Tensor:
+        values = torch.as_tensor(values)
+        if not values.is_floating_point():
+            raise TypeError(f"{name} must have a floating dtype, got {values.dtype}")
+        if values.shape != (self.num_tasks,):
+            raise ValueError(
+                f"{name} must have shape [num_tasks] = [{self.num_tasks}], "
+                f"got {tuple(values.shape)}"
+            )
+        return values.detach().to(device=self.scores_state.device, dtype=self.scores_state.dtype)
+
+    @staticmethod
+    def _check(name: str, values: Tensor, mask: Tensor, desc: str, prefix: tuple[int, ...]) -> None:
+        try:
+            check_cells(name, values, mask, desc, index_prefix=prefix)
+        except ValueError as err:
+            raise ValueError(f"{err}; nothing was recorded") from None
+
+    def update_baseline(self, baseline: Tensor) -> None:
+        """Record the untrained model's accuracy on every task, ``b[j]`` (``b[0]`` may be NaN)."""
+        baseline = self._as_row("baseline", baseline)
+        if self.validate:
+            mask = torch.ones(self.num_tasks, dtype=torch.bool, device=baseline.device)
+            mask[0] = False
+            self._check("baseline", baseline, mask, "baseline[1:]", ())
+        self.baseline_state.copy_(baseline)
+        self._computed = None
+
+    def update(self, row: Tensor) -> None:  # type: ignore[override]
+        """Append the next stage's row ``R[s, :]`` (accuracy on every task after stage ``s``)."""
+        stage = self.num_stages
+        if stage >= self.num_tasks:
+            raise ValueError(
+                f"ContinualMetrics(num_tasks={self.num_tasks}) already holds {stage} stages; "
+                f"cannot record stage {stage} (more training stages than tasks)"
+            )
+        row = self._as_row(f"row of stage {stage}", row)
+        if self.validate:
+            mask = used_cells(self.num_tasks, row.device)[stage]
+            self._check("scores", row, mask, "used cells (j <= i + 1)", (stage,))
+        self.scores_state[stage] = row
+        self.stages += 1
+
+    # ------------------------------------------------------------------ results
+    def compute(self) -> dict[str, Tensor]:
+        """``continual_metrics(R[:s, :s], b[:s])`` over the ``s`` stages recorded so far."""
+        s = self.num_stages
+        if s == 0:
+            raise RuntimeError("ContinualMetrics.compute() needs at least one update(row)")
+        if s > 1 and not bool(torch.isfinite(self.baseline_state[1:s]).all()):
+            raise RuntimeError(
+                f"ContinualMetrics has no baseline for tasks 1..{s - 1}: call update_baseline(b) "
+                "with the untrained model's accuracies before computing FWT"
+            )
+        return continual_metrics(
+            self.scores_state[:s, :s],
+            self.baseline_state[:s],
+            forgetting=self.forgetting,
+            validate=False,
+        )
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        # torchmetrics does not persist its update counter; restore it so compute() does not warn.
+        self._update_count = self.num_stages
+        self._computed = None
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """Draw the accuracy matrix as a heatmap (unevaluated cells empty); returns ``(fig, ax)``.
+
+        ``val`` may be a ``[S, T]`` matrix to draw instead of the recorded one. Needs matplotlib
+        (``pip install continual-eval[plot]``).
+        """
+        from continual_eval.plotting import plot_accuracy_matrix
+
+        scores = self.scores if val is None else torch.as_tensor(val)
+        return plot_accuracy_matrix(scores, self.baseline if val is None else None, ax=ax)

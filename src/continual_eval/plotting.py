@@ -1,0 +1,142 @@
+"""Pictures of an accuracy matrix: the R heatmap and per-task accuracy trajectories.
+
+matplotlib is an optional dependency (``pip install continual-eval[plot]``); it is imported on
+first use and the Agg backend is used when no display backend was chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ModuleNotFoundError as err:  # pragma: no cover - exercised only without the extra
+        raise ModuleNotFoundError(
+            "plotting needs matplotlib: pip install 'continual-eval[plot]'"
+        ) from err
+    if "matplotlib.pyplot" not in __import__("sys").modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _as_matrix(scores: Tensor | Sequence[Sequence[float | None]]) -> Tensor:
+    if isinstance(scores, Tensor):
+        return scores.detach().to("cpu", torch.float64)
+    rows = [[float("nan") if v is None else float(v) for v in row] for row in scores]
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), -1)
+
+
+def _task_labels(num_tasks: int, task_names: Sequence[str] | None) -> list[str]:
+    if task_names is None:
+        return [f"task {j}" for j in range(num_tasks)]
+    if len(task_names) != num_tasks:
+        raise ValueError(f"task_names has {len(task_names)} names for {num_tasks} tasks")
+    return list(task_names)
+
+
+def _new_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
+    plt = _pyplot()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+    else:
+        fig = ax.get_figure()
+    return fig, ax
+
+
+def plot_accuracy_matrix(
+    scores: Tensor | Sequence[Sequence[float | None]],
+    baseline: Tensor | Sequence[float | None] | None = None,
+    *,
+    ax: Any = None,
+    task_names: Sequence[str] | None = None,
+    title: str | None = "Accuracy matrix R[i, j]",
+    annotate: bool | None = None,
+) -> tuple[Any, Any]:
+    """Heatmap of ``R[i, j]`` (rows: after training stage i; columns: evaluated task j).
+
+    Unevaluated cells (NaN or None) are drawn empty. With ``baseline`` an extra top row shows the
+    untrained accuracies ``b[j]``. Cells are annotated with their values when the matrix is small
+    (``annotate=None`` means up to 12 tasks). Returns ``(fig, ax)`` like torchmetrics' ``plot``.
+    """
+    R = _as_matrix(scores)
+    num_stages, num_tasks = R.shape
+    labels = _task_labels(num_tasks, task_names)
+    row_labels = [f"after {labels[i]}" for i in range(num_stages)]
+    if baseline is not None:
+        b = _as_matrix([list(baseline.tolist() if isinstance(baseline, Tensor) else baseline)])
+        R = torch.cat([b, R])
+        row_labels = ["untrained", *row_labels]
+    size = max(3.5, 0.6 * num_tasks + 2.0)
+    fig, ax = _new_axes(ax, (size + 1.2, max(3.0, 0.5 * R.shape[0] + 1.6)))
+    plt = _pyplot()
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad(color="white")
+    masked = __import__("numpy").ma.masked_invalid(R.numpy())
+    image = ax.imshow(masked, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    fig.colorbar(image, ax=ax, label="accuracy")
+    ax.set_xticks(
+        range(num_tasks),
+        labels,
+        rotation=45 if num_tasks > 6 else 0,
+        ha="right" if num_tasks > 6 else "center",
+    )
+    ax.set_yticks(range(R.shape[0]), row_labels)
+    ax.set_xlabel("evaluated task j")
+    ax.set_ylabel("training stage i")
+    if baseline is not None:
+        ax.axhline(0.5, color="black", linewidth=1.5)
+    if annotate is None:
+        annotate = num_tasks <= 12
+    if annotate:
+        for (i, j), value in __import__("numpy").ndenumerate(R.numpy()):
+            if value == value:  # not NaN
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="black" if value > 0.6 else "white",
+                )
+    if title:
+        ax.set_title(title)
+    return fig, ax
+
+
+def plot_task_trajectories(
+    scores: Tensor | Sequence[Sequence[float | None]],
+    *,
+    ax: Any = None,
+    task_names: Sequence[str] | None = None,
+    title: str | None = "Per-task accuracy after each training stage",
+) -> tuple[Any, Any]:
+    """One line per task: its accuracy ``R[i, j]`` against the training stage ``i``, from the stage
+    it was trained on (``i >= j``); unevaluated cells leave gaps. Returns ``(fig, ax)``."""
+    R = _as_matrix(scores)
+    num_stages, num_tasks = R.shape
+    labels = _task_labels(num_tasks, task_names)
+    fig, ax = _new_axes(ax, (6.4, 4.0))
+    stages = list(range(num_stages))
+    for j in range(min(num_tasks, num_stages)):
+        ys = [R[i, j].item() if i >= j else float("nan") for i in stages]
+        ax.plot(stages, ys, marker="o", label=labels[j])
+    ax.set_xticks(
+        stages, [f"after {labels[i]}" for i in stages], rotation=30 if num_stages > 4 else 0
+    )
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("training stage")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8, ncols=1 + num_tasks // 10)
+    if title:
+        ax.set_title(title)
+    return fig, ax
