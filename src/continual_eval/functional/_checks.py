@@ -7,16 +7,34 @@ synchronises with the device (it reads values back), which is why every public f
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 FORGETTING_CONVENTIONS = ("peak", "chaudhry")
 
 
-def used_cells(num_tasks: int, device: torch.device | None = None) -> Tensor:
-    """Boolean [T, T] mask of the cells the GEM metrics read: ``j <= i + 1``."""
+class TriangleMasks(NamedTuple):
+    """Boolean ``[T, T]`` masks over ``(i, j)`` = (stage, task)."""
+
+    used: Tensor  # j <= i + 1: the cells the GEM metrics read
+    untrained: Tensor  # j > i: task j not yet trained at stage i
+    old: Tensor  # j < i: task j followed by training at stage i
+
+
+@functools.lru_cache(maxsize=8)
+def triangle_masks(num_tasks: int, device: torch.device | str = "cpu") -> TriangleMasks:
+    """The masks for ``T`` tasks, cached per ``(T, device)``; callers must not modify them."""
     idx = torch.arange(num_tasks, device=device)
-    return idx.unsqueeze(0) <= idx.unsqueeze(1) + 1
+    offset = idx.unsqueeze(0) - idx.unsqueeze(1)  # j - i
+    return TriangleMasks(used=offset <= 1, untrained=offset > 0, old=offset < 0)
+
+
+def used_cells(num_tasks: int, device: torch.device | str | None = None) -> Tensor:
+    """Boolean [T, T] mask of the cells the GEM metrics read: ``j <= i + 1`` (a fresh copy)."""
+    return triangle_masks(num_tasks, torch.device(device or "cpu")).used.clone()
 
 
 def check_forgetting_convention(convention: str) -> None:
@@ -36,10 +54,8 @@ def _check_float(name: str, tensor: Tensor) -> None:
 
 def _first_bad_cell(values: Tensor, mask: Tensor, what: str) -> tuple[int, ...] | None:
     """Index of the first cell selected by ``mask`` that fails ``what`` ('finite' or 'unit')."""
-    if what == "finite":
-        bad = mask & ~torch.isfinite(values)
-    else:
-        bad = mask & ((values < 0) | (values > 1))
+    bad = ~torch.isfinite(values) if what == "finite" else (values < 0) | (values > 1)
+    bad &= mask
     if not bool(bad.any()):
         return None
     return tuple(int(v) for v in bad.nonzero()[0])
@@ -55,6 +71,11 @@ def check_cells(
 ) -> None:
     """Raise ``ValueError`` naming the first cell selected by ``mask`` that is not finite (or, with
     ``unit_interval``, not in [0, 1]); ``index_prefix`` is prepended to the reported index."""
+    if unit_interval:  # fast path: one fused test (NaN fails both comparisons, +-inf one of them)
+        bad = ~((values >= 0) & (values <= 1))
+        bad &= mask
+        if not bool(bad.any()):
+            return
     cell = _first_bad_cell(values, mask, "finite")
     if cell is not None:
         index = ", ".join(map(str, index_prefix + cell))
@@ -80,7 +101,7 @@ def check_scores(scores: Tensor, *, unit_interval: bool = True) -> None:
             f"scores must be a square [T, T] matrix with T >= 1, got shape {tuple(scores.shape)}"
         )
     with torch.no_grad():
-        mask = used_cells(scores.shape[0], scores.device)
+        mask = triangle_masks(scores.shape[0], scores.device).used
         check_cells("scores", scores.detach(), mask, "used cells (j <= i + 1)", unit_interval)
 
 

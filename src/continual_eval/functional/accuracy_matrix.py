@@ -4,7 +4,7 @@ Notation (zero-based): ``R[i, j]`` is the accuracy on task ``j`` after training 
 ``R`` is ``[T, T]``; ``b[j]`` is task ``j``'s accuracy before any training (the untrained
 baseline). A metric only reads the cells ``j <= i + 1`` (the lower triangle and the first
 superdiagonal) and ``b[1:]``; every other cell may hold NaN and never reaches a result, because
-cells are *selected* (``torch.where``), never multiplied by a mask.
+cells are *selected* (``masked_fill``, ``tril``), never multiplied by a mask.
 
 All averages weight tasks equally (not examples). With ``T = 1`` no task has been followed by
 training: ACC is ``R[0, 0]`` and every transfer or forgetting metric is zero.
@@ -29,7 +29,7 @@ from continual_eval.functional._checks import (
     check_forgetting_convention,
     check_scores,
     check_vector,
-    used_cells,
+    triangle_masks,
 )
 
 FWT_CONVENTIONS = ("gem", "isolated")
@@ -37,8 +37,15 @@ FWT_CONVENTIONS = ("gem", "isolated")
 
 def select_used_cells(scores: Tensor) -> Tensor:
     """Copy of ``scores`` with every cell no metric reads (``j > i + 1``) set to zero."""
-    mask = used_cells(scores.shape[0], scores.device)
-    return torch.where(mask, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+    return scores.masked_fill(~triangle_masks(scores.shape[0], scores.device).used, 0.0)
+
+
+def trained_history(scores: Tensor) -> Tensor:
+    """Copy of ``scores`` with the cells of tasks not yet trained (``j > i``) set to ``-inf``, so
+    that column maxima run over ``j <= i`` only."""
+    return scores.masked_fill(
+        triangle_masks(scores.shape[0], scores.device).untrained, float("-inf")
+    )
 
 
 def _zero(scores: Tensor) -> Tensor:
@@ -54,8 +61,7 @@ def backward_transfer_per_task(scores: Tensor, *, validate: bool = True) -> Tens
     r"""Per-task backward transfer ``R[T-1, j] - R[j, j]`` for ``j < T-1``; shape ``[T-1]``."""
     if validate:
         check_scores(scores)
-    R = select_used_cells(scores)
-    return R[-1, :-1] - R.diagonal()[:-1]
+    return scores[-1, :-1] - scores.diagonal()[:-1]
 
 
 def forward_transfer_per_task(
@@ -74,8 +80,7 @@ def forward_transfer_per_task(
     if validate:
         check_scores(scores)
         check_vector("baseline", baseline, scores, skip_first=True)
-    R = select_used_cells(scores)
-    before = R.diagonal(offset=1) if convention == "gem" else R.diagonal()[1:]
+    before = scores.diagonal(offset=1) if convention == "gem" else scores.diagonal()[1:]
     return before - baseline[1:]
 
 
@@ -91,16 +96,12 @@ def forgetting_per_task(
     check_forgetting_convention(convention)
     if validate:
         check_scores(scores)
-    T = scores.shape[0]
-    idx = torch.arange(T, device=scores.device)
-    learned = idx.unsqueeze(1) >= idx.unsqueeze(0)  # i >= j: task j trained by stage i
-    history = torch.where(
-        learned, scores, torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device)
-    )
+    if scores.shape[0] == 1:
+        return scores.new_empty(0)
+    history = trained_history(scores)
     if convention == "chaudhry":
-        history = history[:-1]
-    peak = history.amax(dim=0)[:-1] if T > 1 else history.new_empty(0)
-    return peak - scores[-1, :-1]
+        history = history[:-1]  # peaks strictly before the final stage
+    return history.amax(dim=0)[:-1] - scores[-1, :-1]
 
 
 def intransigence_per_task(scores: Tensor, reference: Tensor, *, validate: bool = True) -> Tensor:
@@ -155,7 +156,7 @@ def average_incremental_accuracy(scores: Tensor, *, validate: bool = True) -> Te
     if validate:
         check_scores(scores)
     T = scores.shape[0]
-    seen_sums = torch.tril(select_used_cells(scores)).sum(dim=1)
+    seen_sums = torch.tril(scores).sum(dim=1)  # tril selects: NaN above the diagonal never enters
     seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)
     return (seen_sums / seen).mean()
 

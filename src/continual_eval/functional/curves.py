@@ -2,7 +2,8 @@ r"""Every accuracy-matrix metric after every stage, in one vectorised pass.
 
 ``curve[s]`` equals the metric of the leading sub-matrix ``R[:s+1, :s+1]`` and ``b[:s+1]``: the
 value a run would have reported had it stopped after stage ``s``. All curves are computed from
-``O(T^2)`` intermediates (running column maxima, row sums); nothing is ``O(T^3)``.
+``O(T^2)`` intermediates (running column maxima, row sums); nothing is ``O(T^3)``, and no Python
+loop runs over tasks.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from continual_eval.functional._checks import (
     check_forgetting_convention,
     check_scores,
     check_vector,
+    triangle_masks,
 )
-from continual_eval.functional.accuracy_matrix import select_used_cells
+from continual_eval.functional.accuracy_matrix import trained_history
 
 CURVE_KEYS = (
     "acc",
@@ -27,14 +29,47 @@ CURVE_KEYS = (
 )
 
 
+_PEAK_BLOCK = 32
+
+
+def _running_max_rows(x: Tensor, spare: Tensor) -> Tensor:
+    """Running maximum along dim -2 (rows) by doubling: ``ceil(log2(rows))`` whole-tensor
+    ``maximum`` passes, ping-ponging between ``x`` and the same-shaped ``spare`` buffer (both are
+    overwritten); returns the buffer holding the result."""
+    rows, step = x.shape[-2], 1
+    while step < rows:
+        torch.maximum(x[..., step:, :], x[..., :-step, :], out=spare[..., step:, :])
+        spare[..., :step, :] = x[..., :step, :]
+        x, spare = spare, x
+        step *= 2
+    return x
+
+
 def running_peak(scores: Tensor) -> Tensor:
     r"""``P[s, j] = max_{j <= i <= s} R[i, j]`` (``-inf`` where ``s < j``): each task's best
-    accuracy from the stage it was trained up to stage ``s``."""
+    accuracy from the stage it was trained up to stage ``s``.
+
+    Blocked scan without autograd: running maxima inside blocks of 32 stages, then across block
+    ends, about ``log2(32) + 2`` element-wise passes over a ``[T, T]`` buffer (``cummax``, which
+    also tracks indices, is several times slower); ``cummax`` when autograd records ``scores``.
+    """
+    if torch.is_grad_enabled() and scores.requires_grad:
+        return trained_history(scores).cummax(dim=0).values
     T = scores.shape[0]
-    idx = torch.arange(T, device=scores.device)
-    learned = idx.unsqueeze(1) >= idx.unsqueeze(0)
-    neg_inf = torch.full((), float("-inf"), dtype=scores.dtype, device=scores.device)
-    return torch.where(learned, scores, neg_inf).cummax(dim=0).values
+    block = min(_PEAK_BLOCK, T)
+    num_blocks = -(-T // block)
+    buffers = scores.new_empty((2, num_blocks * block, T))
+    history = buffers[0]
+    history[:T] = scores
+    history[:T].masked_fill_(triangle_masks(T, scores.device).untrained, float("-inf"))
+    history[T:] = float("-inf")
+    shape = (num_blocks, block, T)
+    peak = _running_max_rows(history.view(shape), buffers[1].view(shape))
+    if num_blocks > 1:
+        ends = peak[:, -1].clone()  # best of each block; then best up to each block's end
+        ends = _running_max_rows(ends, torch.empty_like(ends))
+        torch.maximum(peak[1:], ends[:-1].unsqueeze(1), out=peak[1:])
+    return peak.view(num_blocks * block, T)[:T]
 
 
 def continual_metrics_curve(
@@ -43,7 +78,7 @@ def continual_metrics_curve(
     r"""Per-stage curves of ACC, BWT, FWT, forgetting, learning accuracy and average incremental
     accuracy, each of shape ``[T]``.
 
-    With ``n_s = s`` old tasks at stage ``s`` (zero-based):
+    At stage ``s`` (zero-based; ``s`` old tasks):
 
     * ``acc[s] = 1/(s+1) sum_{j<=s} R[s,j]``
     * ``bwt[s] = 1/s sum_{j<s} (R[s,j] - R[j,j])``, 0 at ``s = 0``
@@ -61,35 +96,36 @@ def continual_metrics_curve(
         check_scores(scores)
         check_vector("baseline", baseline, scores, skip_first=True)
     T = scores.shape[0]
-    dtype, device = scores.dtype, scores.device
-    R = select_used_cells(scores)
-    seen = torch.arange(1, T + 1, dtype=dtype, device=device)  # tasks seen after stage s: s+1
-    old = (seen - 1).clamp(
-        min=1
-    )  # tasks followed by training at stage s: s (1 for s=0 to avoid 0/0)
+    seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)  # s + 1
+    old = (seen - 1).clamp(min=1)  # s, with 1 at s = 0 where every numerator is 0
 
-    diag = R.diagonal()
-    row_sums = torch.tril(R).sum(dim=1)  # sum_{j<=s} R[s, j]
-    old_diag_sums = diag.cumsum(0) - diag  # sum_{j<s} R[j, j]
-    acc = row_sums / seen
-    bwt = (row_sums - diag - old_diag_sums) / old  # s = 0: (R00 - R00 - 0) / 1 = 0
+    diag = scores.diagonal()
+    seen_sums = torch.tril(scores).sum(dim=1)  # sum_{j<=s} R[s,j]; tril selects, NaN never enters
+    old_sums = seen_sums - diag  # sum_{j<s} R[s,j]
+    diag_sums = diag.cumsum(0)  # sum_{j<=s} R[j,j]
+    acc = seen_sums / seen
 
-    gains = R.diagonal(offset=1) - baseline[1:]  # R[j-1, j] - b[j], j = 1..T-1
-    fwt = torch.cat([gains.new_zeros(1), gains.cumsum(0)]) / old
+    gains = scores.diagonal(offset=1) - baseline[1:]  # R[j-1,j] - b[j], j = 1..T-1
+    fwt_sums = torch.cat([gains.new_zeros(1), gains.cumsum(0)])
 
-    peak = running_peak(R)
-    if forgetting == "chaudhry":
-        peak = torch.cat([torch.full_like(peak[:1], float("-inf")), peak[:-1]])
-    idx = torch.arange(T, device=device)
-    old_cells = idx.unsqueeze(0) < idx.unsqueeze(1)  # j < s
-    drops = torch.where(old_cells, peak - R, torch.zeros((), dtype=dtype, device=device))
-    forgetting_curve = drops.sum(dim=1) / old
+    # sum_{j<=s} P[s,j]; P[s,s] = R[s,s], so the peak drops of old tasks are peak_sums - seen_sums.
+    peak = running_peak(scores)
+    untrained = triangle_masks(T, scores.device).untrained
+    peak_sums = (
+        peak.masked_fill_(untrained, 0.0)
+        if not peak.requires_grad
+        else peak.masked_fill(untrained, 0.0)
+    ).sum(dim=1)
+    if forgetting == "peak":
+        drop_sums = peak_sums - seen_sums
+    else:  # chaudhry: sum_{j<s} max_{j<=i<=s-1} R[i,j] = peak_sums[s-1]
+        drop_sums = torch.cat([peak_sums.new_zeros(1), peak_sums[:-1]]) - old_sums
 
     return {
         "acc": acc,
-        "bwt": bwt,
-        "fwt": fwt,
-        "forgetting": forgetting_curve,
-        "learning_accuracy": diag.cumsum(0) / seen,
+        "bwt": (old_sums - (diag_sums - diag)) / old,
+        "fwt": fwt_sums / old,
+        "forgetting": drop_sums / old,
+        "learning_accuracy": diag_sums / seen,
         "average_incremental_accuracy": acc.cumsum(0) / seen,
     }

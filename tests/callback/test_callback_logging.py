@@ -1,0 +1,199 @@
+"""What the callback sends to each logger, read back with each tool's own reader."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import struct
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+
+from continual_eval.callback import ContinualEvalCallback
+from continual_eval.results import load_results
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return make_tasks()
+
+
+def run(tasks, tmp_path, loggers, **cb_kwargs):
+    model = Classifier(make_net())
+    cb = ContinualEvalCallback(eval_loaders(tasks), verbose=False, **cb_kwargs)
+    for dl in train_loaders(tasks):
+        pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1, logger=loggers)).fit(
+            model, dl
+        )
+    return cb
+
+
+def test_csv_and_tensorboard_read_back(tasks, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    csv_logger = CSVLogger(tmp_path, name="csv")
+    tb_logger = TensorBoardLogger(tmp_path, name="tb")
+    cb = run(tasks, tmp_path, [csv_logger, tb_logger], metadata={"method": "finetune"})
+    R, b = cb.scores, cb.baseline
+    results = cb.results()
+
+    # results.json and scores.csv land in the first logger's log_dir
+    assert cb.results_dir is not None
+    assert cb.results_dir.resolve() == (tmp_path / "csv" / "version_0").resolve()
+    assert load_results(cb.results_dir) == json.loads(json.dumps(results))
+
+    # metrics.csv: one row per stage at step = stage, with the metrics and the row of R
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("continual/acc")]
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    for stage, row in enumerate(rows):
+        assert float(row["continual/acc"]) == pytest.approx(
+            results["metrics_per_stage"]["acc"][stage]
+        )
+        for j in range(3):
+            assert float(row[f"continual/accuracy/task_{j}"]) == pytest.approx(R[stage, j].item())
+    assert float(rows[-1]["continual/bwt"]) == pytest.approx(results["metrics"]["bwt"])
+    assert rows[0]["continual/bwt"] == "0.0"  # one stage: defined as zero by the functional layer
+
+    # TensorBoard: scalars per stage, the heatmap and the markdown table
+    acc = EventAccumulator(str(tb_logger.log_dir), size_guidance={"images": 0, "tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    events = acc.Scalars("continual/acc")
+    assert [e.step for e in events] == [0, 1, 2]
+    assert [e.value for e in events] == pytest.approx(results["metrics_per_stage"]["acc"], abs=1e-6)
+    fwt = acc.Scalars("continual/fwt")[-1].value
+    assert fwt == pytest.approx(results["metrics"]["fwt"], abs=1e-6)
+    baseline_events = acc.Scalars("continual/baseline/task_1")
+    assert baseline_events[0].value == pytest.approx(b[1].item(), abs=1e-6)
+    images = acc.Images("continual/accuracy_matrix")
+    assert [im.step for im in images] == [0, 1, 2]
+    assert images[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
+    text_tag = next(t for t in tags["tensors"] if t.startswith("continual/accuracy_matrix"))
+    last_text = acc.Tensors(text_tag)[-1].tensor_proto.string_val[0].decode()
+    assert "| baseline |" in last_text and f"{R[2, 0].item():.4f}" in last_text
+
+
+def test_heatmap_draws_unevaluated_cells_empty(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tasks4 = make_tasks(4)
+    tb_logger = TensorBoardLogger(tmp_path, name="tb")
+    cb = run(tasks4, tmp_path, [tb_logger], evaluate="needed")
+    acc = EventAccumulator(str(tb_logger.log_dir), size_guidance={"images": 0})
+    acc.Reload()
+    png = acc.Images("continual/accuracy_matrix")[-1].encoded_image_string
+    (tmp_path / "heatmap.png").write_bytes(png)
+
+    import matplotlib.image as mpimg
+
+    pixels = mpimg.imread(str(tmp_path / "heatmap.png"))
+    assert pixels.ndim == 3 and pixels.shape[0] > 100
+    assert torch.isnan(cb.scores[0, 2:]).all()
+    # the CSV matrix of the results directory leaves those cells empty
+    lines = (cb.results_dir / "scores.csv").read_text().splitlines()
+    assert lines[2].split(",")[3:] == ["", ""]
+
+
+def _wandb_history(run_dir: str) -> list[dict[str, str]]:
+    """History records of an offline W&B run, read from its .wandb file (LevelDB log format)."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = glob.glob(f"{run_dir}/run-*.wandb")
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, block, records, partial = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pos += 7
+        chunk, pos = data[pos : pos + length], pos + length
+        if kind == 1:
+            records.append(chunk)
+        elif kind == 2:
+            partial = chunk
+        elif kind == 3:
+            partial += chunk
+        elif kind == 4:
+            records.append(partial + chunk)
+    history = []
+    for raw in records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            history.append(
+                {"/".join(i.nested_key) or i.key: i.value_json for i in record.history.item}
+            )
+    return history
+
+
+def test_wandb_offline_read_back(tasks, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(project="continual-eval-test", save_dir=str(tmp_path), offline=True)
+    try:
+        cb = run(tasks, tmp_path, [logger])
+        run_dir = logger.experiment.dir.rsplit("/files", 1)[0]
+    finally:
+        wandb.finish()
+    results = cb.results()
+    history = [h for h in _wandb_history(run_dir) if "continual/acc" in h]
+    assert [int(h["trainer/global_step"]) for h in history] == [0, 1, 2]
+    assert [float(h["continual/acc"]) for h in history] == pytest.approx(
+        results["metrics_per_stage"]["acc"], abs=1e-12
+    )
+    last = history[-1]
+    assert float(last["continual/accuracy/task_0"]) == cb.scores[2, 0].item()
+    assert json.loads(last["continual/accuracy_matrix/_type"]) == "image-file"
+    image_path = json.loads(last["continual/accuracy_matrix/path"])
+    assert open(f"{run_dir}/files/{image_path}", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    table_path = json.loads(last["continual/accuracy_matrix_table/path"])
+    table = json.loads(open(f"{run_dir}/files/{table_path}").read())
+    assert table["columns"] == ["stage", "task_0", "task_1", "task_2"]
+    assert table["data"][0][0] == "baseline" and table["data"][3][1:] == cb.scores[2].tolist()
+
+
+def test_mlflow_read_back(tasks, tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"file:{tmp_path / 'mlruns'}"
+    logger = MLFlowLogger(experiment_name="continual", tracking_uri=uri)
+    cb = run(tasks, tmp_path, [logger], dirpath=tmp_path / "out")
+    client = MlflowClient(tracking_uri=uri)
+    history = client.get_metric_history(logger.run_id, "continual/acc")
+    assert sorted(m.step for m in history) == [0, 1, 2]
+    final = max(history, key=lambda m: m.step).value
+    assert final == pytest.approx(cb.results()["metrics"]["acc"])
+    artifacts = {a.path for a in client.list_artifacts(logger.run_id, "continual")}
+    assert "continual/results.json" in artifacts
+    assert "continual/accuracy_matrix_stage_002.png" in artifacts
+    local = client.download_artifacts(logger.run_id, "continual/results.json", str(tmp_path))
+    assert json.loads(open(local).read())["scores"] == load_results(tmp_path / "out")["scores"]
+
+
+def test_final_table_printed(tasks, tmp_path, caplog):
+    import logging
+
+    model = Classifier(make_net())
+    cb = ContinualEvalCallback(eval_loaders(tasks), dirpath=tmp_path)
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+        for dl in train_loaders(tasks):
+            pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(model, dl)
+    text = caplog.text
+    assert "stage 2 (task_2)" in text
+    assert "baseline" in text and f"{cb.scores[2, 2].item():.4f}" in text
+    assert not math.isnan(cb.results()["metrics"]["acc"])

@@ -1,0 +1,208 @@
+"""ContinualMetrics: equal to the functional layer after every stage, persistent, DDP-safe."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from reference import reference_metrics
+
+from continual_eval import ContinualMetrics, continual_metrics
+
+NAN = float("nan")
+
+
+def random_stream(T: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    R = torch.rand(T, T, generator=gen)
+    b = torch.rand(T, generator=gen)
+    b[0] = NAN
+    idx = torch.arange(T)
+    R[idx.unsqueeze(0) > idx.unsqueeze(1) + 1] = NAN  # not evaluated
+    return R, b
+
+
+def test_metric_equals_function_after_every_stage():
+    T = 6
+    R, b = random_stream(T)
+    metric = ContinualMetrics(num_tasks=T)
+    metric.update_baseline(b)
+    for s in range(T):
+        metric.update(R[s])
+        out = metric.compute()
+        expected = continual_metrics(R[: s + 1, : s + 1], b[: s + 1])
+        loop = reference_metrics(R[: s + 1, : s + 1].tolist(), b[: s + 1].tolist())
+        for key in expected:
+            torch.testing.assert_close(out[key], expected[key])
+            assert out[key].item() == pytest.approx(loop[key], abs=1e-6)
+    assert metric.num_stages == T
+    torch.testing.assert_close(metric.scores, R, equal_nan=True)
+    torch.testing.assert_close(metric.baseline, b, equal_nan=True)
+
+
+def test_chaudhry_convention_is_passed_through():
+    T = 4
+    R, b = random_stream(T, seed=3)
+    metric = ContinualMetrics(T, forgetting="chaudhry")
+    metric.update_baseline(b)
+    for row in R:
+        metric.update(row)
+    expected = reference_metrics(R.tolist(), b.tolist(), "chaudhry")
+    assert metric.compute()["forgetting"].item() == pytest.approx(expected["forgetting"], abs=1e-6)
+
+
+def test_state_dict_round_trip_and_reset():
+    T = 4
+    R, b = random_stream(T, seed=1)
+    metric = ContinualMetrics(T)
+    metric.update_baseline(b)
+    metric.update(R[0])
+    metric.update(R[1])
+    state = metric.state_dict()
+    assert {"scores_state", "baseline_state", "stages"} <= set(state)
+
+    restored = ContinualMetrics(T)
+    restored.load_state_dict(state)
+    assert restored.num_stages == 2
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("error")  # no "compute called before update" warning
+        out = restored.compute()
+    for key, value in metric.compute().items():
+        torch.testing.assert_close(out[key], value)
+    restored.update(R[2])  # continues where it stopped
+    torch.testing.assert_close(restored.scores, R[:3], equal_nan=True)
+
+    restored.reset()
+    assert restored.num_stages == 0
+    assert torch.isnan(restored.baseline).all()
+    with pytest.raises(RuntimeError, match="at least one update"):
+        restored.compute()
+
+
+def test_bad_updates_are_clear_errors_and_keep_what_was_recorded():
+    T = 3
+    R, b = random_stream(T)
+    metric = ContinualMetrics(T)
+    metric.update_baseline(b)
+    metric.update(R[0])
+    with pytest.raises(ValueError, match=r"shape \[num_tasks\] = \[3\]"):
+        metric.update(torch.tensor([0.5, 0.5]))
+    with pytest.raises(TypeError, match="floating dtype"):
+        metric.update(torch.tensor([1, 0, 1]))
+    with pytest.raises(
+        ValueError, match=r"scores\[1, 0\] = 1.5 is outside \[0, 1\].*nothing was recorded"
+    ):
+        metric.update(torch.tensor([1.5, 0.5, 0.5]))
+    with pytest.raises(ValueError, match=r"scores\[1, 2\] is nan"):
+        metric.update(torch.tensor([0.5, 0.5, NAN]))
+    assert metric.num_stages == 1
+    torch.testing.assert_close(metric.scores, R[:1], equal_nan=True)
+    metric.update(R[1])
+    metric.update(R[2])
+    with pytest.raises(ValueError, match=r"num_tasks=3\) already holds 3 stages"):
+        metric.update(R[2])
+    with pytest.raises(ValueError, match=r"baseline\[1\] is nan"):
+        metric.update_baseline(torch.tensor([0.5, NAN, 0.5]))
+    torch.testing.assert_close(metric.baseline, b, equal_nan=True)
+
+
+def test_compute_without_baseline_is_explained():
+    metric = ContinualMetrics(3)
+    metric.update(torch.tensor([0.9, 0.5, NAN]))
+    assert metric.compute()["acc"].item() == pytest.approx(0.9)  # one stage needs no baseline
+    metric.update(torch.tensor([0.8, 0.9, 0.5]))
+    with pytest.raises(RuntimeError, match="update_baseline"):
+        metric.compute()
+
+
+def test_baseline_update_invalidates_cached_compute():
+    metric = ContinualMetrics(2)
+    metric.update_baseline(torch.tensor([NAN, 0.5]))
+    metric.update(torch.tensor([0.9, 0.6]))
+    metric.update(torch.tensor([0.8, 0.9]))
+    assert metric.compute()["fwt"].item() == pytest.approx(0.1)
+    metric.update_baseline(torch.tensor([NAN, 0.2]))
+    assert metric.compute()["fwt"].item() == pytest.approx(0.4)
+
+
+def test_plot_draws_the_matrix(tmp_path):
+    pytest.importorskip("matplotlib")
+    R, b = random_stream(3)
+    metric = ContinualMetrics(3)
+    metric.update_baseline(b)
+    metric.update(R[0])
+    metric.update(R[1])
+    fig, ax = metric.plot()
+    image = ax.images[0].get_array()
+    assert image.shape == (3, 3)  # baseline row + two stages
+    assert bool(image.mask[1, 2])  # R[0, 2] not evaluated: drawn empty
+    fig.savefig(tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+# ---------------------------------------------------------------- DDP with 2 gloo processes
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, disagree: bool, results: dict) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        R, b = random_stream(4, seed=7)
+        metric = ContinualMetrics(4)
+        metric.update_baseline(b)
+        for s in range(3):
+            row = R[s].clone()
+            if disagree and rank == 1 and s == 2:
+                row[0] = 0.0
+            metric.update(row)
+        try:
+            out = metric.compute()  # syncs the states across ranks
+            results[rank] = {
+                "metrics": {k: v.item() for k, v in out.items()},
+                "scores": metric.scores.tolist(),
+            }
+        except RuntimeError as err:
+            results[rank] = {"error": str(err)}
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ddp(disagree: bool) -> dict:
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.start_processes(
+        _ddp_worker,
+        args=(2, _free_port(), disagree, results),
+        nprocs=2,
+        join=True,
+        start_method="fork",
+    )
+    return dict(results)
+
+
+@pytest.mark.slow
+def test_ddp_sync_keeps_the_matrix_intact():
+    results = _run_ddp(disagree=False)
+    R, b = random_stream(4, seed=7)
+    expected = reference_metrics(R[:3, :3].tolist(), b[:3].tolist())
+    for rank in (0, 1):
+        assert "error" not in results[rank], results[rank]
+        for key, value in expected.items():
+            assert results[rank]["metrics"][key] == pytest.approx(value, abs=1e-6)
+        torch.testing.assert_close(torch.tensor(results[rank]["scores"]), R[:3], equal_nan=True)
+
+
+@pytest.mark.slow
+def test_ddp_sync_refuses_ranks_that_disagree():
+    results = _run_ddp(disagree=True)
+    for rank in (0, 1):
+        assert "differs between rank 0 and rank 1" in results[rank]["error"]
