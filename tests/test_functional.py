@@ -8,10 +8,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import reference_curve, reference_metrics
 
 import continual_eval
 from continual_eval import functional as F
+from reference import reference_curve, reference_metrics
 
 NAN = float("nan")
 SEED_R = [[0.5, 0.2, NAN], [0.9, 0.6, 0.3], [0.7, 0.8, 0.9]]
@@ -197,7 +197,7 @@ def test_curves_match_reference_and_end_at_the_final_metrics(inputs, forgetting)
 @settings(max_examples=100, deadline=None)
 @given(accuracy_matrices())
 def test_peak_forgetting_is_non_negative_and_bounds_minus_bwt(inputs):
-    R, b = inputs
+    R, _ = inputs
     Rt = torch.tensor(R, dtype=torch.float64)
     peak = F.forgetting_per_task(Rt)
     assert (peak >= 0).all()
@@ -218,7 +218,7 @@ def test_validation_errors_name_the_problem():
         F.continual_metrics(torch.ones(2, 2, dtype=torch.long), torch.ones(2))
     with pytest.raises(TypeError, match="floating dtype"):
         F.continual_metrics(R, torch.ones(3, dtype=torch.long))
-    with pytest.raises(TypeError, match="torch.Tensor"):
+    with pytest.raises(TypeError, match=r"torch\.Tensor"):
         F.continual_metrics(SEED_R, b)
     with pytest.raises(TypeError, match="does not match"):
         F.continual_metrics(R, b.float())

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from reference import reference_metrics
 
 from continual_eval import ContinualMetrics, continual_metrics
+from reference import reference_metrics
 
 NAN = float("nan")
 

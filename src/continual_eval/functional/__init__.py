@@ -22,6 +22,13 @@ from continual_eval.functional.accuracy_matrix import (
     select_used_cells,
 )
 from continual_eval.functional.curves import CURVE_KEYS, continual_metrics_curve, running_peak
+from continual_eval.functional.stability import (
+    boundary_indices,
+    min_accuracy,
+    stability_gap,
+    stage_minima,
+    worst_case_accuracy,
+)
 
 __all__ = [
     "CURVE_KEYS",
@@ -31,6 +38,7 @@ __all__ = [
     "average_incremental_accuracy",
     "backward_transfer",
     "backward_transfer_per_task",
+    "boundary_indices",
     "check_scores",
     "continual_metrics",
     "continual_metrics_curve",
@@ -41,7 +49,11 @@ __all__ = [
     "intransigence",
     "intransigence_per_task",
     "learning_accuracy",
+    "min_accuracy",
     "running_peak",
     "select_used_cells",
+    "stability_gap",
+    "stage_minima",
     "used_cells",
+    "worst_case_accuracy",
 ]
