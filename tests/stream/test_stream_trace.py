@@ -131,3 +131,17 @@ def test_from_arrays_with_codes_matches_labels():
     assert a.regime_names == b.regime_names == ("x", "y")
     assert a.regime_code.tolist() == b.regime_code.tolist() == [0, 1, 0]
     assert a.regime_id == ["x", "y", "x"]
+
+
+def test_unused_regime_names_are_dropped():
+    tr = EpisodeTrace.from_arrays([1.0, 2.0], [2, 0], regime_names=["x", "unused", "z"])
+    assert tr.regime_names == ("x", "z")
+    assert tr.regime_id == ["z", "x"]
+    assert list(compute_all_metrics(tr)["per_regime"]) == ["x", "z"]
+
+
+def test_bad_optional_columns_name_the_step():
+    with pytest.raises(ValueError, match="invalid_action at step 1"):
+        EpisodeTrace.from_arrays([1.0, 2.0], ["a", "a"], invalid_action=[0.0, 0.5])
+    with pytest.raises(ValueError, match="effective_rank at step 0"):
+        EpisodeTrace.from_arrays([1.0, 2.0], ["a", "a"], effective_rank=[np.inf, 1.0])

@@ -1,0 +1,58 @@
+"""Reward-stream metrics for continual reinforcement learning.
+
+Score a policy around change: per-configuration reward, adaptation speed, recovery time,
+forgetting, stability, performance gap and nine further rows, per regime label, with the absence
+rule (an unavailable metric is ``None``; tables print ``--``) and aggregation across traces,
+configurations and seeds. See docs/stream.md.
+"""
+
+from continual_eval.stream.aggregate import aggregate_seeds, relative_adaptation_advantage
+from continual_eval.stream.intervals import Intervals, configuration_intervals
+from continual_eval.stream.metrics import (
+    METRIC_NAMES,
+    adaptation_speed,
+    compute_all_metrics,
+    forgetting,
+    interval_variance,
+    pooled_variance,
+    recovery_time,
+    tail_means,
+)
+from continual_eval.stream.rewards import (
+    RewardComponent,
+    RewardSpec,
+    UpperBound,
+    analytic_upper_bound,
+    data_relative_upper_bound,
+    numeric_upper_bound,
+)
+from continual_eval.stream.table import format_markdown, format_seed_table, format_table
+from continual_eval.stream.trace import EpisodeStep, EpisodeTrace, read_jsonl, write_jsonl
+
+__all__ = [
+    "METRIC_NAMES",
+    "EpisodeStep",
+    "EpisodeTrace",
+    "Intervals",
+    "RewardComponent",
+    "RewardSpec",
+    "UpperBound",
+    "adaptation_speed",
+    "aggregate_seeds",
+    "analytic_upper_bound",
+    "compute_all_metrics",
+    "configuration_intervals",
+    "data_relative_upper_bound",
+    "forgetting",
+    "format_markdown",
+    "format_seed_table",
+    "format_table",
+    "interval_variance",
+    "numeric_upper_bound",
+    "pooled_variance",
+    "read_jsonl",
+    "recovery_time",
+    "relative_adaptation_advantage",
+    "tail_means",
+    "write_jsonl",
+]

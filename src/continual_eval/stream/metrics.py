@@ -1,0 +1,599 @@
+"""Reward-stream metrics: per-interval pure functions and :func:`compute_all_metrics`.
+
+Conventions (see docs/stream.md for the full definitions):
+
+* Runs are segmented into configuration intervals by the regime label only
+  (:func:`~continual_eval.stream.intervals.configuration_intervals`).
+* The absence rule: an unavailable metric is ``None`` in every returned dict, never ``0`` and
+  never a sentinel. Inside this module, per-interval arrays use ``NaN`` for absence and are
+  converted to ``None`` at the boundary (rewards themselves are validated finite).
+* ``bar r_tau`` is the running mean over an interval's first ``tau`` steps; ``tau`` is 1-based.
+* Only intervals that begin at a shift (every interval but the trace's first) have an adaptation
+  speed, a recovery time and a zero-shot reward. A label with several such intervals reports the
+  mean over those that have a value.
+* ``tail(T) = the final ceil(tail_fraction * |T|) rewards of T`` (default fraction 0.2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from continual_eval.stream.intervals import (
+    Intervals,
+    configuration_intervals,
+    running_means,
+    tail_lengths,
+)
+from continual_eval.stream.rewards import RewardSpec, UpperBound, analytic_upper_bound
+from continual_eval.stream.trace import EpisodeTrace
+
+__all__ = [
+    "METRIC_NAMES",
+    "adaptation_speed",
+    "compute_all_metrics",
+    "forgetting",
+    "interval_variance",
+    "pooled_variance",
+    "recovery_time",
+    "tail_means",
+    "trace_metrics",
+]
+
+Anchor = Literal["segment", "ceiling"]
+Ceiling = float | UpperBound | RewardSpec | Mapping[str, float | UpperBound]
+
+#: The fifteen rows of the table, in print order.
+METRIC_NAMES: tuple[str, ...] = (
+    "per_configuration_reward",
+    "adaptation_speed",
+    "recovery_time",
+    "forgetting",
+    "stability_variance",
+    "performance_gap",
+    "zero_shot_reward",
+    "regret",
+    "effective_rank",
+    "settled_reward",
+    "settled_reward_policy",
+    "discounted_return",
+    "undiscounted_return",
+    "invalid_action_rate",
+    "solve_rate",
+)
+
+DEFAULT_ALPHA = {"segment": 0.9, "ceiling": 0.5}
+DEFAULT_EPS_SEGMENT = 0.30
+DEFAULT_EPS_CEILING_FRACTION = 0.5
+DEFAULT_FLOOR = 0.005
+
+
+# --------------------------------------------------------------------------- per-interval pieces
+def _first_crossing(mask: np.ndarray, iv: Intervals) -> np.ndarray:
+    """Per interval, the smallest 1-based ``tau`` where ``mask`` holds; NaN when it never does."""
+    tau = iv.position_in_interval()
+    big = np.iinfo(np.int64).max
+    first = np.minimum.reduceat(np.where(mask, tau, big), iv.start)
+    return np.where(first == big, np.nan, first.astype(np.float64))
+
+
+def adaptation_speed(
+    reward: np.ndarray,
+    iv: Intervals,
+    *,
+    anchor: Anchor = "segment",
+    alpha: float | None = None,
+    ceilings: np.ndarray | None = None,
+) -> np.ndarray:
+    """``tau_adapt = min{tau : bar r_tau >= alpha * A}`` for every interval (NaN = absent).
+
+    ``A`` is the interval's peak running mean (segment anchor; never crossing reports ``|T|``) or
+    ``ceilings[j]`` (ceiling anchor; never crossing is absent). Interval 0 has no shift: absent.
+    """
+    alpha = DEFAULT_ALPHA[anchor] if alpha is None else float(alpha)
+    rm = running_means(reward, iv)
+    if anchor == "segment":
+        ref = np.maximum.reduceat(rm, iv.start)
+    elif anchor == "ceiling":
+        if ceilings is None:
+            raise ValueError(
+                "the ceiling anchor needs a ceiling (a reward spec or an explicit bound)"
+            )
+        ref = np.asarray(ceilings, dtype=np.float64)
+    else:
+        raise ValueError(f"anchor must be 'segment' or 'ceiling', got {anchor!r}")
+    threshold = alpha * ref
+    out = _first_crossing(rm >= np.repeat(threshold, iv.length), iv)
+    if anchor == "segment":
+        out = np.where(np.isnan(out), iv.length.astype(np.float64), out)
+    out[0] = np.nan
+    return out
+
+
+def tail_means(reward: np.ndarray, iv: Intervals, tail_fraction: float = 0.2) -> np.ndarray:
+    """Mean of each interval's final ``ceil(tail_fraction * |T|)`` rewards."""
+    n_tail = tail_lengths(iv.length, tail_fraction)
+    csum = np.concatenate(([0.0], np.cumsum(reward, dtype=np.float64)))
+    return (csum[iv.stop] - csum[iv.stop - n_tail]) / n_tail
+
+
+def recovery_time(
+    reward: np.ndarray,
+    iv: Intervals,
+    *,
+    anchor: Anchor = "segment",
+    eps: float | None = None,
+    floor: float = DEFAULT_FLOOR,
+    tail_fraction: float = 0.2,
+    ceilings: np.ndarray | None = None,
+) -> np.ndarray:
+    """``tau_rec = min{tau : |bar r_tau - A| <= band}`` per interval (NaN = absent or never).
+
+    Segment anchor: ``A`` = tail mean, ``band = max(eps * |A|, floor)`` (``eps`` a fraction,
+    default 0.30). Ceiling anchor: ``A = R_ub``, ``band = max(eps, floor)`` (``eps`` absolute,
+    default ``0.5 * |R_ub|``). Interval 0 has no shift: absent.
+    """
+    rm = running_means(reward, iv)
+    if anchor == "segment":
+        asym = tail_means(reward, iv, tail_fraction)
+        e = DEFAULT_EPS_SEGMENT if eps is None else float(eps)
+        band = np.maximum(e * np.abs(asym), floor)
+    elif anchor == "ceiling":
+        if ceilings is None:
+            raise ValueError(
+                "the ceiling anchor needs a ceiling (a reward spec or an explicit bound)"
+            )
+        asym = np.asarray(ceilings, dtype=np.float64)
+        e = DEFAULT_EPS_CEILING_FRACTION * np.abs(asym) if eps is None else float(eps)
+        band = np.maximum(e, floor)
+    else:
+        raise ValueError(f"anchor must be 'segment' or 'ceiling', got {anchor!r}")
+    dist = np.abs(rm - np.repeat(asym, iv.length))
+    out = _first_crossing(dist <= np.repeat(band, iv.length), iv)
+    out[0] = np.nan
+    return out
+
+
+def interval_variance(reward: np.ndarray, iv: Intervals) -> np.ndarray:
+    """Sample variance (``ddof=1``) of each interval's rewards; NaN for a single-step interval."""
+    length = iv.length
+    mean = np.add.reduceat(reward, iv.start) / length
+    dev = reward - np.repeat(mean, length)
+    ss = np.add.reduceat(dev * dev, iv.start)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(length > 1, ss / (length - 1), np.nan)
+
+
+def pooled_variance(reward: np.ndarray, code: np.ndarray, n_labels: int) -> np.ndarray:
+    """``Var{r_t : z_t = k}`` (``ddof=1``) per label code; NaN for a label with one step."""
+    count = np.bincount(code, minlength=n_labels).astype(np.float64)
+    mean = np.bincount(code, weights=reward, minlength=n_labels) / np.maximum(count, 1)
+    dev = reward - mean[code]
+    ss = np.bincount(code, weights=dev * dev, minlength=n_labels)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(count > 1, ss / (count - 1), np.nan)
+
+
+def forgetting(interval_mean: np.ndarray, interval_root: np.ndarray) -> np.ndarray:
+    """Per interval, ``F = mean(T^(1)) - mean(T^(2))`` of its regime identity (root origin).
+
+    Encounters are the intervals sharing a root, in order; fewer than two encounters (or an
+    encounter whose mean is absent) gives NaN. Positive means the policy got worse.
+    """
+    out = np.full(len(interval_mean), np.nan)
+    for root in np.unique(interval_root):
+        members = np.flatnonzero(interval_root == root)
+        if len(members) >= 2:
+            out[members] = interval_mean[members[0]] - interval_mean[members[1]]
+    return out
+
+
+def _masked_interval_mean(values: np.ndarray, keep: np.ndarray, iv: Intervals) -> np.ndarray:
+    """Per interval, the mean of ``values`` where ``keep``; NaN where nothing is kept."""
+    sums = np.add.reduceat(np.where(keep, values, 0.0), iv.start)
+    counts = np.add.reduceat(keep.astype(np.int64), iv.start)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(counts > 0, sums / counts, np.nan)
+
+
+def _label_mean(per_interval: np.ndarray, iv: Intervals, n_labels: int) -> np.ndarray:
+    """Per label, the mean of its intervals' values that are present (NaN when none are)."""
+    ok = ~np.isnan(per_interval)
+    sums = np.bincount(iv.code[ok], weights=per_interval[ok], minlength=n_labels)
+    counts = np.bincount(iv.code[ok], minlength=n_labels)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(counts > 0, sums / counts, np.nan)
+
+
+def _label_nanmean(values: np.ndarray, code: np.ndarray, n_labels: int) -> np.ndarray:
+    """Per label, the mean of a per-step column over the steps where it is recorded (not NaN)."""
+    ok = ~np.isnan(values)
+    sums = np.bincount(code[ok], weights=values[ok], minlength=n_labels)
+    counts = np.bincount(code[ok], minlength=n_labels)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(counts > 0, sums / counts, np.nan)
+
+
+def _none(x: Any) -> float | None:
+    """NaN -> None (the absence rule at the API boundary); numbers -> float."""
+    if x is None:
+        return None
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+# --------------------------------------------------------------------------- parameters, bounds
+def _resolve_params(
+    anchor: str,
+    alpha: float | None,
+    eps: float | None,
+    floor: float,
+    tail_fraction: float,
+    zero_shot_window: int,
+    gamma: float,
+) -> dict[str, Any]:
+    if anchor not in DEFAULT_ALPHA:
+        raise ValueError(f"anchor must be 'segment' or 'ceiling', got {anchor!r}")
+    if zero_shot_window < 1:
+        raise ValueError(f"zero_shot_window must be >= 1, got {zero_shot_window}")
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+    tail_lengths(np.array([1]), tail_fraction)  # validates the fraction
+    params: dict[str, Any] = {
+        "anchor": anchor,
+        "alpha": DEFAULT_ALPHA[anchor] if alpha is None else float(alpha),
+        "eps": None if eps is None else float(eps),
+        "recovery_floor": float(floor),
+        "tail_fraction": float(tail_fraction),
+        "zero_shot_window": int(zero_shot_window),
+        "gamma": float(gamma),
+    }
+    if anchor == "segment":
+        params["eps"] = DEFAULT_EPS_SEGMENT if eps is None else float(eps)
+        params["eps_meaning"] = "fraction of |A|, A = tail mean"
+    else:
+        params["eps_meaning"] = (
+            "absolute distance from R_ub"
+            if eps is not None
+            else f"absolute distance from R_ub, default {DEFAULT_EPS_CEILING_FRACTION} * |R_ub|"
+        )
+    return params
+
+
+def _as_bound(value: float | UpperBound | RewardSpec) -> UpperBound:
+    if isinstance(value, UpperBound):
+        return value
+    if isinstance(value, RewardSpec):
+        return analytic_upper_bound(value)
+    return UpperBound.explicit(float(value))
+
+
+def _resolve_ceiling(
+    ceiling: Ceiling | None,
+) -> tuple[UpperBound | None, dict[str, UpperBound] | None]:
+    """A single bound, or a per-label mapping of bounds."""
+    if ceiling is None:
+        return None, None
+    if isinstance(ceiling, Mapping):
+        return None, {str(k): _as_bound(v) for k, v in ceiling.items()}
+    return _as_bound(ceiling), None
+
+
+def _bound_record(single: UpperBound | None, per_label: dict[str, UpperBound] | None) -> Any:
+    if single is not None:
+        return single.to_dict()
+    if per_label is not None:
+        return {"per_regime": {k: b.to_dict() for k, b in per_label.items()}}
+    return None
+
+
+# --------------------------------------------------------------------------- one trace
+def trace_metrics(
+    trace: EpisodeTrace,
+    *,
+    params: Mapping[str, Any],
+    bound: UpperBound | None = None,
+    bounds_per_label: Mapping[str, UpperBound] | None = None,
+    reference: np.ndarray | None = None,
+    episode_end_components: Sequence[str] | None = None,
+    solve_component: str | None = None,
+) -> dict[str, Any]:
+    """All metrics of one trace: ``per_regime`` (label -> row), ``per_interval`` and ``totals``.
+
+    ``params`` is the dict :func:`compute_all_metrics` records (anchor, alpha, eps, ...).
+    """
+    r = trace.reward
+    code = trace.regime_code
+    names = trace.regime_names
+    K = len(names)
+    n = len(r)
+    iv = configuration_intervals(code)
+    length = iv.length
+    anchor = params["anchor"]
+
+    # Ceilings per interval (R_ub for the interval's mean), when any ceiling is known.
+    ceil_iv: np.ndarray | None = None
+    if bound is not None or bounds_per_label is not None:
+        ends = trace.episode_end if trace.episode_end is not None else np.zeros(n, dtype=bool)
+        has_end = np.add.reduceat(ends.astype(np.int64), iv.start) > 0
+        ceil_iv = np.full(len(iv), np.nan)
+        for j in range(len(iv)):
+            label = names[iv.code[j]]
+            b = bound if bounds_per_label is None else bounds_per_label.get(label)
+            if b is not None:
+                ceil_iv[j] = b.for_interval(int(length[j]), bool(has_end[j]))
+    if anchor == "ceiling" and (ceil_iv is None or np.isnan(ceil_iv).all()):
+        raise ValueError(
+            "anchor='ceiling' needs a ceiling: pass a RewardSpec, an UpperBound or a number"
+        )
+    if anchor == "ceiling" and np.isnan(ceil_iv).any():
+        missing = sorted({names[c] for c in iv.code[np.isnan(ceil_iv)]})
+        raise ValueError(f"anchor='ceiling' but no ceiling given for regime label(s) {missing}")
+
+    # Steps that carried an episode-end payout (only when such components are named).
+    excluded: np.ndarray | None = None
+    if episode_end_components:
+        trace.check_components(episode_end_components)
+        excluded = np.zeros(n, dtype=bool)
+        for name in episode_end_components:
+            col = trace.components[name]
+            excluded |= ~np.isnan(col) & (col != 0.0)
+    if solve_component is not None:
+        trace.check_components([solve_component])
+
+    csum = np.concatenate(([0.0], np.cumsum(r, dtype=np.float64)))
+    iv_mean = (csum[iv.stop] - csum[iv.start]) / length
+    shifted = np.arange(len(iv)) > 0
+
+    adapt = adaptation_speed(r, iv, anchor=anchor, alpha=params["alpha"], ceilings=ceil_iv)
+    recover = recovery_time(
+        r,
+        iv,
+        anchor=anchor,
+        eps=params["eps"],
+        floor=params["recovery_floor"],
+        tail_fraction=params["tail_fraction"],
+        ceilings=ceil_iv,
+    )
+    var_iv = interval_variance(r, iv)
+    tail_iv = tail_means(r, iv, params["tail_fraction"])
+    window = np.minimum(length, params["zero_shot_window"])
+    zero_shot_iv = np.where(shifted, (csum[iv.start + window] - csum[iv.start]) / window, np.nan)
+
+    if excluded is not None:
+        keep = ~excluded
+        mean_for_forgetting = _masked_interval_mean(r, keep, iv)
+        n_tail = tail_lengths(length, params["tail_fraction"])
+        in_tail = np.arange(n) >= np.repeat(iv.stop - n_tail, length)
+        settled_policy_iv = _masked_interval_mean(r, in_tail & keep, iv)
+    else:
+        mean_for_forgetting = iv_mean
+        settled_policy_iv = np.full(len(iv), np.nan)
+
+    roots = trace.roots
+    root_index = {root: i for i, root in enumerate(dict.fromkeys(roots[nm] for nm in names))}
+    label_root = np.array([root_index[roots[nm]] for nm in names], dtype=np.int64)
+    forget_iv = forgetting(mean_for_forgetting, label_root[iv.code])
+
+    count = np.bincount(code, minlength=K).astype(np.float64)
+    J = np.bincount(code, weights=r, minlength=K) / count
+    var_pooled = pooled_variance(r, code, K)
+    disc_w = np.power(params["gamma"], np.arange(n, dtype=np.float64)) * r
+    disc = np.bincount(code, weights=disc_w, minlength=K)
+    undisc = np.bincount(code, weights=r, minlength=K)
+    regret = (
+        np.bincount(code, weights=reference - r, minlength=K)
+        if reference is not None
+        else np.full(K, np.nan)
+    )
+    rank = (
+        _label_nanmean(trace.effective_rank, code, K)
+        if trace.effective_rank is not None
+        else np.full(K, np.nan)
+    )
+    invalid = (
+        _label_nanmean(trace.invalid_action, code, K)
+        if trace.invalid_action is not None
+        else np.full(K, np.nan)
+    )
+    if solve_component is not None:
+        col = trace.components[solve_component]
+        solved = np.where(np.isnan(col), np.nan, (col > 0).astype(np.float64))
+        solve = _label_nanmean(solved, code, K)
+    else:
+        solve = np.full(K, np.nan)
+
+    # Per-label values from per-interval ones.
+    first_iv = np.full(K, -1, dtype=np.int64)
+    first_iv[iv.code[::-1]] = np.arange(len(iv))[::-1]
+    gap = ceil_iv[first_iv] - tail_iv[first_iv] if ceil_iv is not None else np.full(K, np.nan)
+    columns = {
+        "per_configuration_reward": J,
+        "adaptation_speed": _label_mean(adapt, iv, K),
+        "recovery_time": _label_mean(recover, iv, K),
+        "forgetting": forget_iv[first_iv],
+        "stability_variance": var_pooled,
+        "performance_gap": gap,
+        "zero_shot_reward": _label_mean(zero_shot_iv, iv, K),
+        "regret": regret,
+        "effective_rank": rank,
+        "settled_reward": _label_mean(tail_iv, iv, K),
+        "settled_reward_policy": _label_mean(settled_policy_iv, iv, K),
+        "discounted_return": disc,
+        "undiscounted_return": undisc,
+        "invalid_action_rate": invalid,
+        "solve_rate": solve,
+    }
+    per_regime = {names[k]: {m: _none(columns[m][k]) for m in METRIC_NAMES} for k in range(K)}
+    per_interval = [
+        {
+            "regime_id": names[iv.code[j]],
+            "regime_origin": roots[names[iv.code[j]]],
+            "first_step": int(trace.step[iv.start[j]]),
+            "last_step": int(trace.step[iv.stop[j] - 1]),
+            "length": int(length[j]),
+            "follows_shift": bool(shifted[j]),
+            "mean_reward": float(iv_mean[j]),
+            "adaptation_speed": _none(adapt[j]),
+            "recovery_time": _none(recover[j]),
+            "stability_variance": _none(var_iv[j]),
+            "zero_shot_reward": _none(zero_shot_iv[j]),
+            "settled_reward": float(tail_iv[j]),
+            "settled_reward_policy": _none(settled_policy_iv[j]),
+            "forgetting": _none(forget_iv[j]),
+            "ceiling": None if ceil_iv is None else _none(ceil_iv[j]),
+        }
+        for j in range(len(iv))
+    ]
+    inv_all = None
+    if trace.invalid_action is not None and not np.isnan(trace.invalid_action).all():
+        inv_all = float(np.nanmean(trace.invalid_action))
+    solve_all = None
+    if solve_component is not None:
+        col = trace.components[solve_component]
+        if not np.isnan(col).all():
+            solve_all = float(np.nanmean(np.where(np.isnan(col), np.nan, col > 0)))
+    totals = {
+        "steps": n,
+        "intervals": len(iv),
+        "discounted_return": float(disc_w.sum()),
+        "undiscounted_return": float(r.sum()),
+        "regret": None if reference is None else float((reference - r).sum()),
+        "invalid_action_rate": inv_all,
+        "solve_rate": solve_all,
+    }
+    return {"per_regime": per_regime, "per_interval": per_interval, "totals": totals}
+
+
+# --------------------------------------------------------------------------- all traces
+def _mean_present(values: Sequence[float | None]) -> tuple[float | None, int]:
+    """Mean of the values that are not ``None``, and how many there were."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, 0
+    return float(math.fsum(present) / len(present)), len(present)
+
+
+def _reference_array(ref: Any, trace: EpisodeTrace, index: int) -> np.ndarray:
+    arr = ref.reward if isinstance(ref, EpisodeTrace) else np.asarray(ref, dtype=np.float64)
+    arr = np.asarray(arr, dtype=np.float64).reshape(-1)
+    if len(arr) != len(trace):
+        raise ValueError(
+            f"reference for trace {index} has {len(arr)} rewards, the trace has {len(trace)} steps"
+        )
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise ValueError(
+            f"reference reward for trace {index} at step {int(trace.step[bad[0]])} is "
+            f"{arr[bad[0]]!r}; rewards must be finite"
+        )
+    return arr
+
+
+def compute_all_metrics(
+    traces: Sequence[EpisodeTrace] | EpisodeTrace,
+    *,
+    anchor: Anchor = "segment",
+    alpha: float | None = None,
+    eps: float | None = None,
+    recovery_floor: float = DEFAULT_FLOOR,
+    tail_fraction: float = 0.2,
+    zero_shot_window: int = 10,
+    gamma: float = 0.99,
+    ceiling: Ceiling | None = None,
+    reference: Sequence[Any] | None = None,
+    episode_end_components: Sequence[str] | None = None,
+    solve_component: str | None = None,
+) -> dict[str, Any]:
+    """Score the traces of one run (one configuration schedule, one seed) and aggregate them.
+
+    Stage 1 averages each label's metrics across traces; stage 2 averages stage-1 values across
+    labels (``overall``). Absences are dropped at both stages and ``n`` / ``overall_n`` count the
+    values each aggregate rests on.
+
+    ``ceiling``: a number (explicit), an :class:`UpperBound`, a :class:`RewardSpec` (analytic
+    bound) or a mapping label -> number/bound. ``reference``: one reference reward sequence (or
+    trace) per trace, for regret. ``episode_end_components``: components whose payout steps are
+    excluded from forgetting and from the policy-only settled reward. ``solve_component``: the
+    component whose positive values count as solved.
+
+    Returns a JSON-serialisable dict with keys ``per_regime``, ``n``, ``overall``, ``overall_n``,
+    ``totals``, ``per_trace``, ``params``, ``bound``, ``origins``.
+    """
+    if isinstance(traces, EpisodeTrace):
+        traces = [traces]
+    traces = list(traces)
+    if not traces:
+        raise ValueError("compute_all_metrics needs at least one trace")
+    params = _resolve_params(
+        anchor, alpha, eps, recovery_floor, tail_fraction, zero_shot_window, gamma
+    )
+    params["episode_end_components"] = list(episode_end_components or []) or None
+    params["solve_component"] = solve_component
+    params["regret_reference"] = reference is not None
+    single, per_label = _resolve_ceiling(ceiling)
+    if reference is not None:
+        single_ref = isinstance(reference, EpisodeTrace) or (
+            len(reference) > 0
+            and not isinstance(reference[0], EpisodeTrace)
+            and np.ndim(reference[0]) == 0
+        )
+        if single_ref:
+            reference = [reference]
+        if len(reference) != len(traces):
+            raise ValueError(f"{len(reference)} reference trajectories for {len(traces)} traces")
+    per_trace = []
+    for i, tr in enumerate(traces):
+        if not isinstance(tr, EpisodeTrace):
+            raise TypeError(f"trace {i} is a {type(tr).__name__}, not an EpisodeTrace")
+        ref = None if reference is None else _reference_array(reference[i], tr, i)
+        per_trace.append(
+            trace_metrics(
+                tr,
+                params=params,
+                bound=single,
+                bounds_per_label=per_label,
+                reference=ref,
+                episode_end_components=episode_end_components,
+                solve_component=solve_component,
+            )
+        )
+    labels = list(dict.fromkeys(lb for pt in per_trace for lb in pt["per_regime"]))
+    per_regime: dict[str, dict[str, float | None]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    for lb in labels:
+        rows = [pt["per_regime"][lb] for pt in per_trace if lb in pt["per_regime"]]
+        per_regime[lb], counts[lb] = {}, {}
+        for m in METRIC_NAMES:
+            per_regime[lb][m], counts[lb][m] = _mean_present([row[m] for row in rows])
+    overall, overall_n = {}, {}
+    for m in METRIC_NAMES:
+        overall[m], overall_n[m] = _mean_present([per_regime[lb][m] for lb in labels])
+    totals, totals_n = {}, {}
+    for key in (
+        "discounted_return",
+        "undiscounted_return",
+        "regret",
+        "invalid_action_rate",
+        "solve_rate",
+    ):
+        totals[key], totals_n[key] = _mean_present([pt["totals"][key] for pt in per_trace])
+    origins: dict[str, str] = {}
+    for tr in traces:
+        origins.update(tr.roots)
+    return {
+        "per_regime": per_regime,
+        "n": counts,
+        "overall": overall,
+        "overall_n": overall_n,
+        "totals": totals,
+        "totals_n": totals_n,
+        "per_trace": per_trace,
+        "params": params,
+        "bound": _bound_record(single, per_label),
+        "origins": origins,
+        "n_traces": len(traces),
+    }

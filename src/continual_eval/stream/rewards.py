@@ -1,0 +1,263 @@
+"""Reward specifications and the ceiling ``R_ub`` derived from them.
+
+A :class:`RewardSpec` is a weighted sum of :class:`RewardComponent` terms, each clipped to a range
+and paying either on every step (``per_step``) or only on an episode's final step
+(``episode_end``). Three derivations bound what the reward can pay:
+
+* :func:`analytic_upper_bound` -- from the specification alone: each term's most is
+  ``max(w * lo, w * hi)`` over its clip range; ``per_step`` sums the per-step terms and
+  ``final_step`` adds the episode-end terms. Needs every component clipped (or unbounded only in
+  the direction its weight never rewards).
+* :func:`numeric_upper_bound` -- drive the composition over supplied contexts (component values)
+  and take the best achieved; for specifications with unclipped components.
+* :func:`data_relative_upper_bound` -- the best reward observed in recorded traces. Derived from
+  the policy being measured, so two policies compared against their own data-relative bounds are
+  not compared fairly.
+
+Every :class:`UpperBound` records its ``derivation``. A configuration interval of ``L`` steps is
+measured against :meth:`UpperBound.for_interval`: ``((L - 1) * per_step + final_step) / L`` when
+it holds an episode's final step, else ``per_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = [
+    "RewardComponent",
+    "RewardSpec",
+    "UpperBound",
+    "analytic_upper_bound",
+    "data_relative_upper_bound",
+    "numeric_upper_bound",
+]
+
+Pays = Literal["per_step", "episode_end"]
+
+
+@dataclass(frozen=True)
+class RewardComponent:
+    """One term of a reward: ``weight * clip(value, *clip)``, paid per step or at episode end.
+
+    ``clip=None`` means unclipped; either bound may be infinite.
+    """
+
+    name: str
+    weight: float = 1.0
+    clip: tuple[float, float] | None = None
+    pays: Pays = "per_step"
+
+    def __post_init__(self) -> None:
+        if self.pays not in ("per_step", "episode_end"):
+            raise ValueError(
+                f"component {self.name!r}: pays must be 'per_step' or 'episode_end', "
+                f"got {self.pays!r}"
+            )
+        if not math.isfinite(self.weight):
+            raise ValueError(f"component {self.name!r}: weight must be finite")
+        if self.clip is not None:
+            lo, hi = (float(v) for v in self.clip)
+            if math.isnan(lo) or math.isnan(hi) or lo > hi:
+                raise ValueError(f"component {self.name!r}: clip range {self.clip} is not lo <= hi")
+            object.__setattr__(self, "clip", (lo, hi))
+
+    def contribution(self, value: float | np.ndarray) -> float | np.ndarray:
+        """``weight * clip(value)``."""
+        if self.clip is not None:
+            value = np.clip(value, *self.clip)
+        return self.weight * value
+
+    def most(self) -> float:
+        """The largest contribution the term can make: ``max(w * lo, w * hi)``; may be ``inf``."""
+        if self.weight == 0.0:
+            return 0.0
+        lo, hi = self.clip if self.clip is not None else (-math.inf, math.inf)
+        return max(self.weight * lo, self.weight * hi)
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """A reward as a weighted sum of clipped components."""
+
+    components: tuple[RewardComponent, ...]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", tuple(self.components))
+        names = [c.name for c in self.components]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(
+                f"reward spec {self.name!r}: duplicate component name(s) {sorted(dup)}"
+            )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    @property
+    def episode_end_names(self) -> tuple[str, ...]:
+        """Names of the components that pay only at episode end."""
+        return tuple(c.name for c in self.components if c.pays == "episode_end")
+
+    def component(self, name: str) -> RewardComponent:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise ValueError(
+            f"unknown reward component {name!r}; spec {self.name!r} has {list(self.names)}"
+        )
+
+    def compose(self, values: Mapping[str, float], final_step: bool = False) -> float:
+        """The reward for one step: the sum of contributions (episode-end terms only if final).
+
+        Components missing from ``values`` contribute nothing; a name the spec lacks is an error.
+        """
+        for key in values:
+            self.component(key)
+        total = 0.0
+        for c in self.components:
+            if c.pays == "episode_end" and not final_step:
+                continue
+            if c.name in values:
+                total += float(c.contribution(float(values[c.name])))
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "components": [
+                {
+                    "name": c.name,
+                    "weight": c.weight,
+                    "clip": None if c.clip is None else list(c.clip),
+                    "pays": c.pays,
+                }
+                for c in self.components
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RewardSpec:
+        comps = []
+        for raw in data.get("components", []):
+            clip = raw.get("clip")
+            comps.append(
+                RewardComponent(
+                    name=str(raw["name"]),
+                    weight=float(raw.get("weight", 1.0)),
+                    clip=None if clip is None else (float(clip[0]), float(clip[1])),
+                    pays=raw.get("pays", "per_step"),
+                )
+            )
+        return cls(components=tuple(comps), name=str(data.get("name", "")))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> RewardSpec:
+        with open(path, encoding="utf-8") as fh:
+            return cls.from_dict(json.load(fh))
+
+
+@dataclass(frozen=True)
+class UpperBound:
+    """``R_ub`` for an ordinary step (``per_step``) and for an episode's final step.
+
+    ``derivation`` is one of ``"analytic"``, ``"numeric"``, ``"data_relative"``, ``"explicit"``;
+    ``details`` records what it was derived from.
+    """
+
+    per_step: float
+    final_step: float
+    derivation: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def for_interval(self, length: int, contains_final_step: bool = False) -> float:
+        """The ceiling of an interval's mean: ``((L - 1) * p + f) / L`` if it holds a final step."""
+        if int(length) < 1:
+            raise ValueError(f"interval length must be >= 1, got {length}")
+        if not contains_final_step:
+            return float(self.per_step)
+        return ((length - 1) * self.per_step + self.final_step) / length
+
+    @classmethod
+    def explicit(cls, value: float) -> UpperBound:
+        """A ceiling given by the caller, the same for every step."""
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"an explicit ceiling must be finite, got {value}")
+        return cls(per_step=value, final_step=value, derivation="explicit")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "derivation": self.derivation,
+            "per_step": self.per_step,
+            "final_step": self.final_step,
+            **({"details": dict(self.details)} if self.details else {}),
+        }
+
+
+def analytic_upper_bound(spec: RewardSpec) -> UpperBound:
+    """``per_step = sum of per-step terms' most``; ``final_step = per_step + episode-end terms``."""
+    per_step = sum(c.most() for c in spec.components if c.pays == "per_step")
+    final = per_step + sum(c.most() for c in spec.components if c.pays == "episode_end")
+    if not (math.isfinite(per_step) and math.isfinite(final)):
+        unbounded = [c.name for c in spec.components if not math.isfinite(c.most())]
+        raise ValueError(
+            f"reward spec {spec.name!r} has no analytic bound: component(s) {unbounded} are "
+            "unclipped in the direction their weight rewards; use numeric_upper_bound"
+        )
+    return UpperBound(
+        per_step=float(per_step),
+        final_step=float(final),
+        derivation="analytic",
+        details={"spec": spec.name},
+    )
+
+
+def numeric_upper_bound(spec: RewardSpec, contexts: Iterable[Mapping[str, float]]) -> UpperBound:
+    """The best composed reward over supplied contexts (dicts of raw component values).
+
+    ``per_step`` is the best ordinary-step reward, ``final_step`` the best final-step reward.
+    """
+    contexts = list(contexts)
+    if not contexts:
+        raise ValueError("numeric_upper_bound needs at least one context")
+    per_step = max(spec.compose(ctx, final_step=False) for ctx in contexts)
+    final = max(spec.compose(ctx, final_step=True) for ctx in contexts)
+    return UpperBound(
+        per_step=float(per_step),
+        final_step=float(final),
+        derivation="numeric",
+        details={"spec": spec.name, "contexts": len(contexts)},
+    )
+
+
+def data_relative_upper_bound(traces: Sequence[Any]) -> UpperBound:
+    """The best observed reward: over ordinary steps, and over steps that ended an episode.
+
+    When no step ended an episode, ``final_step`` equals ``per_step``.
+    """
+    if not traces:
+        raise ValueError("data_relative_upper_bound needs at least one trace")
+    ordinary, final = [], []
+    for tr in traces:
+        end = tr.episode_end if tr.episode_end is not None else np.zeros(len(tr), dtype=bool)
+        if (~end).any():
+            ordinary.append(float(tr.reward[~end].max()))
+        if end.any():
+            final.append(float(tr.reward[end].max()))
+    per_step = max(ordinary) if ordinary else max(final)
+    fin = max(final) if final else per_step
+    return UpperBound(
+        per_step=per_step,
+        final_step=fin,
+        derivation="data_relative",
+        details={"traces": len(traces), "note": "derived from the policy being measured"},
+    )
