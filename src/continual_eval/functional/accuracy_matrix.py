@@ -22,6 +22,8 @@ Conventions where the literature disagrees:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -40,12 +42,14 @@ def select_used_cells(scores: Tensor) -> Tensor:
     return scores.masked_fill(~triangle_masks(scores.shape[0], scores.device).used, 0.0)
 
 
-def trained_history(scores: Tensor) -> Tensor:
-    """Copy of ``scores`` with the cells of tasks not yet trained (``j > i``) set to ``-inf``, so
-    that column maxima run over ``j <= i`` only."""
-    return scores.masked_fill(
-        triangle_masks(scores.shape[0], scores.device).untrained, float("-inf")
-    )
+def trained_history(scores: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """``scores`` with the cells of tasks not yet trained (``j > i``) made neutral for column
+    maxima over ``j <= i``: ``tril`` (zeros) when every trained cell is non-negative, as
+    accuracies are, else ``-inf`` (slower: a masked fill). Written into ``out`` when given."""
+    history = torch.tril(scores, out=out) if out is not None else torch.tril(scores)
+    if not bool((history >= 0).all()):  # only unvalidated, negative scores take this path
+        history.masked_fill_(triangle_masks(scores.shape[0], scores.device).untrained, -math.inf)
+    return history
 
 
 def _zero(scores: Tensor) -> Tensor:

@@ -8,6 +8,8 @@ loop runs over tasks.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -45,31 +47,39 @@ def _running_max_rows(x: Tensor, spare: Tensor) -> Tensor:
     return x
 
 
-def running_peak(scores: Tensor) -> Tensor:
-    r"""``P[s, j] = max_{j <= i <= s} R[i, j]`` (``-inf`` where ``s < j``): each task's best
-    accuracy from the stage it was trained up to stage ``s``.
+def _scan_peak(scores: Tensor) -> tuple[Tensor, Tensor]:
+    """Running column maxima of :func:`trained_history` (unmasked: ``P[s, j]`` for ``s < j`` is 0
+    or ``-inf``) and ``sum_{j<=s} R[s, j]``, read from the history before the scan overwrites it.
 
     Blocked scan without autograd: running maxima inside blocks of 32 stages, then across block
-    ends, about ``log2(32) + 2`` element-wise passes over a ``[T, T]`` buffer (``cummax``, which
-    also tracks indices, is several times slower); ``cummax`` when autograd records ``scores``.
+    ends: about ``log2(32) + 2`` element-wise passes over a ``[T, T]`` buffer (``cummax``, which
+    also tracks indices, is several times slower). ``cummax`` when autograd records ``scores``.
     """
-    if torch.is_grad_enabled() and scores.requires_grad:
-        return trained_history(scores).cummax(dim=0).values
     T = scores.shape[0]
+    if torch.is_grad_enabled() and scores.requires_grad:
+        return trained_history(scores).cummax(dim=0).values, torch.tril(scores).sum(dim=1)
     block = min(_PEAK_BLOCK, T)
     num_blocks = -(-T // block)
     buffers = scores.new_empty((2, num_blocks * block, T))
-    history = buffers[0]
-    history[:T] = scores
-    history[:T].masked_fill_(triangle_masks(T, scores.device).untrained, float("-inf"))
-    history[T:] = float("-inf")
+    history = trained_history(scores, out=buffers[0, :T])
+    upper_is_zero = T == 1 or bool(history[0, -1] == 0)
+    seen_sums = (history if upper_is_zero else torch.tril(scores)).sum(dim=1)
+    buffers[0, T:] = 0.0  # padding rows come after every real row: they never reach one
     shape = (num_blocks, block, T)
-    peak = _running_max_rows(history.view(shape), buffers[1].view(shape))
+    peak = _running_max_rows(buffers[0].view(shape), buffers[1].view(shape))
     if num_blocks > 1:
         ends = peak[:, -1].clone()  # best of each block; then best up to each block's end
         ends = _running_max_rows(ends, torch.empty_like(ends))
         torch.maximum(peak[1:], ends[:-1].unsqueeze(1), out=peak[1:])
-    return peak.view(num_blocks * block, T)[:T]
+    return peak.view(num_blocks * block, T)[:T], seen_sums
+
+
+def running_peak(scores: Tensor) -> Tensor:
+    r"""``P[s, j] = max_{j <= i <= s} R[i, j]`` (``-inf`` where ``s < j``): each task's best
+    accuracy from the stage it was trained up to stage ``s``. ``O(T^2)`` memory and work."""
+    peak = _scan_peak(scores)[0]
+    untrained = triangle_masks(scores.shape[0], scores.device).untrained
+    return peak.masked_fill(untrained, -math.inf)
 
 
 def continual_metrics_curve(
@@ -99,8 +109,11 @@ def continual_metrics_curve(
     seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)  # s + 1
     old = (seen - 1).clamp(min=1)  # s, with 1 at s = 0 where every numerator is 0
 
+    # P[s, j] = max_{j<=i<=s} R[i, j]; above the diagonal it is 0 or -inf, which tril drops.
+    peak, seen_sums = _scan_peak(scores)  # seen_sums[s] = sum_{j<=s} R[s,j]
+    upper_is_zero = T == 1 or bool(peak[0, -1] == 0)
+    peak_sums = (peak if upper_is_zero else torch.tril(peak)).sum(dim=1)  # P[s,s] = R[s,s]
     diag = scores.diagonal()
-    seen_sums = torch.tril(scores).sum(dim=1)  # sum_{j<=s} R[s,j]; tril selects, NaN never enters
     old_sums = seen_sums - diag  # sum_{j<s} R[s,j]
     diag_sums = diag.cumsum(0)  # sum_{j<=s} R[j,j]
     acc = seen_sums / seen
@@ -108,14 +121,6 @@ def continual_metrics_curve(
     gains = scores.diagonal(offset=1) - baseline[1:]  # R[j-1,j] - b[j], j = 1..T-1
     fwt_sums = torch.cat([gains.new_zeros(1), gains.cumsum(0)])
 
-    # sum_{j<=s} P[s,j]; P[s,s] = R[s,s], so the peak drops of old tasks are peak_sums - seen_sums.
-    peak = running_peak(scores)
-    untrained = triangle_masks(T, scores.device).untrained
-    peak_sums = (
-        peak.masked_fill_(untrained, 0.0)
-        if not peak.requires_grad
-        else peak.masked_fill(untrained, 0.0)
-    ).sum(dim=1)
     if forgetting == "peak":
         drop_sums = peak_sums - seen_sums
     else:  # chaudhry: sum_{j<s} max_{j<=i<=s-1} R[i,j] = peak_sums[s-1]
