@@ -9,8 +9,8 @@ import math
 import lightning.pytorch as pl
 import pytest
 
-from continual_eval.experiments.cli import fit_stream
 from continual_eval.experiments.logistic import CircleGridTasks, LogisticClassifier
+from continual_eval.experiments.stream import fit_stream
 
 DIRECTIONS = (0.0, 110.0, 220.0)
 LR, STEPS = 0.8, 36
@@ -133,3 +133,44 @@ def test_metrics_match_scalar_formulas(results: dict) -> None:
     assert m["forgetting"] == pytest.approx(forgetting, abs=1e-12)
     # the stream is deliberately conflicting: BWT is strongly negative, forgetting its mirror here
     assert bwt < -0.25 and forgetting == pytest.approx(-bwt)
+
+
+def test_joint_reference_and_intransigence(tmp_path) -> None:
+    """The joint reference trains a copy on all three tasks' data (3 batches of 64 per epoch, in
+    task order, 36 epochs); compare with the same loop in scalars, and intransigence with
+    mean_j(reference[j] - R[j][j])."""
+    from continual_eval.report import run_metrics
+
+    trainer = pl.Trainer(
+        max_epochs=STEPS,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    callback = fit_stream(
+        trainer,
+        LogisticClassifier(lr=LR),
+        CircleGridTasks(directions_deg=DIRECTIONS),
+        callback_kwargs={"dirpath": tmp_path, "log_images": False, "verbose": False},
+        reference=True,
+    )
+    results = callback.results()
+    w = [0.0, 0.0]
+    for _ in range(STEPS):
+        for task in range(3):
+            g0 = g1 = 0.0
+            for p in TRAIN:
+                prob = 1.0 / (1.0 + math.exp(-(w[0] * p[0] + w[1] * p[1])))
+                err = prob - label(p, DIRECTIONS[task])
+                g0 += err * p[0] / len(TRAIN)
+                g1 += err * p[1] / len(TRAIN)
+            w = [w[0] - LR * g0, w[1] - LR * g1]
+    reference = [accuracy((w[0], w[1]), j) for j in range(3)]
+    assert results["metadata"]["reference"] == pytest.approx(reference, abs=1e-12)
+    R, _ = scalar_run()
+    assert results["scores"] == [pytest.approx(row, abs=1e-12) for row in R]  # stream unchanged
+    expected = sum(reference[j] - R[j][j] for j in range(3)) / 3
+    assert run_metrics(results)["intransigence"] == pytest.approx(expected, abs=1e-12)
+    assert (tmp_path / "joint_reference" / "results.json").is_file()

@@ -1,0 +1,156 @@
+"""``continual-eval fit``: run a task stream from a LightningCLI config and write its report.
+
+The config is an ordinary LightningCLI file (``trainer``, ``model``, ``data``, ``seed_everything``)
+plus two sections of this command:
+
+``continual``  arguments of :class:`~continual_eval.ContinualEvalCallback` (its test loaders and
+               task names come from the datamodule, which must be a :class:`TaskStreamDataModule`);
+``stream``     :class:`StreamOptions`: experiment name, method label, seeds, joint reference,
+               report.
+
+``trainer.max_epochs`` is the training budget *per task*. Each task is one ``trainer.fit`` on the
+same Trainer (``fit_loop.max_epochs`` is raised before each). Without a logger in the config the
+run writes CSV and TensorBoard files to ``runs/<experiment>[/<method>]/version_N``;
+results.json, scores.csv and the report (``report/``) go to the same directory, which is printed.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from continual_eval.callback import ContinualEvalCallback
+from continual_eval.experiments.stream import TaskStreamDataModule, fit_stream, progress, run_dir_of
+from continual_eval.report import run_metrics, write_report
+
+__all__ = ["StreamCLI", "StreamOptions", "main"]
+
+
+@dataclass
+class StreamOptions:
+    """Options of ``continual-eval fit`` (the ``stream`` section of a config).
+
+    Args:
+        experiment: experiment name; runs go to ``<save_dir>/<experiment>/<method>/version_N``
+            (``<save_dir>/<experiment>/version_N`` without a method) unless a logger is set.
+        method: method label, stored in the metadata (default: the model's ``method``
+            attribute, else its class name).
+        seeds: run the whole stream once per seed (each in its own run directory); empty = once,
+            with ``seed_everything``.
+        joint_reference: also train a fresh copy of the model on all tasks' training data at once
+            (same per-task epoch budget) and store its per-task accuracy as
+            ``metadata["reference"]`` (used for intransigence).
+        report: write the report (PNGs + report.md) into ``<run_dir>/report`` after the stream.
+        save_dir: root of the default loggers.
+    """
+
+    experiment: str = "stream"
+    method: str | None = None
+    seeds: list[int] = field(default_factory=list)
+    joint_reference: bool = False
+    report: bool = True
+    save_dir: str = "runs"
+
+
+class StreamCLI(LightningCLI):
+    """LightningCLI with the ``continual`` and ``stream`` sections; nothing runs on construction."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_class_arguments(
+            ContinualEvalCallback,
+            "continual",
+            skip={"test_dataloaders", "task_names", "epochs_per_task"},
+            instantiate=False,
+        )
+        parser.add_class_arguments(StreamOptions, "stream", instantiate=False)
+
+
+def _default_loggers(save_dir: str, name: str) -> list[Any]:
+    """CSV and TensorBoard loggers sharing ``save_dir/name/version_N`` (N resolved now)."""
+    csv_logger = CSVLogger(save_dir, name=name)
+    version = csv_logger.version  # resolve before either logger creates its directory
+    return [csv_logger, TensorBoardLogger(save_dir, name=name, version=version)]
+
+
+def _method_name(model: pl.LightningModule, options: StreamOptions) -> str:
+    if options.method:
+        return options.method
+    return str(getattr(model, "method", type(model).__name__))
+
+
+def _build_cli(argv: list[str]) -> StreamCLI:
+    with warnings.catch_warnings():
+        # ``args=`` is how this command passes its argv; LightningCLI warns whenever sys.argv
+        # also holds something (here: the ``continual-eval fit`` words themselves)
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run.*")
+        return StreamCLI(
+            args=argv,
+            run=False,
+            datamodule_class=TaskStreamDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"prog": "continual-eval fit"},
+        )
+
+
+def _run(cli: StreamCLI) -> Path:
+    """Run the stream configured in ``cli`` once and return its run directory."""
+    config = cli.config
+    options = StreamOptions(**config["stream"].as_dict())
+    callback_kwargs = config["continual"].as_dict()
+    trainer, model, datamodule = cli.trainer, cli.model, cli.datamodule
+    if config["trainer"].get("logger") in (None, True):
+        name = f"{options.experiment}/{options.method}" if options.method else options.experiment
+        trainer.loggers = _default_loggers(options.save_dir, name)
+    run_dir = run_dir_of(trainer, callback_kwargs)
+    progress(f"run directory: {run_dir}")
+    seed = config.get("seed_everything")
+    metadata = {
+        "experiment": options.experiment,
+        "method": _method_name(model, options),
+        "seed": None if seed is None or seed is False else int(seed),
+    }
+    callback = fit_stream(
+        trainer,
+        model,
+        datamodule,
+        callback_kwargs=callback_kwargs,
+        metadata=metadata,
+        reference=options.joint_reference,
+    )
+    extra = run_metrics(callback.results())
+    if extra["intransigence"] is not None:
+        progress(f"intransigence={extra['intransigence']:.4f} (joint-training reference)")
+    progress(f"results: {callback.results_dir}")
+    if options.report:
+        written = write_report([run_dir], run_dir / "report")
+        progress(f"report: {written}")
+    return run_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``continual-eval fit --config CONFIG.yaml [--key value ...]``; returns the exit code.
+
+    With ``stream.seeds: [s0, s1, ...]`` the stream runs once per seed and a report over all of
+    them is written beside the run directories, in ``report/``.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    cli = _build_cli(args)
+    seeds = [int(s) for s in cli.config["stream"]["seeds"] or []]
+    if not seeds:
+        _run(cli)
+        return 0
+    run_dirs = [_run(_build_cli([*args, f"--seed_everything={seed}"])) for seed in seeds]
+    progress(f"runs: {' '.join(str(d) for d in run_dirs)}")
+    if cli.config["stream"]["report"]:
+        written = write_report(run_dirs, run_dirs[0].parent / "report")
+        progress(f"report over {len(run_dirs)} seeds: {written}")
+    return 0
