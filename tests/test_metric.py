@@ -206,3 +206,19 @@ def test_ddp_sync_refuses_ranks_that_disagree():
     results = _run_ddp(disagree=True)
     for rank in (0, 1):
         assert "differs between rank 0 and rank 1" in results[rank]["error"]
+
+
+@pytest.mark.parametrize("via_set_dtype", [False, True])
+def test_float64_states_keep_an_integer_stage_counter(via_set_dtype):
+    metric = (
+        ContinualMetrics(2).set_dtype(torch.float64)
+        if via_set_dtype
+        else ContinualMetrics(2, dtype=torch.float64)
+    )
+    metric.update_baseline(torch.tensor([NAN, 1 / 3], dtype=torch.float64))
+    metric.update(torch.tensor([2 / 3, 1 / 7], dtype=torch.float64))
+    assert metric.scores.dtype == torch.float64
+    assert metric.scores[0, 1].item() == 1 / 7  # exact: no float32 round trip
+    assert metric.stages.dtype == torch.long
+    with pytest.raises(TypeError, match="floating dtype"):
+        ContinualMetrics(2, dtype=torch.long)

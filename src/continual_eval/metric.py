@@ -49,6 +49,8 @@ class ContinualMetrics(Metric):
         num_tasks: ``T``, the number of tasks (rows and columns of R).
         forgetting: ``"peak"`` (default) or ``"chaudhry"``; see the functional layer.
         validate: check every row and the baseline as they arrive.
+        dtype: floating dtype of R and b (default: torch's default dtype); ``float64`` keeps
+            ``correct / total`` exact. ``set_dtype`` also works; the stage counter stays integer.
 
     Example:
         >>> import torch
@@ -71,7 +73,13 @@ class ContinualMetrics(Metric):
     stages: Tensor
 
     def __init__(
-        self, num_tasks: int, *, forgetting: str = "peak", validate: bool = True, **kwargs: Any
+        self,
+        num_tasks: int,
+        *,
+        forgetting: str = "peak",
+        validate: bool = True,
+        dtype: torch.dtype | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not isinstance(num_tasks, int) or num_tasks < 1:
@@ -81,15 +89,18 @@ class ContinualMetrics(Metric):
         self.forgetting = forgetting
         self.validate = validate
         nan = float("nan")
+        dtype = dtype or torch.get_default_dtype()
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating dtype, got {dtype}")
         self.add_state(
             "scores_state",
-            torch.full((num_tasks, num_tasks), nan),
+            torch.full((num_tasks, num_tasks), nan, dtype=dtype),
             dist_reduce_fx=replicated_reduction,
             persistent=True,
         )
         self.add_state(
             "baseline_state",
-            torch.full((num_tasks,), nan),
+            torch.full((num_tasks,), nan, dtype=dtype),
             dist_reduce_fx=replicated_reduction,
             persistent=True,
         )
@@ -181,6 +192,13 @@ class ContinualMetrics(Metric):
             forgetting=self.forgetting,
             validate=False,
         )
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> ContinualMetrics:
+        # torchmetrics' set_dtype casts every state; the stage counter must stay an integer.
+        super()._apply(fn, *args, **kwargs)
+        if self.stages.is_floating_point():
+            self.stages = self.stages.to(dtype=torch.long)
+        return self
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any

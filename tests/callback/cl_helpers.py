@@ -71,8 +71,8 @@ class Classifier(pl.LightningModule):
 
 
 def reference_run(net: nn.Module, tasks, epochs: int, lr: float = 0.2):
-    """Plain torch: baseline, then per task train ``epochs`` epochs (SGD, fixed order) and score every
-    task by counting argmax hits. Returns ``(R [T, T], b [T])`` float64."""
+    """Plain torch: baseline, then per task train ``epochs`` epochs (SGD, fixed order) and score
+    every task by counting argmax hits. Returns ``(R [T, T], b [T])`` float64."""
     T = len(tasks)
 
     def score(x, y):

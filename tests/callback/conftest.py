@@ -1,4 +1,4 @@
-"""Make the callback tests' shared helpers (cl_helpers.py) importable under --import-mode=importlib."""
+"""Make cl_helpers.py importable from the callback tests under --import-mode=importlib."""
 
 import os
 import sys

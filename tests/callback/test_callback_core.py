@@ -12,17 +12,17 @@ import torch
 from cl_helpers import (
     NUM_CLASSES,
     Classifier,
+    eval_loaders,
     make_net,
     make_tasks,
     reference_run,
-    eval_loaders,
     train_loaders,
     trainer_kwargs,
 )
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
 from continual_eval.results import load_results, results_to_tensors
 
 EPOCHS = 2
@@ -102,26 +102,26 @@ def test_stage_patterns_agree(tasks, reference, tmp_path):
 
     class Scheduled(Classifier):
         def train_dataloader(self):
-            return loaders[self.trainer.current_epoch // EPOCHS]
+            return loaders[scheduled_task(self.trainer, EPOCHS)]
 
     model = Scheduled(make_net())
     cb = ContinualEvalCallback(eval_loaders(tasks), epochs_per_task=EPOCHS, verbose=False)
     trainer = pl.Trainer(
         callbacks=[cb],
-        reload_dataloaders_every_n_epochs=EPOCHS,
+        reload_dataloaders_every_n_epochs=1,
         **trainer_kwargs(tmp_path / "b", max_epochs=EPOCHS * len(tasks)),
     )
     trainer.fit(model)
     assert torch.equal(cb.scores, R_ref) and torch.equal(cb.baseline, b_ref)
 
 
-def test_repeated_fit_without_helper_warns_and_records_nothing(tasks, tmp_path):
+def test_repeated_fit_without_helper_is_an_error(tasks, tmp_path):
     model = Classifier(make_net())
     cb = ContinualEvalCallback(eval_loaders(tasks), verbose=False)
     trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
     loaders = train_loaders(tasks)
     trainer.fit(model, loaders[0])
-    with pytest.warns(UserWarning, match="trained nothing.*fit_tasks"):
+    with pytest.raises(ValueError, match=r"stage 1\) would train nothing.*max_epochs=1.*fit_tasks"):
         trainer.fit(model, loaders[1])
     assert cb.stages_completed == 1
 
@@ -188,8 +188,7 @@ def test_eval_mode_flags_restored_and_no_transfer_hooks(tasks, tmp_path):
     assert all(m == (True, False) for m in model.modes_seen if m[0])
 
 
-def test_evaluate_needed_skips_cells_no_metric_reads(tasks, reference, tmp_path):
-    R_ref, b_ref = reference
+def test_evaluate_needed_skips_cells_no_metric_reads(tmp_path):
     tasks4 = make_tasks(4)
     cb, _ = run_new_trainer_per_task(tasks4, tmp_path, evaluate="needed", verbose=False)
     R = cb.scores
@@ -350,3 +349,24 @@ def test_results_written_after_baseline_and_model_untouched(tasks, tmp_path):
     assert all(v is not None for v in results["baseline"])
     for key, value in model.state_dict().items():
         assert torch.equal(value, snapshot[key])
+
+
+class DtypeSpy(Classifier):
+    def __init__(self, net):
+        super().__init__(net)
+        self.eval_dtypes: set[torch.dtype] = set()
+
+    def forward(self, x):
+        out = self.net(x)
+        if not self.training:
+            self.eval_dtypes.add(out.dtype)
+        return out
+
+
+def test_evaluation_runs_in_the_trainer_precision_context(tasks, tmp_path):
+    model = DtypeSpy(make_net())
+    cb = ContinualEvalCallback(eval_loaders(tasks), verbose=False)
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, precision="bf16-mixed"))
+    trainer.fit(model, train_loaders(tasks)[0])
+    assert model.eval_dtypes == {torch.bfloat16}
+    assert cb.stages_completed == 1 and torch.isfinite(cb.scores).all()

@@ -7,6 +7,7 @@ import glob
 import json
 import math
 import struct
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -105,7 +106,7 @@ def _wandb_history(run_dir: str) -> list[dict[str, str]]:
     from wandb.proto import wandb_internal_pb2
 
     (path,) = glob.glob(f"{run_dir}/run-*.wandb")
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     assert data[:4] == b":W&B"
     pos, block, records, partial = 7, 32768, [], b""
     while pos + 7 <= len(data):
@@ -159,15 +160,16 @@ def test_wandb_offline_read_back(tasks, tmp_path, monkeypatch):
     assert float(last["continual/accuracy/task_0"]) == cb.scores[2, 0].item()
     assert json.loads(last["continual/accuracy_matrix/_type"]) == "image-file"
     image_path = json.loads(last["continual/accuracy_matrix/path"])
-    assert open(f"{run_dir}/files/{image_path}", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert Path(f"{run_dir}/files/{image_path}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table_path = json.loads(last["continual/accuracy_matrix_table/path"])
-    table = json.loads(open(f"{run_dir}/files/{table_path}").read())
+    table = json.loads(Path(f"{run_dir}/files/{table_path}").read_text())
     assert table["columns"] == ["stage", "task_0", "task_1", "task_2"]
     assert table["data"][0][0] == "baseline" and table["data"][3][1:] == cb.scores[2].tolist()
 
 
-def test_mlflow_read_back(tasks, tmp_path):
+def test_mlflow_read_back(tasks, tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a local store without a database
     from mlflow.tracking import MlflowClient
 
     uri = f"file:{tmp_path / 'mlruns'}"
@@ -182,7 +184,7 @@ def test_mlflow_read_back(tasks, tmp_path):
     assert "continual/results.json" in artifacts
     assert "continual/accuracy_matrix_stage_002.png" in artifacts
     local = client.download_artifacts(logger.run_id, "continual/results.json", str(tmp_path))
-    assert json.loads(open(local).read())["scores"] == load_results(tmp_path / "out")["scores"]
+    assert json.loads(Path(local).read_text())["scores"] == load_results(tmp_path / "out")["scores"]
 
 
 def test_final_table_printed(tasks, tmp_path, caplog):

@@ -1,0 +1,178 @@
+"""Cost of ContinualEvalCallback against the floor: a bare ``torch.inference_mode()`` loop.
+
+Per stage: the time the callback adds (evaluation of every task, the reduction, results.json and
+scores.csv) against a bare loop over the same loaders with the same model (argmax, count hits).
+Whole run: wall time of ``fit_tasks`` with the callback against the same task sequence without it.
+
+    python benchmarks/bench_callback.py                  # T=20 tasks x 10k test samples
+    python benchmarks/bench_callback.py --tasks 5 --test-size 2000 --repeats 3   # quick
+
+Prints medians and ratios (target: per-stage ratio <= 1.15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from continual_eval.callback import ContinualEvalCallback, fit_tasks
+
+FEATURES, CLASSES = 64, 10
+
+
+class MLP(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(FEATURES, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, CLASSES),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def make_data(tasks: int, test_size: int, train_size: int, batch_size: int):
+    g = torch.Generator().manual_seed(0)
+    train, test = [], []
+    for _ in range(tasks):
+        means = torch.randn(CLASSES, FEATURES, generator=g)
+
+        def sample(n, means=means):
+            y = torch.randint(0, CLASSES, (n,), generator=g)
+            return TensorDataset(means[y] + torch.randn(n, FEATURES, generator=g), y)
+
+        train.append(DataLoader(sample(train_size), batch_size=batch_size, shuffle=True))
+        test.append(DataLoader(sample(test_size), batch_size=batch_size))
+    return train, test
+
+
+def floor_pass(model: nn.Module, loaders) -> float:
+    """The bare loop: inference mode, argmax, count; one host sync at the end."""
+    start = time.perf_counter()
+    model.eval()
+    with torch.inference_mode():
+        correct = []
+        for loader in loaders:
+            hits = torch.zeros((), dtype=torch.int64)
+            for x, y in loader:
+                hits += (model(x).argmax(1) == y).sum()
+            correct.append(hits)
+        torch.stack(correct).tolist()
+    model.train()
+    return time.perf_counter() - start
+
+
+class TimedCallback(ContinualEvalCallback):
+    """Times each stage's evaluation + recording (files, metrics) and, next to it on the same model,
+    the bare loop; the order alternates between stages so neither side always gets a warm cache."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stage_seconds: list[float] = []
+        self.floor_seconds: list[float] = []
+
+    def _record_stage(self, trainer, pl_module, stage):
+        loaders = self._loaders
+        if stage % 2:
+            self.floor_seconds.append(floor_pass(pl_module, loaders))
+        start = time.perf_counter()
+        super()._record_stage(trainer, pl_module, stage)
+        self.stage_seconds.append(time.perf_counter() - start)
+        if not stage % 2:
+            self.floor_seconds.append(floor_pass(pl_module, loaders))
+
+
+def trainer(root: str, callbacks) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    warnings.filterwarnings("ignore")
+    train, test = make_data(args.tasks, args.test_size, args.train_size, args.batch_size)
+    print(
+        f"T={args.tasks} tasks x {args.test_size} test samples, batch {args.batch_size}, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+
+    stage_ratios, run_ratios = [], []
+    for rep in range(args.repeats):
+        with tempfile.TemporaryDirectory() as root:
+            pl.seed_everything(rep, verbose=False)
+            model = MLP()
+            cb = TimedCallback(test, dirpath=root, verbose=False, log_images=False)
+            start = time.perf_counter()
+            fit_tasks(trainer(root, [cb]), model, train)
+            with_cb = time.perf_counter() - start - sum(cb.floor_seconds)
+
+            pl.seed_everything(rep, verbose=False)
+            model = MLP()
+            bare = trainer(root, [])
+            start = time.perf_counter()
+            for task, loader in enumerate(train):
+                bare.fit_loop.max_epochs = task + 1
+                bare.fit(model, loader)
+            without_cb = time.perf_counter() - start
+
+        stage = statistics.median(cb.stage_seconds)
+        floor = statistics.median(cb.floor_seconds)
+        stage_ratios.append(
+            statistics.median(
+                s / f for s, f in zip(cb.stage_seconds, cb.floor_seconds, strict=True)
+            )
+        )
+        run_ratios.append(with_cb / without_cb)
+        print(
+            f"repeat {rep}: stage eval median {stage * 1e3:.1f} ms, floor {floor * 1e3:.1f} ms, "
+            f"ratio {stage_ratios[-1]:.3f}; whole run {with_cb:.2f} s with, "
+            f"{without_cb:.2f} s without (x{with_cb / without_cb:.2f}; "
+            f"{args.tasks + 1} evaluations incl. baseline)"
+        )
+    ratio = statistics.median(stage_ratios)
+    print(f"median per-stage ratio (callback / bare inference loop): {ratio:.3f} (target <= 1.15)")
+    print(f"median whole-run ratio (with / without callback): {statistics.median(run_ratios):.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--test-size", type=int, default=10_000)
+    parser.add_argument("--train-size", type=int, default=2_000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,618 @@
+"""``ContinualEvalCallback``: the accuracy matrix of a continual-learning run from one callback.
+
+Attach it to a Trainer and train the task sequence in either of the two usual ways:
+
+* one ``trainer.fit`` per task (a new Trainer per task with the same callback instance, or one
+  Trainer driven by :func:`fit_tasks`); a stage ends in ``on_train_end``;
+* one ``fit`` over a schedule with ``epochs_per_task=k``: the training data switches every ``k``
+  epochs, with ``Trainer(reload_dataloaders_every_n_epochs=1)`` and a ``train_dataloader`` returning
+  ``loaders[scheduled_task(self.trainer, k)]`` (:func:`scheduled_task` stays right when resuming
+  from a checkpoint, where ``current_epoch // k`` is one epoch behind); a stage ends at the end of
+  every ``k``-th epoch.
+
+The untrained model is scored on every task once, before the first training step (the baseline
+``b``); after every stage the model is scored on every task (or only ``j <= i + 1`` with
+``evaluate="needed"``) while it is still on its device, and the row ``R[i, :]`` is reduced exactly
+across ranks, recorded in a :class:`~continual_eval.ContinualMetrics`, logged to every logger and
+written to ``results.json``/``scores.csv`` (see :mod:`continual_eval.results`).
+
+A LightningModule may define ``continual_eval_step(self, batch, task_id) -> (preds, target)`` to
+control scoring (e.g. task-incremental heads); otherwise ``(x, y)`` batches are scored as
+``module(x)`` and ``(x, y, t)`` batches as ``module(x, t)``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor
+
+from continual_eval.evaluation import (
+    AccuracyScorer,
+    MetricScorer,
+    Scorer,
+    evaluate_tasks,
+    grad_free_context,
+    shard_dataloader,
+)
+from continual_eval.functional import FORGETTING_CONVENTIONS
+from continual_eval.loggers import format_matrix_table, log_baseline, log_stage
+from continual_eval.metric import ContinualMetrics
+from continual_eval.results import build_results, write_results
+
+__all__ = ["ContinualEvalCallback", "fit_tasks", "scheduled_task"]
+
+_STATE_VERSION = 1
+
+
+class ContinualEvalCallback(Callback):
+    r"""Score every task after every training stage; record ``R``, the baseline and the metrics.
+
+    Args:
+        test_dataloaders: one test loader per task (index = task id). When ``None``, the
+            datamodule's (else the module's) ``test_dataloader()`` must return such a list.
+        task_names: names for logs and files (default ``task_0``, ``task_1``, ...).
+        epochs_per_task: ``k`` for a single ``fit`` over a schedule (stage ``i`` = epochs
+            ``[i*k, (i+1)*k)``); ``None`` (default) for one ``fit`` per task.
+        evaluate: ``"all"`` tasks after every stage, or ``"needed"``: only ``j <= i + 1``, the cells
+            the metrics read (others recorded as not evaluated).
+        metric: a torchmetrics ``Metric`` (instance or factory) replacing accuracy; it receives
+            ``(preds, target)`` per batch and is reset per task.
+        prefix: prefix of every logged key.
+        dirpath: where ``results.json``/``scores.csv`` go (default: the first logger's ``log_dir``
+            (TensorBoard, CSV), else its ``save_dir`` (W&B, MLflow), else
+            ``trainer.default_root_dir``; as ``Trainer.log_dir`` decides, without its broadcast).
+        metadata: free-form JSON-serialisable dict stored in ``results.json``.
+        forgetting: forgetting convention, ``"peak"`` or ``"chaudhry"``.
+        log_images: also log the matrix as a heatmap where the logger supports images.
+        verbose: print a line per stage and the full table at the end of the run.
+        inference_mode: use ``torch.inference_mode`` (else ``torch.no_grad``; gloo always uses
+            ``no_grad``, like Lightning's own loops).
+    """
+
+    def __init__(
+        self,
+        test_dataloaders: Sequence[Any] | None = None,
+        *,
+        task_names: Sequence[str] | None = None,
+        epochs_per_task: int | None = None,
+        evaluate: str = "all",
+        metric: Any = None,
+        prefix: str = "continual/",
+        dirpath: str | os.PathLike | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        forgetting: str = "peak",
+        log_images: bool = True,
+        verbose: bool = True,
+        inference_mode: bool = True,
+    ) -> None:
+        if evaluate not in ("all", "needed"):
+            raise ValueError(f"evaluate must be 'all' or 'needed', got {evaluate!r}")
+        if epochs_per_task is not None and (
+            not isinstance(epochs_per_task, int) or epochs_per_task < 1
+        ):
+            raise ValueError(
+                f"epochs_per_task must be a positive int or None, got {epochs_per_task!r}"
+            )
+        if forgetting not in FORGETTING_CONVENTIONS:
+            raise ValueError(
+                f"forgetting must be one of {FORGETTING_CONVENTIONS}, got {forgetting!r}"
+            )
+        if test_dataloaders is not None:
+            test_dataloaders = _as_loader_list(test_dataloaders, "test_dataloaders")
+        self._given_names = list(task_names) if task_names is not None else None
+        self.epochs_per_task = epochs_per_task
+        self.evaluate = evaluate
+        self.scorer: Scorer = AccuracyScorer() if metric is None else MetricScorer(metric)
+        self.prefix = prefix
+        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.metadata = dict(metadata or {})
+        self.forgetting = forgetting
+        self.log_images = log_images
+        self.verbose = verbose
+        self.inference_mode = inference_mode
+
+        self.metrics: ContinualMetrics | None = None
+        self.task_names: list[str] | None = None
+        self._loaders: list[Any] | None = None
+        self._rank_loaders: list[Any] = []
+        self._unsharded: frozenset[int] = frozenset()
+        self._baseline_done = False
+        self._pending_state: dict[str, Any] | None = None
+        self._results_dir: Path | None = None
+        self._stage_start_step = 0
+        self._trained_this_fit = False
+        self._warned_unsharded = False
+        if test_dataloaders is not None:
+            self._set_loaders(test_dataloaders)
+
+    # ------------------------------------------------------------------ public views
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(prefix=self.prefix)
+
+    @property
+    def num_tasks(self) -> int | None:
+        """``T``, known once the test loaders are (at construction or at the first fit)."""
+        return None if self._loaders is None else len(self._loaders)
+
+    @property
+    def stages_completed(self) -> int:
+        """Stages recorded so far (rows of R)."""
+        if self.metrics is not None:
+            return self.metrics.num_stages
+        return len(self._pending_state["scores"]) if self._pending_state else 0
+
+    @property
+    def scores(self) -> Tensor:
+        """Rows of R so far, ``[stages_completed, T]`` float64 (NaN = not evaluated)."""
+        if self.metrics is None:
+            return torch.zeros(0, 0, dtype=torch.float64)
+        return self.metrics.scores
+
+    @property
+    def baseline(self) -> Tensor:
+        """Untrained scores ``b``, ``[T]`` (NaN until measured)."""
+        if self.metrics is None:
+            return torch.zeros(0, dtype=torch.float64)
+        return self.metrics.baseline
+
+    @property
+    def results_dir(self) -> Path | None:
+        """Directory holding ``results.json`` and ``scores.csv`` (set at the first fit, rank 0)."""
+        return self._results_dir
+
+    def results(self) -> dict[str, Any]:
+        """The ``results.json`` document of the stages so far."""
+        if self.metrics is None or self.task_names is None:
+            raise RuntimeError("ContinualEvalCallback has no results yet: no fit has started")
+        return build_results(
+            self.metrics.scores,
+            self.metrics.baseline,
+            task_names=self.task_names,
+            forgetting=self.forgetting,
+            score_name=self.scorer.name,
+            metadata=self.metadata,
+        )
+
+    # ------------------------------------------------------------------ setup
+    def _set_loaders(self, loaders: list[Any]) -> None:
+        T = len(loaders)
+        if T == 0:
+            raise ValueError(
+                "ContinualEvalCallback needs at least one test dataloader (one per task)"
+            )
+        if self._given_names is not None and len(self._given_names) != T:
+            raise ValueError(
+                f"task_names has {len(self._given_names)} names for {T} test dataloaders"
+            )
+        self._loaders = loaders
+        self.task_names = self._given_names or [f"task_{j}" for j in range(T)]
+        if self.metrics is None:
+            self.metrics = ContinualMetrics(
+                T,
+                forgetting=self.forgetting,
+                validate=isinstance(self.scorer, AccuracyScorer),
+                dtype=torch.float64,
+            )
+        self._apply_pending_state()
+
+    def _resolve_loaders(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._loaders is not None:
+            return
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None and is_overridden("test_dataloader", datamodule):
+            source, loaders = "the datamodule's test_dataloader()", datamodule.test_dataloader()
+        elif is_overridden("test_dataloader", pl_module):
+            source, loaders = "the LightningModule's test_dataloader()", pl_module.test_dataloader()
+        else:
+            raise ValueError(
+                "ContinualEvalCallback has no test data: pass test_dataloaders=[loader per task] "
+                "or define test_dataloader() returning that list on the datamodule or "
+                "LightningModule"
+            )
+        self._set_loaders(_as_loader_list(loaders, source))
+
+    def _prepare_fit(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._resolve_loaders(trainer, pl_module)
+        assert self._loaders is not None
+        sharded = [
+            shard_dataloader(dl, trainer.global_rank, trainer.world_size) for dl in self._loaders
+        ]
+        self._rank_loaders = [dl for dl, _ in sharded]
+        self._unsharded = frozenset(j for j, (_, ok) in enumerate(sharded) if not ok)
+        if self._unsharded and trainer.is_global_zero and not self._warned_unsharded:
+            self._warned_unsharded = True
+            warnings.warn(
+                f"ContinualEvalCallback: test dataloaders {sorted(self._unsharded)} cannot be "
+                "sharded (iterable dataset or custom batch sampler); rank 0 scores them alone",
+                stacklevel=2,
+            )
+        if trainer.is_global_zero and self._results_dir is None:
+            self._results_dir = self._resolve_dirpath(trainer)
+
+    def _resolve_dirpath(self, trainer: Trainer) -> Path:
+        if self.dirpath is not None:
+            return self.dirpath
+        for logger in trainer.loggers[:1]:
+            for attr in ("log_dir", "save_dir"):
+                path = getattr(logger, attr, None)
+                if path:
+                    return Path(path)
+        return Path(trainer.default_root_dir)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        if self.metrics is None:
+            return dict(self._pending_state or {})
+        return {
+            "version": _STATE_VERSION,
+            "num_tasks": self.metrics.num_tasks,
+            "task_names": list(self.task_names or []),
+            "baseline_done": self._baseline_done,
+            "baseline": self.metrics.baseline.clone(),
+            "scores": self.metrics.scores.clone(),
+            "epochs_per_task": self.epochs_per_task,
+            "forgetting": self.forgetting,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if state_dict.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"ContinualEvalCallback state has version {state_dict.get('version')!r}; expected "
+                f"{_STATE_VERSION}"
+            )
+        self._pending_state = dict(state_dict)
+        if self._loaders is not None:
+            self.metrics = None  # rebuilt from the loaded rows
+            self._set_loaders(self._loaders)
+
+    def _apply_pending_state(self) -> None:
+        state, self._pending_state = self._pending_state, None
+        if state is None:
+            return
+        assert self.metrics is not None
+        T = self.metrics.num_tasks
+        if state["num_tasks"] != T:
+            raise ValueError(
+                f"the checkpoint's ContinualEvalCallback state has {state['num_tasks']} tasks but "
+                f"{T} test dataloaders were given"
+            )
+        if state["baseline_done"]:
+            self.metrics.update_baseline(state["baseline"].double())
+        for row in state["scores"]:
+            self.metrics.update(row.double())
+        self._baseline_done = bool(state["baseline_done"])
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate(
+        self, trainer: Trainer, pl_module: LightningModule, task_ids: Sequence[int]
+    ) -> Tensor:
+        assert self._loaders is not None
+        world = trainer.world_size
+        evaluation = evaluate_tasks(
+            pl_module,
+            self._rank_loaders,
+            task_ids,
+            scorer=self.scorer,
+            device=trainer.strategy.root_device,
+            forward_context=trainer.precision_plugin.forward_context,
+            grad_context=partial(grad_free_context, self.inference_mode),
+            all_reduce=partial(trainer.strategy.reduce, reduce_op="sum") if world > 1 else None,
+            rank=trainer.global_rank,
+            world_size=world,
+            task_names=self.task_names,
+            unsharded=self._unsharded,
+        )
+        row = torch.full((len(self._loaders),), math.nan, dtype=torch.float64)
+        row[list(task_ids)] = evaluation.scores
+        return row
+
+    def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        assert self.metrics is not None
+        baseline = self._evaluate(trainer, pl_module, range(self.metrics.num_tasks))
+        self.metrics.update_baseline(baseline)
+        self._baseline_done = True
+        if trainer.is_global_zero:
+            results = self._write()
+            log_baseline(trainer.loggers, results, prefix=self.prefix)
+
+    def _record_stage(self, trainer: Trainer, pl_module: LightningModule, stage: int) -> None:
+        assert self.metrics is not None and self.task_names is not None
+        T = self.metrics.num_tasks
+        if stage >= T:
+            raise _too_many_stages(stage, T)
+        tasks = range(T) if self.evaluate == "all" else range(min(stage + 2, T))
+        row = self._evaluate(trainer, pl_module, tasks)
+        try:
+            self.metrics.update(row)
+        except ValueError as err:
+            raise ValueError(
+                f"ContinualEvalCallback: stage {stage} produced scores the metrics cannot use: "
+                f"{err}"
+            ) from err
+        self.metrics.compute()  # every rank: checks that all ranks hold the same R
+        if trainer.is_global_zero:
+            results = self._write()
+            log_stage(
+                trainer.loggers,
+                results,
+                stage,
+                prefix=self.prefix,
+                log_images=self.log_images,
+                results_dir=self._results_dir,
+            )
+            if self.verbose:
+                m = results["metrics"]
+                rank_zero_info(
+                    f"[continual-eval] stage {stage} ({self.task_names[stage]}): "
+                    + "  ".join(f"{k}={v:.4f}" for k, v in m.items() if v is not None)
+                )
+
+    def _write(self) -> dict[str, Any]:
+        results = self.results()
+        if self._results_dir is not None:
+            write_results(self._results_dir, results)
+        return results
+
+    # ------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._prepare_fit(trainer, pl_module)
+        self._trained_this_fit = False
+        T = self.num_tasks
+        assert T is not None
+        k = self.epochs_per_task
+        if k is not None and trainer.max_epochs is not None and trainer.max_epochs > T * k:
+            raise ValueError(
+                f"max_epochs={trainer.max_epochs} trains {math.ceil(trainer.max_epochs / k)} "
+                f"stages of epochs_per_task={k} epochs, but there are only {T} tasks (test "
+                "dataloaders)"
+            )
+        if k is None and self.stages_completed >= T:
+            raise _too_many_stages(self.stages_completed, T)
+        if k is None and _fit_already_done(trainer):
+            raise ValueError(
+                f"ContinualEvalCallback: this fit (stage {self.stages_completed}) would train "
+                f"nothing: the Trainer already reached max_epochs={trainer.max_epochs} / "
+                f"max_steps={trainer.max_steps}. A second fit on the same Trainer trains only if "
+                "trainer.fit_loop.max_epochs is raised; use continual_eval.fit_tasks(trainer, "
+                "model, train_dataloaders) to run a task sequence on one Trainer, or a new "
+                "Trainer per task"
+            )
+        if not self._baseline_done:
+            self._record_baseline(trainer, pl_module)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stage_start_step = trainer.global_step
+        k = self.epochs_per_task
+        if k is None:
+            return
+        # resumed from a checkpoint written after a stage's last epoch but before its evaluation
+        # (ModelCheckpoint saving in on_validation_end): score that stage now, from those weights
+        epochs_done = trainer.current_epoch
+        if epochs_done % k == 0 and self.stages_completed == epochs_done // k - 1:
+            self._record_stage(trainer, pl_module, epochs_done // k - 1)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        k = self.epochs_per_task
+        if k is None:
+            return
+        stage = trainer.current_epoch // k
+        assert self.num_tasks is not None
+        if stage >= self.num_tasks:
+            raise _too_many_stages(stage, self.num_tasks)
+        if trainer.current_epoch % k == 0:
+            self._stage_start_step = trainer.global_step
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        k = self.epochs_per_task
+        if k is None or (trainer.current_epoch + 1) % k:
+            return
+        stage = (trainer.current_epoch + 1) // k - 1
+        if stage == self.stages_completed:
+            if trainer.global_step == self._stage_start_step and trainer.is_global_zero:
+                assert self.task_names is not None
+                warnings.warn(
+                    f"ContinualEvalCallback: stage {stage} (task {stage}, "
+                    f"{self.task_names[stage]!r}) ended without a training step: its train "
+                    "dataloader yielded no batch. The row is recorded from the unchanged model",
+                    stacklevel=2,
+                )
+            self._record_stage(trainer, pl_module, stage)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._trained_this_fit = True
+        k = self.epochs_per_task
+        if k is None:
+            self._record_stage(trainer, pl_module, self.stages_completed)
+            return
+        if not trainer.is_global_zero:
+            return
+        assert self.num_tasks is not None and self.task_names is not None
+        epoch, stage = trainer.current_epoch, self.stages_completed
+        max_epochs = trainer.max_epochs
+        planned = (
+            self.num_tasks if max_epochs in (None, -1) else min(self.num_tasks, max_epochs // k)
+        )
+        if epoch % k:
+            warnings.warn(
+                f"ContinualEvalCallback: training stopped inside stage {epoch // k} after "
+                f"{epoch % k} of its {k} epochs; that stage is not recorded",
+                stacklevel=2,
+            )
+        elif stage < planned:
+            warnings.warn(
+                f"ContinualEvalCallback: training ended after {stage} of {planned} scheduled "
+                f"stages: stage {stage} (task {stage}, {self.task_names[stage]!r}) ended without a "
+                "training step (its train dataloader yielded no batch, or the fit was stopped). "
+                f"Stages 0..{stage - 1} are recorded",
+                stacklevel=2,
+            )
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.epochs_per_task is None and not self._trained_this_fit:
+            stage = self.stages_completed
+            name = (
+                self.task_names[stage] if self.task_names and stage < len(self.task_names) else "?"
+            )
+            raise RuntimeError(
+                f"ContinualEvalCallback: the fit for stage {stage} (task {stage}, {name!r}) "
+                "trained nothing and no row was recorded: its train dataloader yielded no batch "
+                "(or limit_train_batches=0). Everything recorded before is kept in "
+                f"{self._results_dir or 'the results directory'}"
+            )
+        done = self.num_tasks is not None and self.stages_completed == self.num_tasks
+        if (
+            trainer.is_global_zero
+            and self.verbose
+            and (done or self.epochs_per_task is not None)
+            and self.stages_completed
+        ):
+            rank_zero_info(format_matrix_table(self.results()))
+
+
+def scheduled_task(trainer: Trainer, epochs_per_task: int) -> int:
+    """The task whose training data the epoch about to run should use: ``epoch // epochs_per_task``.
+
+    Call it from ``train_dataloader`` with ``Trainer(reload_dataloaders_every_n_epochs=1)``. It
+    counts epochs already started, so it is also right while a resumed fit reloads its data (when
+    ``trainer.current_epoch`` still shows the last finished epoch).
+    """
+    return trainer.fit_loop.epoch_progress.current.processed // epochs_per_task
+
+
+def _fit_already_done(trainer: Trainer) -> bool:
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_steps is not None and max_steps != -1 and trainer.global_step >= max_steps:
+        return True
+    return max_epochs is not None and max_epochs != -1 and trainer.current_epoch >= max_epochs
+
+
+def _too_many_stages(stage: int, num_tasks: int) -> ValueError:
+    return ValueError(
+        f"ContinualEvalCallback: training stage {stage} would be stage {stage + 1} of a sequence "
+        f"with only {num_tasks} tasks ({num_tasks} test dataloaders); more training stages than "
+        "tasks"
+    )
+
+
+def _as_loader_list(loaders: Any, source: str) -> list[Any]:
+    if isinstance(loaders, Mapping) or not isinstance(loaders, Sequence):
+        raise TypeError(
+            f"{source} must be a list with one test loader per task (index = task id), got "
+            f"{type(loaders).__name__}"
+        )
+    return list(loaders)
+
+
+def _find_callbacks(trainer: Trainer) -> list[ContinualEvalCallback]:
+    found = [cb for cb in trainer.callbacks if isinstance(cb, ContinualEvalCallback)]
+    if not found:
+        raise ValueError("fit_tasks needs a ContinualEvalCallback in trainer.callbacks, found none")
+    return found
+
+
+def fit_tasks(
+    trainer: Trainer | Callable[[int], Trainer],
+    model: LightningModule,
+    train_dataloaders: Sequence[Any],
+    *,
+    val_dataloaders: Sequence[Any] | None = None,
+    ckpt_path: str | os.PathLike | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    seed: int | None = None,
+) -> ContinualEvalCallback:
+    """Train ``model`` on ``train_dataloaders[i]`` for ``i = 0, 1, ...``, one ``fit`` per task.
+
+    Args:
+        trainer: one Trainer for the whole sequence (each task trains for the Trainer's
+            ``max_epochs``; ``fit_loop.max_epochs`` is raised before every fit), or a factory
+            ``task_id -> Trainer`` for a new Trainer per task. The Trainer(s) must hold at least
+            one :class:`ContinualEvalCallback` (the same instances across a factory's Trainers).
+        model: the LightningModule, trained in place.
+        train_dataloaders: one training loader per task.
+        val_dataloaders: optional, one validation loader per task.
+        ckpt_path: resume from a checkpoint written by ``checkpoint_dir`` (``task_{i}.ckpt``):
+            the model weights and the callback's recorded stages are restored and training
+            continues with the first unrecorded task.
+        checkpoint_dir: after each task, save ``task_{i}.ckpt`` there (weights, callback state).
+        seed: if given, ``seed_everything(seed + i)`` before task ``i``, so a resumed sequence
+            draws the same random numbers as an uninterrupted one.
+
+    Returns:
+        The (first) :class:`ContinualEvalCallback` (``.scores``, ``.baseline``, ``.results()``).
+
+    Raises:
+        ValueError: no callback, a Trainer without a positive ``max_epochs``, or more tasks than
+            test dataloaders.
+    """
+    from lightning.pytorch import seed_everything
+
+    factory = None if isinstance(trainer, Trainer) else trainer
+    current = trainer if isinstance(trainer, Trainer) else None
+    epochs = None
+    if current is not None:
+        epochs = current.fit_loop.max_epochs
+        if epochs is None or epochs < 1 or current.fit_loop.max_steps != -1:
+            raise ValueError(
+                "fit_tasks on one Trainer needs Trainer(max_epochs=E) with E >= 1 epochs per task "
+                "and no max_steps; pass a factory (task_id -> Trainer) for other stopping rules"
+            )
+    if val_dataloaders is not None and len(val_dataloaders) != len(train_dataloaders):
+        raise ValueError(
+            f"{len(val_dataloaders)} val_dataloaders for {len(train_dataloaders)} train_dataloaders"
+        )
+    start = 0
+    callbacks: list[ContinualEvalCallback] | None = None
+    if ckpt_path is not None:
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(checkpoint["state_dict"])
+        first = current if current is not None else factory(0)  # type: ignore[misc]
+        callbacks = _find_callbacks(first)
+        for cb in callbacks:
+            if cb.state_key not in checkpoint.get("callbacks", {}):
+                raise ValueError(f"{ckpt_path} holds no state for {cb.state_key}")
+            cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
+        done = {cb.stages_completed for cb in callbacks}
+        if len(done) != 1:
+            raise ValueError(
+                f"{ckpt_path}: the callbacks recorded different numbers of stages {done}"
+            )
+        start = done.pop()
+        current = first if current is not None else None
+    for task in range(start, len(train_dataloaders)):
+        if factory is not None:
+            current = factory(task)
+        assert current is not None
+        found = _find_callbacks(current)
+        if callbacks is not None and [id(cb) for cb in found] != [id(cb) for cb in callbacks]:
+            raise ValueError(
+                "the factory's Trainers must share the same ContinualEvalCallback instances"
+            )
+        callbacks = found
+        if epochs is not None:
+            current.fit_loop.max_epochs = current.current_epoch + epochs
+        if seed is not None:
+            seed_everything(seed + task, verbose=False)
+        current.fit(
+            model,
+            train_dataloaders=train_dataloaders[task],
+            val_dataloaders=None if val_dataloaders is None else val_dataloaders[task],
+        )
+        if checkpoint_dir is not None:
+            current.save_checkpoint(os.path.join(checkpoint_dir, f"task_{task}.ckpt"))
+    if callbacks is None:
+        callbacks = _find_callbacks(current if current is not None else factory(0))  # type: ignore[misc]
+    return callbacks[0]

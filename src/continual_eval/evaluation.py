@@ -1,0 +1,417 @@
+"""Evaluation engine: score a module on several task test loaders, exactly, on every rank.
+
+Kept apart from :class:`~continual_eval.callback.ContinualEvalCallback`'s hook plumbing so that
+other callers (evaluation every k steps inside a stage, cached device batches) can reuse it.
+
+:func:`evaluate_tasks` runs the module in eval mode under a no-grad/inference context, restores
+every submodule's own ``training`` flag and the RNG states afterwards, moves batches with a plain
+device move (no user transfer hooks), and reduces per-task counts across ranks with one collective
+per call. Under data parallelism each map-style test set is sharded *without padding*
+(:func:`shard_dataloader`), so the reduced counts equal the single-process counts exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from lightning.pytorch.utilities import move_data_to_device
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+__all__ = [
+    "AccuracyScorer",
+    "EvaluationError",
+    "MetricScorer",
+    "Scorer",
+    "TaskEvaluation",
+    "default_batch_step",
+    "evaluate_tasks",
+    "preserve_rng_state",
+    "preserve_training_flags",
+    "shard_dataloader",
+]
+
+#: ``step(module, batch, task_id) -> (preds, target)``
+BatchStep = Callable[[nn.Module, Any, int], tuple[Tensor, Tensor]]
+
+
+class EvaluationError(ValueError):
+    """A test loader or the model's output cannot be scored; the message names the task."""
+
+
+@dataclass(frozen=True)
+class TaskEvaluation:
+    """Per-task result of :func:`evaluate_tasks`, identical on every rank.
+
+    ``scores[k]`` is the score on ``task_ids[k]``; ``correct``/``total`` are the reduced counts
+    (``correct`` is NaN-free only for count-based scorers; ``total`` is the number of samples
+    scored).
+    """
+
+    task_ids: tuple[int, ...]
+    scores: Tensor
+    correct: Tensor
+    total: Tensor
+
+
+class Scorer(Protocol):
+    """Accumulates one task's predictions; ``result`` may run collectives (call it on all ranks)."""
+
+    name: str
+    count_based: bool
+
+    def start(self, device: torch.device) -> None: ...
+
+    def update(self, preds: Tensor, target: Tensor) -> None: ...
+
+    def local_counts(self) -> Tensor:
+        """``[correct, total, bad]`` on this rank (int64); ``bad`` > 0 flags invalid targets."""
+        ...
+
+    def result(self, reduced_counts: Tensor) -> Tensor: ...
+
+
+def _class_dim_problem(preds: Tensor, target: Tensor) -> str | None:
+    if preds.shape[0] != target.shape[0]:
+        return f"the model returned {preds.shape[0]} predictions for {target.shape[0]} targets"
+    if preds.ndim == target.ndim + 1:
+        if preds.shape[2:] != target.shape[1:]:
+            return (
+                f"prediction shape {tuple(preds.shape)} does not fit target shape "
+                f"{tuple(target.shape)}"
+            )
+    elif preds.shape != target.shape:
+        return (
+            f"prediction shape {tuple(preds.shape)} does not fit target shape {tuple(target.shape)}"
+        )
+    return None
+
+
+class AccuracyScorer:
+    """Accuracy by argmax over dim 1 of ``preds`` (or ``preds`` as labels when shaped like
+    ``target``).
+
+    Counts stay on the device (no host sync per batch); targets outside ``[0, num_classes)`` are
+    flagged and reported after the task.
+    """
+
+    name = "accuracy"
+    count_based = True
+
+    def start(self, device: torch.device) -> None:
+        self._correct = torch.zeros((), dtype=torch.int64, device=device)
+        self._total = 0  # host int: batch sizes are known without a device sync
+        self._lowest = torch.zeros((), dtype=torch.int64, device=device)
+        self._highest = torch.zeros((), dtype=torch.int64, device=device)
+        self._num_classes: int | None = None
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        problem = _class_dim_problem(preds, target)
+        if problem is not None:
+            raise EvaluationError(problem)
+        if preds.ndim == target.ndim + 1:
+            if self._num_classes is None:
+                self._num_classes = preds.shape[1]
+            elif preds.shape[1] != self._num_classes:
+                raise EvaluationError(
+                    f"the model returned {preds.shape[1]} classes after {self._num_classes}"
+                )
+            if target.numel():
+                lowest, highest = torch.aminmax(target)
+                self._lowest = torch.minimum(self._lowest, lowest)
+                self._highest = torch.maximum(self._highest, highest)
+            preds = preds.argmax(dim=1)
+        self._correct += (preds == target).sum()
+        self._total += target.numel()
+
+    def local_counts(self) -> Tensor:
+        bad = torch.zeros((), dtype=torch.int64, device=self._correct.device)
+        if self._num_classes is not None:
+            bad = ((self._lowest < 0) | (self._highest >= self._num_classes)).long()
+        total = torch.tensor(self._total, dtype=torch.int64, device=self._correct.device)
+        return torch.stack([self._correct, total, bad])
+
+    def result(self, reduced_counts: Tensor) -> Tensor:
+        correct, total = reduced_counts[..., 0], reduced_counts[..., 1]
+        return correct.double() / total.double()
+
+
+class MetricScorer:
+    """Any torchmetrics metric (its state reduced by torchmetrics' sync: exact on unpadded
+    shards)."""
+
+    count_based = False
+
+    def __init__(self, metric: Any) -> None:
+        from torchmetrics import Metric
+
+        if isinstance(metric, Metric):
+            self._metric = metric.clone()
+        elif callable(metric):
+            self._metric = metric()
+            if not isinstance(self._metric, Metric):
+                raise TypeError(
+                    f"`metric` factory returned {self._metric!r}, not a torchmetrics Metric"
+                )
+        else:
+            raise TypeError(f"`metric` must be a torchmetrics Metric or a factory, got {metric!r}")
+        self.name = type(self._metric).__name__
+
+    def start(self, device: torch.device) -> None:
+        self._metric.reset()
+        self._metric.to(device)
+        self._counts = torch.zeros(3, dtype=torch.int64, device=device)
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        problem = _class_dim_problem(preds, target)
+        if problem is not None:
+            raise EvaluationError(problem)
+        if (
+            preds.ndim == target.ndim + 1
+            and target.dtype != torch.bool
+            and not target.is_floating_point()
+        ):
+            num_classes = preds.shape[1]
+            self._counts[2] += ((target < 0) | (target >= num_classes)).sum()
+        self._counts[1] += target.shape[0]
+        self._metric.update(preds, target)
+
+    def local_counts(self) -> Tensor:
+        return self._counts
+
+    def result(self, reduced_counts: Tensor) -> Tensor:
+        return self._metric.compute().detach().double().reshape(())
+
+
+def default_batch_step(module: nn.Module, batch: Any, task_id: int) -> tuple[Tensor, Tensor]:
+    """``(x, y)`` -> ``(module(x), y)``; ``(x, y, t)`` -> ``(module(x, t), y)``.
+
+    A LightningModule may instead define ``continual_eval_step(batch, task_id) -> (preds, target)``.
+    """
+    hook = getattr(module, "continual_eval_step", None)
+    if callable(hook):
+        return hook(batch, task_id)
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        x, y = batch
+        return module(x), y
+    if isinstance(batch, (tuple, list)) and len(batch) == 3:
+        x, y, t = batch
+        return module(x, t), y
+    raise EvaluationError(
+        f"cannot score a batch of type {type(batch).__name__}"
+        + (f" with {len(batch)} elements" if isinstance(batch, (tuple, list)) else "")
+        + "; expected (x, y) or (x, y, task_id), or define `continual_eval_step(batch, task_id)` "
+        "on the LightningModule returning (preds, target)"
+    )
+
+
+class _ShardSampler(Sampler[int]):
+    """Strided shard ``rank, rank + world, ...`` of ``range(n)``: no padding, no duplicates."""
+
+    def __init__(self, base: Sequence[int] | range, rank: int, world_size: int) -> None:
+        self.indices = list(base)[rank::world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def shard_dataloader(loader: Any, rank: int, world_size: int) -> tuple[Any, bool]:
+    """Return ``(loader for this rank, sharded)``.
+
+    Map-style datasets are split into strided, unpadded shards of ``range(len(dataset))`` (any
+    shuffling is dropped: a score does not depend on the order). Loaders that cannot be re-built
+    (iterable datasets, custom batch samplers, non-DataLoader iterables) come back unchanged with
+    ``sharded=False``: the caller then counts them on rank 0 only.
+    """
+    if world_size <= 1:
+        return loader, True
+    if (
+        not isinstance(loader, DataLoader)
+        or isinstance(loader.dataset, IterableDataset)
+        or loader.batch_size is None
+    ):
+        return loader, False
+    n = len(loader.dataset)  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "sampler": _ShardSampler(range(n), rank, world_size),
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "drop_last": False,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(loader.dataset, **kwargs), True
+
+
+@contextmanager
+def preserve_training_flags(module: nn.Module) -> Iterator[None]:
+    """Put ``module`` in eval mode; restore every submodule's own ``training`` flag afterwards."""
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+@contextmanager
+def preserve_rng_state(device: torch.device | None = None) -> Iterator[None]:
+    """Restore Python, NumPy, torch CPU and (if used) CUDA RNG states on exit.
+
+    Iterating a DataLoader draws a seed from the global torch generator; without this, attaching an
+    evaluator would change the training that follows it.
+    """
+    py_state = random.getstate()
+    np_state = None
+    try:
+        import numpy as np
+
+        np_state = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        np = None  # type: ignore[assignment]
+    cuda = device is not None and device.type == "cuda" and torch.cuda.is_available()
+    with torch.random.fork_rng(devices=[device] if cuda else [], enabled=True):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            if np_state is not None:
+                np.random.set_state(np_state)
+
+
+def grad_free_context(inference_mode: bool = True) -> AbstractContextManager:
+    """``torch.inference_mode`` unless a gloo process group is up (as Lightning's loops decide)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        return torch.no_grad()
+    return torch.inference_mode() if inference_mode else torch.no_grad()
+
+
+def evaluate_tasks(
+    module: nn.Module,
+    dataloaders: Sequence[Any],
+    task_ids: Sequence[int],
+    *,
+    scorer: Scorer | None = None,
+    device: torch.device | str | None = None,
+    step: BatchStep = default_batch_step,
+    forward_context: Callable[[], AbstractContextManager] = nullcontext,
+    grad_context: Callable[[], AbstractContextManager] = grad_free_context,
+    all_reduce: Callable[[Tensor], Tensor] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    task_names: Sequence[str] | None = None,
+    unsharded: Collection[int] = (),
+) -> TaskEvaluation:
+    """Score ``module`` on ``dataloaders[j]`` for each ``j`` in ``task_ids``.
+
+    Args:
+        module: the model; called through ``step`` (default: ``module(x)`` / ``module(x, t)``).
+        dataloaders: one test loader per task, already sharded for this rank
+        (:func:`shard_dataloader`)
+            or, for loaders that could not be sharded, full loaders that only rank 0 counts.
+        task_ids: which tasks to score.
+        scorer: :class:`AccuracyScorer` (default) or :class:`MetricScorer`.
+        device: where batches go (plain move, no user transfer hooks).
+        forward_context: e.g. the Trainer's ``precision_plugin.forward_context``.
+        grad_context: no-grad / inference-mode factory.
+        all_reduce: sum-reduction across ranks (e.g. ``strategy.reduce(t, reduce_op="sum")``).
+        rank, world_size: this process and the group size; used for unsharded loaders.
+        task_names: names for error messages.
+        unsharded: tasks whose loader holds the full test set on every rank; only rank 0 counts
+        them.
+
+    Returns:
+        :class:`TaskEvaluation` with scores and counts, the same on every rank.
+
+    Raises:
+        EvaluationError: a task's loader yielded no sample (on any rank), or the output does not fit
+            the targets; raised on every rank together.
+    """
+    scorer = scorer if scorer is not None else AccuracyScorer()
+    device = torch.device(device) if device is not None else _module_device(module)
+    names = (
+        list(task_names)
+        if task_names is not None
+        else [f"task_{j}" for j in range(len(dataloaders))]
+    )
+    local = torch.zeros(len(task_ids), 3, dtype=torch.int64, device=device)
+    results: list[Tensor] = []
+    with preserve_rng_state(device), preserve_training_flags(module), grad_context():
+        for k, j in enumerate(task_ids):
+            scorer.start(device)
+            counts_here = world_size <= 1 or j not in unsharded or rank == 0
+            if counts_here:
+                try:
+                    for batch in dataloaders[j]:
+                        batch = move_data_to_device(batch, device)
+                        with forward_context():
+                            preds, target = step(module, batch, j)
+                        scorer.update(preds, target)
+                except EvaluationError as err:
+                    raise EvaluationError(
+                        f"task {j} ({names[j]!r}), test dataloader {j}: {err}"
+                    ) from err
+            local[k] = scorer.local_counts()
+            if not scorer.count_based:
+                # metric state sync is a collective: every rank computes every task, in order
+                total = _reduce(local[k], all_reduce)[1]
+                if int(total) == 0:
+                    raise _empty_error(j, names[j])
+                results.append(scorer.result(total))
+    reduced = _reduce(local, all_reduce) if local.numel() else local
+    for k, j in enumerate(task_ids):
+        if int(reduced[k, 1]) == 0:
+            raise _empty_error(j, names[j])
+        if int(reduced[k, 2]) > 0:
+            raise EvaluationError(
+                f"task {j} ({names[j]!r}), test dataloader {j}: targets lie outside the class "
+                "dimension of the model output (dim 1); does the model's number of classes fit "
+                "this task's labels?"
+            )
+    if scorer.count_based:
+        scores = scorer.result(reduced) if len(task_ids) else torch.zeros(0, dtype=torch.float64)
+    else:
+        scores = torch.stack(results) if results else torch.zeros(0, dtype=torch.float64)
+    return TaskEvaluation(
+        task_ids=tuple(task_ids),
+        scores=scores.detach().to("cpu", torch.float64),
+        correct=reduced[:, 0].cpu() if scorer.count_based else torch.full((len(task_ids),), -1),
+        total=reduced[:, 1].cpu(),
+    )
+
+
+def _empty_error(task: int, name: str) -> EvaluationError:
+    return EvaluationError(
+        f"task {task} ({name!r}), test dataloader {task}: the loader yielded no sample; is its "
+        "dataset empty or is drop_last=True with fewer samples than batch_size?"
+    )
+
+
+def _reduce(t: Tensor, all_reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+    return all_reduce(t.clone()) if all_reduce is not None else t
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    for p in module.parameters():
+        return p.device
+    for b in module.buffers():
+        return b.device
+    return torch.device("cpu")

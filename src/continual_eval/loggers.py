@@ -1,0 +1,190 @@
+"""Send a stage's accuracy matrix and metrics to every logger of a Trainer.
+
+Every logger gets the scalars through ``log_metrics`` (step = stage index). Where the logger can
+show more, the matrix also goes out as a heatmap and as a table:
+
+================  ===================================  ==========================================
+logger            heatmap                              table
+================  ===================================  ==========================================
+TensorBoard       ``add_figure``                       ``add_text`` (markdown)
+Weights & Biases  ``wandb.Image``                      ``wandb.Table`` (one ``log`` per stage)
+MLflow            ``log_figure`` (one PNG per stage)   ``log_dict`` (``results.json``)
+CSV               --                                   ``scores.csv`` in the logger's ``log_dir``
+================  ===================================  ==========================================
+
+Call these on global rank 0 only (Lightning's logger methods are rank-zero-only anyway).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import (
+    CSVLogger,
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+)
+
+from continual_eval.results import METRIC_KEYS, results_to_tensors, write_scores_csv
+
+__all__ = ["format_matrix_table", "log_baseline", "log_stage", "stage_scalars"]
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def format_matrix_table(results: Mapping[str, Any], *, markdown: bool = False) -> str:
+    """The matrix (baseline row, one row per stage) and the metrics as a compact text table."""
+    names = list(results["task_names"])
+    header = ["stage", *names]
+    rows = [["baseline", *(_fmt(v) for v in results["baseline"])]]
+    rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(results["scores"])]
+    metrics = results.get("metrics", {})
+    summary = "  ".join(f"{k}={_fmt(metrics.get(k))}" for k in METRIC_KEYS if k in metrics)
+    score = results.get("conventions", {}).get("score", "score")
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines) + f"\n\n{score}; {summary}"
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+    lines = [
+        "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows]
+    ]
+    return (
+        f"{score} R[i, j] (row: after stage i; column: task j)\n"
+        + "\n".join(lines)
+        + f"\n{summary}"
+    )
+
+
+def stage_scalars(
+    results: Mapping[str, Any], stage: int, *, prefix: str = "continual/"
+) -> dict[str, float]:
+    """Scalars of ``stage``: the four metrics and the per-task scores of row ``stage``.
+
+    Undefined values (not evaluated, NaN) are left out rather than logged as 0.
+    """
+    score = results["conventions"]["score"]
+    scalars = {f"{prefix}{k}": v for k, v in results["metrics"].items() if v is not None}
+    row = results["scores"][stage]
+    for name, value in zip(results["task_names"], row, strict=True):
+        if value is not None:
+            scalars[f"{prefix}{score}/{name}"] = value
+    scalars[f"{prefix}stage"] = float(stage)
+    return scalars
+
+
+def log_baseline(
+    loggers: Sequence[Logger], results: Mapping[str, Any], *, prefix: str = "continual/"
+) -> None:
+    """Log the untrained scores as ``{prefix}baseline/{task}`` at step 0."""
+    scalars = {
+        f"{prefix}baseline/{name}": value
+        for name, value in zip(results["task_names"], results["baseline"], strict=True)
+        if value is not None and math.isfinite(value)
+    }
+    for logger in loggers:
+        if scalars:
+            logger.log_metrics(scalars, step=0)
+        logger.save()
+
+
+def _figure(results: Mapping[str, Any]) -> Any:
+    from continual_eval.plotting import plot_accuracy_matrix
+
+    scores, baseline = results_to_tensors(results)
+    score = results.get("conventions", {}).get("score", "score")
+    fig, _ = plot_accuracy_matrix(
+        scores,
+        baseline,
+        task_names=results["task_names"],
+        title=f"{score} after stage {results['stages_completed'] - 1}",
+    )
+    return fig
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def log_stage(
+    loggers: Sequence[Logger],
+    results: Mapping[str, Any],
+    stage: int,
+    *,
+    prefix: str = "continual/",
+    log_images: bool = True,
+    results_dir: str | Path | None = None,
+) -> None:
+    """Log stage ``stage`` (scalars, heatmap, table) to every logger, then ``save()`` each one.
+
+    ``results_dir`` is where ``scores.csv`` already lives; a CSVLogger elsewhere gets its own copy.
+    """
+    scalars = stage_scalars(results, stage, prefix=prefix)
+    tag = f"{prefix}{results['conventions']['score']}_matrix"
+    fig = None
+    if log_images and any(
+        isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
+    ):
+        try:
+            fig = _figure(results)
+        except ModuleNotFoundError as err:
+            warnings.warn(f"ContinualEvalCallback: no heatmap logged ({err})", stacklevel=2)
+    try:
+        for logger in loggers:
+            if isinstance(logger, WandbLogger):
+                _log_wandb(logger, results, stage, tag, fig, scalars)  # one W&B step per stage
+            else:
+                logger.log_metrics(scalars, step=stage)
+            if isinstance(logger, TensorBoardLogger):
+                if fig is not None:
+                    logger.experiment.add_figure(tag, fig, global_step=stage, close=False)
+                logger.experiment.add_text(
+                    tag, format_matrix_table(results, markdown=True), global_step=stage
+                )
+            elif isinstance(logger, MLFlowLogger):
+                run_id = logger.run_id
+                if fig is not None:
+                    logger.experiment.log_figure(run_id, fig, f"{tag}_stage_{stage:03d}.png")
+                logger.experiment.log_dict(run_id, dict(results), f"{prefix}results.json")
+            elif isinstance(logger, CSVLogger):
+                log_dir = Path(logger.log_dir)
+                if results_dir is None or log_dir.resolve() != Path(results_dir).resolve():
+                    write_scores_csv(log_dir / "scores.csv", results)
+            logger.save()
+    finally:
+        if fig is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+
+
+def _log_wandb(
+    logger: WandbLogger,
+    results: Mapping[str, Any],
+    stage: int,
+    tag: str,
+    fig: Any,
+    scalars: Mapping[str, float],
+) -> None:
+    import wandb
+
+    columns = ["stage", *results["task_names"]]
+    data = [["baseline", *results["baseline"]]]
+    data += [[str(i), *row] for i, row in enumerate(results["scores"])]
+    payload: dict[str, Any] = {**scalars, f"{tag}_table": wandb.Table(columns=columns, data=data)}
+    if fig is not None:
+        from PIL import Image
+
+        payload[tag] = wandb.Image(Image.open(io.BytesIO(_png(fig))))
+    logger.log_metrics(payload, step=stage)

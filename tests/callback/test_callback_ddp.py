@@ -1,0 +1,78 @@
+"""DDP on 2 CPU processes: R equals the single-process R of the same weights, exactly."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from cl_helpers import NUM_CLASSES, make_net, make_tasks
+
+from continual_eval.results import load_results
+
+HERE = Path(__file__).parent
+SRC = HERE.parents[1] / "src"
+
+
+def plain_scores(state: dict, tasks) -> tuple[list[float], list[float]]:
+    """Accuracy (correct / total) and macro F1 of the whole test sets, one process, plain torch."""
+    net = make_net()
+    net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
+    net.eval()
+    accuracy, f1 = [], []
+    with torch.no_grad():
+        for _, (x, y) in tasks:
+            pred = net(x).argmax(1)
+            accuracy.append(int((pred == y).sum()) / len(y))
+            per_class = []
+            for c in range(NUM_CLASSES):
+                tp = int(((pred == c) & (y == c)).sum())
+                denom = int((pred == c).sum()) + int((y == c).sum())
+                per_class.append(2 * tp / denom if denom else 0.0)
+            f1.append(sum(per_class) / NUM_CLASSES)
+    return accuracy, f1
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_single_process(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
+    env.pop("LOCAL_RANK", None)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "ddp_script.py"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    tasks = make_tasks()
+    assert all(len(te[1]) % 2 for _, te in tasks)  # odd sizes: padding would duplicate a sample
+    rank0 = torch.load(tmp_path / "rank0.pt")
+    rank1 = torch.load(tmp_path / "rank1.pt")
+    assert rank0["world_size"] == 2
+    for key in ("scores", "baseline", "f1_scores", "f1_baseline"):
+        assert torch.equal(rank0[key], rank1[key]), key  # every rank holds the same R
+
+    b_acc, b_f1 = plain_scores(torch.load(tmp_path / "weights_baseline.pt"), tasks)
+    rows = [plain_scores(torch.load(tmp_path / f"weights_{i}.pt"), tasks) for i in range(3)]
+    R_acc = torch.tensor([r[0] for r in rows], dtype=torch.float64)
+    R_f1 = torch.tensor([r[1] for r in rows], dtype=torch.float64)
+    assert torch.equal(rank0["baseline"], torch.tensor(b_acc, dtype=torch.float64))
+    assert torch.equal(rank0["scores"], R_acc)  # exact: counts summed over unpadded shards
+    assert torch.allclose(rank0["f1_baseline"], torch.tensor(b_f1, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(rank0["f1_scores"], R_f1, atol=1e-6)
+
+    # files written once, by rank 0, with the same numbers
+    results = load_results(tmp_path / "acc")
+    assert results["scores"] == R_acc.tolist() and results["baseline"] == b_acc
+    assert load_results(tmp_path / "f1")["conventions"]["score"] == "MulticlassF1Score"
+    assert not list(tmp_path.glob("acc/.*.tmp"))
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as fh:
+        logged = [row for row in csv.DictReader(fh) if row.get("continual/acc")]
+    assert [int(row["step"]) for row in logged] == [0, 1, 2]  # one writer: rank 0
