@@ -6,6 +6,9 @@ For each T it times, in one run, medians over repeats:
   (``continual_metrics_curve``), per-task BWT/FWT/forgetting, learning accuracy, average
   incremental accuracy and intransigence — without validation (the hot-loop setting), plus
   the same with validation on;
+* ``plain loop``: the plain-loop reference the tests use as their oracle (tests/reference.py:
+  every metric of every leading sub-matrix by explicit loops, as one writes it by hand from the
+  formulas; O(T^3), so measured once at T=1000 and skipped above);
 * ``loop O(T^2)``: the same quantities from one careful pure-Python pass (running peaks kept
   per column), the best a hand-written loop does;
 * ``T calls``: what users do without a curve function — ``continual_metrics`` on every leading
@@ -31,6 +34,9 @@ from collections.abc import Callable
 import torch
 
 from continual_eval import functional as F
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "tests"))
+from reference import reference_curve  # the tests' plain-loop oracle
 
 
 def make_inputs(T: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
@@ -128,58 +134,75 @@ def peak_memory_ratio(T: int) -> float:
     return float(out.stdout.strip())
 
 
+def measure(T: int) -> dict:
+    """Medians for one size; the loop and T-calls references run fewer repeats (they are slow)."""
+    R, b, ref = make_inputs(T)
+    lists = (R.tolist(), b.tolist(), ref.tolist())
+    repeats = 50 if T <= 1000 else 10
+    vec = median_seconds(lambda: full_metric_set(R, b, ref, validate=False), repeats)
+    checked = median_seconds(lambda: full_metric_set(R, b, ref, validate=True), repeats)
+    loop = median_seconds(lambda: loop_metric_set(*lists), 5 if T <= 1000 else 1)
+    plain = None
+    if T <= 1000:
+        plain = median_seconds(lambda: reference_curve(lists[0], lists[1]), 5 if T <= 100 else 1)
+    calls = None
+    if T <= 1000:
+        calls = median_seconds(lambda: per_stage_calls(R, b), 3 if T <= 100 else 1)
+    return {
+        "T": T,
+        "vectorised_ms": vec * 1e3,
+        "validated_ms": checked * 1e3,
+        "plain_loop_ms": None if plain is None else plain * 1e3,
+        "plain_loop_over_vectorised": None if plain is None else plain / vec,
+        "loop_ms": loop * 1e3,
+        "calls_ms": None if calls is None else calls * 1e3,
+        "loop_over_vectorised": loop / vec,
+        "calls_over_vectorised": None if calls is None else calls / vec,
+        "peak_memory_over_matrix": peak_memory_ratio(T) if T >= 1000 else None,
+    }
+
+
+def format_row(row: dict) -> str:
+    def cell(value: float | None, spec: str, unit: str = "") -> str:
+        return ("--" if value is None else format(value, spec) + unit).rjust(12)
+
+    return " ".join(
+        [
+            f"{row['T']:>6}",
+            cell(row["vectorised_ms"], ".3f", "ms"),
+            cell(row["validated_ms"], ".3f", "ms"),
+            cell(row["plain_loop_ms"], ".1f", "ms"),
+            cell(row["loop_ms"], ".1f", "ms"),
+            cell(row["calls_ms"], ".1f", "ms"),
+            cell(row["plain_loop_over_vectorised"], ".0f", "x"),
+            cell(row["loop_over_vectorised"], ".1f", "x"),
+            cell(row["calls_over_vectorised"], ".0f", "x"),
+            cell(row["peak_memory_over_matrix"], ".1f"),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000, 4000])
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    header = (
-        f"{'T':>6} {'vectorised':>12} {'+validate':>12} {'loop O(T^2)':>12} {'T calls':>12} "
-        f"{'loop/vec':>9} {'calls/vec':>10} {'peak mem / T^2':>15}"
-    )
+    names = ["vectorised", "+validate", "plain loop", "loop O(T^2)", "T calls"]
+    names += ["plain/vec", "O(T^2)/vec", "calls/vec"]
+    header = f"{'T':>6} " + " ".join(f"{n:>12}" for n in [*names, "mem / T^2"])
     print(f"torch {torch.__version__}, {args.threads} thread(s), float32, medians")
     print(header)
     for T in args.sizes:
-        R, b, ref = make_inputs(T)
-        lists = (R.tolist(), b.tolist(), ref.tolist())
-        repeats = 50 if T <= 1000 else 10
-        vec = median_seconds(lambda: full_metric_set(R, b, ref, validate=False), repeats)
-        vec_checked = median_seconds(lambda: full_metric_set(R, b, ref, validate=True), repeats)
-        loop = median_seconds(lambda: loop_metric_set(*lists), 5 if T <= 1000 else 1)
-        calls = (
-            median_seconds(lambda: per_stage_calls(R, b), 3 if T <= 100 else 1)
-            if T <= 1000
-            else None
-        )
-        memory = peak_memory_ratio(T) if T >= 1000 else None
-        row = {
-            "T": T,
-            "vectorised_ms": vec * 1e3,
-            "validated_ms": vec_checked * 1e3,
-            "loop_ms": loop * 1e3,
-            "calls_ms": None if calls is None else calls * 1e3,
-            "loop_over_vectorised": loop / vec,
-            "calls_over_vectorised": None if calls is None else calls / vec,
-            "peak_memory_over_matrix": memory,
-        }
+        row = measure(T)
         rows.append(row)
-
-        def fmt(value, spec):
-            return "--" if value is None else format(value, spec)
-
-        print(
-            f"{T:>6} {vec * 1e3:>10.3f}ms {vec_checked * 1e3:>10.3f}ms {loop * 1e3:>10.1f}ms "
-            f"{fmt(row['calls_ms'], '>10.1f')}{'ms' if calls else '  '} {row['loop_over_vectorised']:>8.0f}x "
-            f"{fmt(row['calls_over_vectorised'], '>9.0f')}{'x' if calls else ' '} {fmt(memory, '>15.1f')}"
-        )
+        print(format_row(row))
     if args.json:
         print(json.dumps(rows, indent=2))
-    print(
-        f"max RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
-    )
+    max_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"max RSS of this process: {max_rss_mib:.0f} MiB")
     return 0
 
 
