@@ -2,33 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from continual_eval import ContinualMetrics, continual_metrics
+from metric_ddp_worker import random_stream
 from reference import reference_metrics
 
 NAN = float("nan")
 
 
-def random_stream(T: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    R = torch.rand(T, T, generator=gen)
-    b = torch.rand(T, generator=gen)
-    b[0] = NAN
-    idx = torch.arange(T)
-    R[idx.unsqueeze(0) > idx.unsqueeze(1) + 1] = NAN  # not evaluated
-    return R, b
-
-
 def test_metric_equals_function_after_every_stage():
     T = 6
-    R, b = random_stream(T)
+    R, b = random_stream(T, seed=0)
     metric = ContinualMetrics(num_tasks=T)
     metric.update_baseline(b)
     for s in range(T):
@@ -85,7 +77,7 @@ def test_state_dict_round_trip_and_reset():
 
 def test_bad_updates_are_clear_errors_and_keep_what_was_recorded():
     T = 3
-    R, b = random_stream(T)
+    R, b = random_stream(T, seed=0)
     metric = ContinualMetrics(T)
     metric.update_baseline(b)
     metric.update(R[0])
@@ -131,7 +123,7 @@ def test_baseline_update_invalidates_cached_compute():
 
 def test_plot_draws_the_matrix(tmp_path):
     pytest.importorskip("matplotlib")
-    R, b = random_stream(3)
+    R, b = random_stream(3, seed=0)
     metric = ContinualMetrics(3)
     metric.update_baseline(b)
     metric.update(R[0])
@@ -151,47 +143,36 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _ddp_worker(rank: int, world: int, port: int, disagree: bool, results: dict) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _run_ddp(tmp_path, disagree: bool) -> dict:
+    """Two fresh processes (not forks of this one: pytest's threads make fork unsafe)."""
+    script = os.path.join(os.path.dirname(__file__), "metric_ddp_worker.py")
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                script,
+                str(rank),
+                "2",
+                port,
+                str(int(disagree)),
+                str(tmp_path / f"{rank}.json"),
+            ]
+        )
+        for rank in (0, 1)
+    ]
     try:
-        R, b = random_stream(4, seed=7)
-        metric = ContinualMetrics(4)
-        metric.update_baseline(b)
-        for s in range(3):
-            row = R[s].clone()
-            if disagree and rank == 1 and s == 2:
-                row[0] = 0.0
-            metric.update(row)
-        try:
-            out = metric.compute()  # syncs the states across ranks
-            results[rank] = {
-                "metrics": {k: v.item() for k, v in out.items()},
-                "scores": metric.scores.tolist(),
-            }
-        except RuntimeError as err:
-            results[rank] = {"error": str(err)}
+        for proc in procs:
+            assert proc.wait(timeout=120) == 0
     finally:
-        dist.destroy_process_group()
-
-
-def _run_ddp(disagree: bool) -> dict:
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.start_processes(
-        _ddp_worker,
-        args=(2, _free_port(), disagree, results),
-        nprocs=2,
-        join=True,
-        start_method="fork",
-    )
-    return dict(results)
+        for proc in procs:
+            proc.kill()
+    return {rank: json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)}
 
 
 @pytest.mark.slow
-def test_ddp_sync_keeps_the_matrix_intact():
-    results = _run_ddp(disagree=False)
+def test_ddp_sync_keeps_the_matrix_intact(tmp_path):
+    results = _run_ddp(tmp_path, disagree=False)
     R, b = random_stream(4, seed=7)
     expected = reference_metrics(R[:3, :3].tolist(), b[:3].tolist())
     for rank in (0, 1):
@@ -202,8 +183,8 @@ def test_ddp_sync_keeps_the_matrix_intact():
 
 
 @pytest.mark.slow
-def test_ddp_sync_refuses_ranks_that_disagree():
-    results = _run_ddp(disagree=True)
+def test_ddp_sync_refuses_ranks_that_disagree(tmp_path):
+    results = _run_ddp(tmp_path, disagree=True)
     for rank in (0, 1):
         assert "differs between rank 0 and rank 1" in results[rank]["error"]
 
