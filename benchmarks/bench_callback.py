@@ -4,10 +4,17 @@ Per stage: the time the callback adds (evaluation of every task, the reduction, 
 scores.csv) against a bare loop over the same loaders with the same model (argmax, count hits).
 Whole run: wall time of ``fit_tasks`` with the callback against the same task sequence without it.
 
+Per-step evaluation (``eval_every_n_steps``), side by side in one run, one evaluation of all T
+tasks each: the compute floor (the same model over the same batches already collated on the
+device), the plain DataLoader loop, and the callback's evaluation (``_evaluate``, what every
+per-step evaluation runs) with ``cache_test_batches=True`` and ``False``.
+
     python benchmarks/bench_callback.py                  # T=20 tasks x 10k test samples
     python benchmarks/bench_callback.py --tasks 5 --test-size 2000 --repeats 3   # quick
+    python benchmarks/bench_callback.py --section step --step-test-size 10000    # bigger
 
-Prints medians and ratios (target: per-stage ratio <= 1.15).
+Prints medians and ratios (targets: per-stage ratio <= 1.15; per-step evaluation with caching
+<= 1.5x the compute floor, without caching <= 1.15x the plain DataLoader loop).
 """
 
 from __future__ import annotations
@@ -115,6 +122,82 @@ def trainer(root: str, callbacks) -> pl.Trainer:
     )
 
 
+def precollated_pass(model: nn.Module, batches) -> float:
+    """The compute floor: the bare loop over batches already collated on the device."""
+    start = time.perf_counter()
+    model.eval()
+    with torch.inference_mode():
+        correct = []
+        for task in batches:
+            hits = torch.zeros((), dtype=torch.int64)
+            for x, y in task:
+                hits += (model(x).argmax(1) == y).sum()
+            correct.append(hits)
+        torch.stack(correct).tolist()
+    model.train()
+    return time.perf_counter() - start
+
+
+def run_step_section(args: argparse.Namespace) -> None:
+    """Per-step evaluation: floor, plain loop, callback cached / uncached, interleaved."""
+    warnings.filterwarnings("ignore")
+    T = args.tasks
+    train, test = make_data(T, args.step_test_size, args.batch_size, args.batch_size)
+    print(
+        f"\nper-step evaluation: T={T} tasks x {args.step_test_size} test samples, batch "
+        f"{args.batch_size}, {args.step_repeats} repeats"
+    )
+    with tempfile.TemporaryDirectory() as root:
+        pl.seed_everything(0, verbose=False)
+        model = MLP()
+        common = dict(eval_every_n_steps=10**9, verbose=False, log_images=False)
+        cached = ContinualEvalCallback(test, cache_test_batches=True, prefix="c/", **common)
+        uncached = ContinualEvalCallback(test, cache_test_batches=False, prefix="u/", **common)
+        cached.dirpath = uncached.dirpath = None
+        tr = trainer(root, [cached, uncached])
+        tr.fit(model, train[0])  # one training step: sets the callbacks up on this Trainer
+        device = tr.strategy.root_device
+        batches = [[(x.to(device), y.to(device)) for x, y in dl] for dl in test]
+        tasks = range(T)
+
+        def callback_pass(cb: ContinualEvalCallback) -> float:
+            start = time.perf_counter()
+            cb._evaluate(tr, model, tasks)
+            return time.perf_counter() - start
+
+        variants = {
+            "floor (pre-collated device batches)": lambda: precollated_pass(model, batches),
+            "plain DataLoader loop": lambda: floor_pass(model, test),
+            "callback, cached": lambda: callback_pass(cached),
+            "callback, not cached": lambda: callback_pass(uncached),
+        }
+        for fn in variants.values():  # warm-up; fills the cache
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        names = list(variants)
+        for rep in range(args.step_repeats):
+            order = names if rep % 2 == 0 else names[::-1]  # alternate: no side always first
+            for name in order:
+                times[name].append(variants[name]())
+        cache = cached._cache
+        print(f"cache holds {cache.nbytes / 2**20:.1f} MB ({cache.num_cached} test sets)")
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, m in med.items():
+        print(f"  {name:38s} median {m * 1e3:8.1f} ms")
+
+    def paired(a: str, b: str) -> float:
+        """Median over repeats of the ratio of two measurements taken next to each other."""
+        return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+    floor, plain, cached_name, uncached_name = names
+    print(
+        f"cached / floor: {paired(cached_name, floor):.3f} (target <= 1.5); "
+        f"not cached / plain loop: {paired(uncached_name, plain):.3f} (target <= 1.15); "
+        f"plain loop / floor: {paired(plain, floor):.2f}; not cached / cached: "
+        f"{paired(uncached_name, cached_name):.2f}  (medians of per-repeat ratios)"
+    )
+
+
 def run(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore")
     train, test = make_data(args.tasks, args.test_size, args.train_size, args.batch_size)
@@ -169,9 +252,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--section", choices=("stage", "step", "all"), default="all")
+    parser.add_argument("--step-test-size", type=int, default=2_000, help="per-step section")
+    parser.add_argument("--step-repeats", type=int, default=15, help="per-step section")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    run(args)
+    if args.section in ("stage", "all"):
+        run(args)
+    if args.section in ("step", "all"):
+        run_step_section(args)
 
 
 if __name__ == "__main__":

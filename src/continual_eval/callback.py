@@ -39,20 +39,28 @@ from torch import Tensor
 
 from continual_eval.evaluation import (
     AccuracyScorer,
+    BatchCache,
     MetricScorer,
     Scorer,
+    cache_safety,
     evaluate_tasks,
     grad_free_context,
     shard_dataloader,
+    subset_dataloader,
 )
 from continual_eval.functional import FORGETTING_CONVENTIONS
-from continual_eval.loggers import format_matrix_table, log_baseline, log_stage
+from continual_eval.loggers import format_matrix_table, log_baseline, log_stage, log_step
 from continual_eval.metric import ContinualMetrics
-from continual_eval.results import build_results, write_results
+from continual_eval.results import build_curves, build_results, write_results
 
 __all__ = ["ContinualEvalCallback", "fit_tasks", "scheduled_task"]
 
 _STATE_VERSION = 1
+#: What the ``step`` of a per-step evaluation counts (stored in ``results.json``).
+STEP_COUNTER = (
+    "cumulative optimizer steps of the whole run: increments of trainer.global_step summed over "
+    "all fits (global_step restarts at 0 with each new Trainer; this counter does not)"
+)
 
 
 class ContinualEvalCallback(Callback):
@@ -78,6 +86,33 @@ class ContinualEvalCallback(Callback):
         verbose: print a line per stage and the full table at the end of the run.
         inference_mode: use ``torch.inference_mode`` (else ``torch.no_grad``; gloo always uses
             ``no_grad``, like Lightning's own loops).
+        eval_every_n_steps: ``k``: inside every stage, also score the tasks seen so far and the
+            current one (``j <= stage``) every ``k`` optimizer steps, from ``on_train_batch_end``
+            (training is unchanged: RNG states, train/eval flags and grads are restored or left
+            alone). The step is the callback's cumulative optimizer-step counter, which continues
+            across fits (see ``STEP_COUNTER``). The curves, min-ACC, WC-ACC and the per-task
+            stability gap (De Lange et al., ICLR 2023) go to ``results.json`` (``curves``,
+            ``stability``), the loggers (``{prefix}step/{task}`` against the step;
+            ``{prefix}min_acc``, ``{prefix}wc_acc`` per stage) and ``accuracy_curves.png``.
+            ``None`` (default): off.
+        step_eval_subset: score a fixed subset of ``n`` samples per task at the per-step
+            evaluations (stage ends always use the whole test sets): task ``j`` uses
+            ``sorted(randperm(len_j, generator=manual_seed(step_eval_subset_seed + j))[:n])``.
+            One accuracy from ``n`` samples has binomial standard error ``sqrt(p(1-p)/n)``, at
+            most ``0.5/sqrt(n)`` (n=500: <= 0.022, n=2000: <= 0.011, one sigma); the subset is
+            fixed, so successive points of a curve share it and their differences are less noisy.
+        step_eval_subset_seed: seed of the subsets.
+        cache_test_batches: keep collated test batches on the evaluation device after their first
+            pass, so repeated evaluations skip the data pipeline. ``None`` (default): on for the
+            loaders the per-step evaluations read (when ``eval_every_n_steps`` is set) that
+            :func:`~continual_eval.evaluation.cache_safety` deems safe (sequential sampler,
+            default collate, ``TensorDataset`` or a dataset with
+            ``continual_eval_deterministic = True``); ``True``: cache every test loader (you
+            vouch that batches never change); ``False``: never. The cache is dropped when the
+            evaluation device, rank/world size or test loader objects change; under DDP each rank
+            caches its own shard. A model that edits its input batches in place must not use it.
+        cache_max_bytes: cap on the cached bytes (default 256 MiB); a test set that does not fit
+            is read through its loader every time.
     """
 
     def __init__(
@@ -95,6 +130,11 @@ class ContinualEvalCallback(Callback):
         log_images: bool = True,
         verbose: bool = True,
         inference_mode: bool = True,
+        eval_every_n_steps: int | None = None,
+        step_eval_subset: int | None = None,
+        step_eval_subset_seed: int = 0,
+        cache_test_batches: bool | None = None,
+        cache_max_bytes: int = 256 * 2**20,
     ) -> None:
         if evaluate not in ("all", "needed"):
             raise ValueError(f"evaluate must be 'all' or 'needed', got {evaluate!r}")
@@ -108,6 +148,26 @@ class ContinualEvalCallback(Callback):
             raise ValueError(
                 f"forgetting must be one of {FORGETTING_CONVENTIONS}, got {forgetting!r}"
             )
+        for name, value in (
+            ("eval_every_n_steps", eval_every_n_steps),
+            ("step_eval_subset", step_eval_subset),
+        ):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if step_eval_subset is not None and eval_every_n_steps is None:
+            raise ValueError(
+                "step_eval_subset applies to the per-step evaluations: set eval_every_n_steps too"
+            )
+        if not isinstance(step_eval_subset_seed, int) or isinstance(step_eval_subset_seed, bool):
+            raise ValueError(f"step_eval_subset_seed must be an int, got {step_eval_subset_seed!r}")
+        if cache_test_batches not in (None, True, False):
+            raise ValueError(
+                f"cache_test_batches must be None (auto), True or False, got {cache_test_batches!r}"
+            )
+        if not isinstance(cache_max_bytes, int) or cache_max_bytes < 0:
+            raise ValueError(f"cache_max_bytes must be a non-negative int, got {cache_max_bytes!r}")
         if test_dataloaders is not None:
             test_dataloaders = _as_loader_list(test_dataloaders, "test_dataloaders")
         self._given_names = list(task_names) if task_names is not None else None
@@ -121,6 +181,11 @@ class ContinualEvalCallback(Callback):
         self.log_images = log_images
         self.verbose = verbose
         self.inference_mode = inference_mode
+        self.eval_every_n_steps = eval_every_n_steps
+        self.step_eval_subset = step_eval_subset
+        self.step_eval_subset_seed = step_eval_subset_seed
+        self.cache_test_batches = cache_test_batches
+        self.cache_max_bytes = cache_max_bytes
 
         self.metrics: ContinualMetrics | None = None
         self.task_names: list[str] | None = None
@@ -133,6 +198,20 @@ class ContinualEvalCallback(Callback):
         self._stage_start_step = 0
         self._trained_this_fit = False
         self._warned_unsharded = False
+        # per-step evaluation: the cumulative step counter and the curves
+        self._steps_done = 0  # cumulative optimizer steps at the last observation
+        self._fit_step_base = 0  # trainer.global_step when this fit's training started
+        self._fit_steps_before = 0  # self._steps_done at that moment
+        self._curve_step: list[int] = []
+        self._curve_stage: list[int] = []
+        self._curve_scores: list[Tensor] = []
+        self._curve_full: list[bool] = []
+        self._subset_loaders: list[Any] | None = None
+        self._subset_sizes: list[int] = []
+        self._rank_subset_loaders: list[Any] = []
+        self._cache = BatchCache(cache_max_bytes)
+        self._cache_safe: list[bool] = []
+        self._cache_logged = False
         if test_dataloaders is not None:
             self._set_loaders(test_dataloaders)
 
@@ -183,6 +262,51 @@ class ContinualEvalCallback(Callback):
             forgetting=self.forgetting,
             score_name=self.scorer.name,
             metadata=self.metadata,
+            step_curves=self._curves_section(),
+        )
+
+    @property
+    def steps_trained(self) -> int:
+        """Optimizer steps of the whole run so far: the step of per-step evaluations (unlike
+        ``trainer.global_step`` it continues across fits)."""
+        return self._steps_done
+
+    def curves(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(step [N], stage [N], scores [N, T])`` of the evaluations inside and at the end of
+        the stages (NaN = not evaluated); empty unless ``eval_every_n_steps`` is set."""
+        T = self.num_tasks or 0
+        scores = (
+            torch.stack(self._curve_scores)
+            if self._curve_scores
+            else torch.zeros(0, T, dtype=torch.float64)
+        )
+        return (
+            torch.tensor(self._curve_step, dtype=torch.int64),
+            torch.tensor(self._curve_stage, dtype=torch.int64),
+            scores,
+        )
+
+    def _curves_section(self) -> dict[str, Any] | None:
+        if self.eval_every_n_steps is None:
+            return None
+        steps, stage, scores = self.curves()
+        subset = None
+        if self.step_eval_subset is not None:
+            subset = {
+                "size": self.step_eval_subset,
+                "seed": self.step_eval_subset_seed,
+                "samples_per_task": list(self._subset_sizes),
+                "rule": "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])",
+            }
+        return build_curves(
+            steps,
+            stage,
+            scores,
+            stages_completed=self.stages_completed,
+            full=self._curve_full,
+            step_counter=STEP_COUNTER,
+            score_name=self.scorer.name,
+            subset=subset,
         )
 
     # ------------------------------------------------------------------ setup
@@ -198,6 +322,21 @@ class ContinualEvalCallback(Callback):
             )
         self._loaders = loaders
         self.task_names = self._given_names or [f"task_{j}" for j in range(T)]
+        self._subset_loaders = None
+        if self.step_eval_subset is not None:
+            subsets = []
+            for j, dl in enumerate(loaders):
+                try:
+                    subsets.append(
+                        subset_dataloader(dl, self.step_eval_subset, self.step_eval_subset_seed + j)
+                    )
+                except ValueError as err:
+                    raise ValueError(
+                        f"step_eval_subset: test dataloader {j} ({self.task_names[j]!r}): {err}"
+                    ) from err
+            self._subset_loaders = [dl for dl, _ in subsets]
+            self._subset_sizes = [len(idx) for _, idx in subsets]
+        self._cache_safe = [cache_safety(dl) is None for dl in loaders]
         if self.metrics is None:
             self.metrics = ContinualMetrics(
                 T,
@@ -231,6 +370,10 @@ class ContinualEvalCallback(Callback):
         ]
         self._rank_loaders = [dl for dl, _ in sharded]
         self._unsharded = frozenset(j for j, (_, ok) in enumerate(sharded) if not ok)
+        self._rank_subset_loaders = [
+            shard_dataloader(dl, trainer.global_rank, trainer.world_size)[0]
+            for dl in self._subset_loaders or []
+        ]
         if self._unsharded and trainer.is_global_zero and not self._warned_unsharded:
             self._warned_unsharded = True
             warnings.warn(
@@ -264,6 +407,11 @@ class ContinualEvalCallback(Callback):
             "scores": self.metrics.scores.clone(),
             "epochs_per_task": self.epochs_per_task,
             "forgetting": self.forgetting,
+            "steps_done": self._steps_done,
+            "curve_step": list(self._curve_step),
+            "curve_stage": list(self._curve_stage),
+            "curve_scores": [row.clone() for row in self._curve_scores],
+            "curve_full": list(self._curve_full),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -295,16 +443,69 @@ class ContinualEvalCallback(Callback):
         for row in state["scores"]:
             self.metrics.update(row.double())
         self._baseline_done = bool(state["baseline_done"])
+        self._steps_done = int(state.get("steps_done", 0))
+        self._curve_step = list(state.get("curve_step", []))
+        self._curve_stage = list(state.get("curve_stage", []))
+        self._curve_scores = [row.double() for row in state.get("curve_scores", [])]
+        self._curve_full = list(state.get("curve_full", [True] * len(self._curve_step)))
 
     # ------------------------------------------------------------------ evaluation
+    def _cache_enabled(self, j: int, per_step_loader: bool) -> bool:
+        if self.cache_test_batches is not None:
+            return self.cache_test_batches
+        return self.eval_every_n_steps is not None and per_step_loader and self._cache_safe[j]
+
+    def _evaluation_loaders(
+        self, trainer: Trainer, task_ids: Sequence[int], subset: bool
+    ) -> list[Any]:
+        assert self._loaders is not None
+        loaders = list(self._rank_subset_loaders if subset else self._rank_loaders)
+        device = trainer.strategy.root_device
+        per_step = subset or self._subset_loaders is None
+        wanted = [j for j in task_ids if self._cache_enabled(j, per_step)]
+        if not wanted:
+            return loaders
+        self._cache.set_key(
+            (
+                str(device),
+                trainer.global_rank,
+                trainer.world_size,
+                tuple(id(dl) for dl in self._loaders),
+                tuple(id(getattr(dl, "dataset", None)) for dl in self._loaders),
+                self.step_eval_subset,
+                self.step_eval_subset_seed,
+            )
+        )
+        for j in wanted:
+            loaders[j] = self._cache.wrap(("subset" if subset else "full", j), loaders[j], device)
+        return loaders
+
+    def _log_cache(self, trainer: Trainer) -> None:
+        if self._cache_logged or not self._cache.num_cached:
+            return
+        self._cache_logged = True
+        if trainer.is_global_zero:
+            refused = self._cache.num_refused
+            rank_zero_info(
+                f"[continual-eval] caching collated test batches on {trainer.strategy.root_device}"
+                f": {self._cache.num_cached} test loader(s), {self._cache.nbytes / 2**20:.1f} MB "
+                f"so far (cap {self._cache.max_bytes / 2**20:.0f} MB"
+                + (f"; {refused} too large, read each time" if refused else "")
+                + "); cache_test_batches=False turns it off"
+            )
+
     def _evaluate(
-        self, trainer: Trainer, pl_module: LightningModule, task_ids: Sequence[int]
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        task_ids: Sequence[int],
+        subset: bool = False,
     ) -> Tensor:
         assert self._loaders is not None
         world = trainer.world_size
         evaluation = evaluate_tasks(
             pl_module,
-            self._rank_loaders,
+            self._evaluation_loaders(trainer, task_ids, subset),
             task_ids,
             scorer=self.scorer,
             device=trainer.strategy.root_device,
@@ -316,9 +517,37 @@ class ContinualEvalCallback(Callback):
             task_names=self.task_names,
             unsharded=self._unsharded,
         )
+        self._log_cache(trainer)
         row = torch.full((len(self._loaders),), math.nan, dtype=torch.float64)
         row[list(task_ids)] = evaluation.scores
         return row
+
+    # ------------------------------------------------------------------ per-step evaluation
+    def _current_step(self, trainer: Trainer) -> int:
+        return self._fit_steps_before + trainer.global_step - self._fit_step_base
+
+    def _add_curve_row(self, step: int, stage: int, row: Tensor, full: bool) -> None:
+        row = row.clone()
+        row[stage + 1 :] = math.nan  # curves hold the tasks seen so far and the current one
+        if self._curve_step and self._curve_step[-1] == step and self._curve_stage[-1] == stage:
+            # the stage-end evaluation at the step of a per-step one replaces it
+            self._curve_step.pop()
+            self._curve_stage.pop()
+            self._curve_scores.pop()
+            self._curve_full.pop()
+        self._curve_step.append(step)
+        self._curve_stage.append(stage)
+        self._curve_scores.append(row)
+        self._curve_full.append(full)
+
+    def _record_step(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
+        assert self.task_names is not None
+        stage = self.stages_completed
+        subset = self._subset_loaders is not None
+        row = self._evaluate(trainer, pl_module, range(stage + 1), subset=subset)
+        self._add_curve_row(step, stage, row, full=not subset)
+        if trainer.is_global_zero:
+            log_step(trainer.loggers, self.task_names, row, step, prefix=self.prefix)
 
     def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
         assert self.metrics is not None
@@ -344,6 +573,9 @@ class ContinualEvalCallback(Callback):
                 f"{err}"
             ) from err
         self.metrics.compute()  # every rank: checks that all ranks hold the same R
+        if self.eval_every_n_steps is not None:
+            self._steps_done = self._current_step(trainer)
+            self._add_curve_row(self._steps_done, stage, row, full=True)
         if trainer.is_global_zero:
             results = self._write()
             log_stage(
@@ -396,6 +628,8 @@ class ContinualEvalCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._stage_start_step = trainer.global_step
+        self._fit_step_base = trainer.global_step
+        self._fit_steps_before = self._steps_done
         k = self.epochs_per_task
         if k is None:
             return
@@ -415,6 +649,22 @@ class ContinualEvalCallback(Callback):
             raise _too_many_stages(stage, self.num_tasks)
         if trainer.current_epoch % k == 0:
             self._stage_start_step = trainer.global_step
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = self._current_step(trainer)
+        if step == self._steps_done:
+            return  # no optimizer step (gradient accumulation) since the last batch
+        self._steps_done = step
+        k = self.eval_every_n_steps
+        if k is not None and step % k == 0:
+            self._record_step(trainer, pl_module, step)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         k = self.epochs_per_task

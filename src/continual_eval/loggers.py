@@ -12,6 +12,12 @@ MLflow            ``log_figure`` (one PNG per stage)   ``log_dict`` (``results.j
 CSV               --                                   ``scores.csv`` in the logger's ``log_dir``
 ================  ===================================  ==========================================
 
+With per-step evaluation (``eval_every_n_steps``), :func:`log_step` sends ``{prefix}step/{task}``
+at the callback's cumulative step, and every stage also logs ``{prefix}min_acc``,
+``{prefix}wc_acc`` and the stability gap of the task before it (``{prefix}gap_depth/{task}``,
+``{prefix}gap_recovery_steps/{task}``) at step = stage; the per-task curves figure goes where the
+heatmap goes and to ``accuracy_curves.png`` in the results directory.
+
 Call these on global rank 0 only (Lightning's logger methods are rank-zero-only anyway).
 """
 
@@ -24,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.loggers import (
     CSVLogger,
     Logger,
@@ -32,9 +39,24 @@ from lightning.pytorch.loggers import (
     WandbLogger,
 )
 
-from continual_eval.results import METRIC_KEYS, results_to_tensors, write_scores_csv
+from continual_eval.results import (
+    METRIC_KEYS,
+    results_to_curves,
+    results_to_tensors,
+    write_scores_csv,
+)
 
-__all__ = ["format_matrix_table", "log_baseline", "log_stage", "stage_scalars"]
+__all__ = [
+    "CURVES_PNG",
+    "format_matrix_table",
+    "log_baseline",
+    "log_stage",
+    "log_step",
+    "stage_scalars",
+    "step_scalars",
+]
+
+CURVES_PNG = "accuracy_curves.png"
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -79,7 +101,46 @@ def stage_scalars(
         if value is not None:
             scalars[f"{prefix}{score}/{name}"] = value
     scalars[f"{prefix}stage"] = float(stage)
+    stability = results.get("stability")
+    if stability is not None:
+        for key in ("min_acc", "wc_acc"):
+            values = stability[key]
+            if stage < len(values) and values[stage] is not None:
+                scalars[f"{prefix}{key}"] = values[stage]
+        per_task = stability["per_task"]
+        if 1 <= stage <= len(per_task["depth"]):
+            name = results["task_names"][stage - 1]
+            for key, tag in (("depth", "gap_depth"), ("recovery_steps", "gap_recovery_steps")):
+                value = per_task[key][stage - 1]
+                if value is not None:
+                    scalars[f"{prefix}{tag}/{name}"] = value
     return scalars
+
+
+def step_scalars(
+    task_names: Sequence[str], row: torch.Tensor, *, prefix: str = "continual/"
+) -> dict[str, float]:
+    """``{prefix}step/{task}`` for the tasks scored at a per-step evaluation (NaN left out)."""
+    return {
+        f"{prefix}step/{name}": float(v)
+        for name, v in zip(task_names, row.tolist(), strict=True)
+        if math.isfinite(v)
+    }
+
+
+def log_step(
+    loggers: Sequence[Logger],
+    task_names: Sequence[str],
+    row: torch.Tensor,
+    step: int,
+    *,
+    prefix: str = "continual/",
+) -> None:
+    """Log a per-step evaluation at ``step`` (no ``save()``: the stage end flushes)."""
+    scalars = step_scalars(task_names, row, prefix=prefix)
+    if scalars:
+        for logger in loggers:
+            logger.log_metrics(scalars, step=step)
 
 
 def log_baseline(
@@ -111,6 +172,23 @@ def _figure(results: Mapping[str, Any]) -> Any:
     return fig
 
 
+def _curves_figure(results: Mapping[str, Any]) -> Any:
+    from continual_eval.functional.stability import boundary_indices
+    from continual_eval.plotting import plot_accuracy_curves
+
+    steps, stage, accuracy = results_to_curves(results)
+    done = stage < results["stages_completed"]
+    boundaries = steps[boundary_indices(stage[done])] if bool(done.any()) else steps[:0]
+    fig, _ = plot_accuracy_curves(
+        steps,
+        accuracy,
+        boundaries,
+        task_names=results["task_names"],
+        ylabel=results["curves"].get("score", "accuracy"),
+    )
+    return fig
+
+
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -132,23 +210,36 @@ def log_stage(
     """
     scalars = stage_scalars(results, stage, prefix=prefix)
     tag = f"{prefix}{results['conventions']['score']}_matrix"
-    fig = None
-    if log_images and any(
+    curves_tag = f"{prefix}{results['conventions']['score']}_curves"
+    fig = curves_fig = None
+    has_curves = results.get("curves") is not None
+    image_loggers = any(
         isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
-    ):
+    )
+    if log_images and (image_loggers or (has_curves and results_dir is not None)):
         try:
-            fig = _figure(results)
+            fig = _figure(results) if image_loggers else None
+            if has_curves:
+                curves_fig = _curves_figure(results)
+                if results_dir is not None:
+                    Path(results_dir).mkdir(parents=True, exist_ok=True)
+                    curves_fig.savefig(Path(results_dir) / CURVES_PNG, dpi=100)
         except ModuleNotFoundError as err:
-            warnings.warn(f"ContinualEvalCallback: no heatmap logged ({err})", stacklevel=2)
+            warnings.warn(f"ContinualEvalCallback: no figure logged ({err})", stacklevel=2)
     try:
         for logger in loggers:
             if isinstance(logger, WandbLogger):
-                _log_wandb(logger, results, stage, tag, fig, scalars)  # one W&B step per stage
+                images = {tag: fig, curves_tag: curves_fig}
+                _log_wandb(logger, results, stage, tag, images, scalars)  # one W&B step a stage
             else:
                 logger.log_metrics(scalars, step=stage)
             if isinstance(logger, TensorBoardLogger):
                 if fig is not None:
                     logger.experiment.add_figure(tag, fig, global_step=stage, close=False)
+                if curves_fig is not None:
+                    logger.experiment.add_figure(
+                        curves_tag, curves_fig, global_step=stage, close=False
+                    )
                 logger.experiment.add_text(
                     tag, format_matrix_table(results, markdown=True), global_step=stage
                 )
@@ -156,6 +247,10 @@ def log_stage(
                 run_id = logger.run_id
                 if fig is not None:
                     logger.experiment.log_figure(run_id, fig, f"{tag}_stage_{stage:03d}.png")
+                if curves_fig is not None:
+                    logger.experiment.log_figure(
+                        run_id, curves_fig, f"{curves_tag}_stage_{stage:03d}.png"
+                    )
                 logger.experiment.log_dict(run_id, dict(results), f"{prefix}results.json")
             elif isinstance(logger, CSVLogger):
                 log_dir = Path(logger.log_dir)
@@ -163,10 +258,11 @@ def log_stage(
                     write_scores_csv(log_dir / "scores.csv", results)
             logger.save()
     finally:
-        if fig is not None:
-            import matplotlib.pyplot as plt
+        for figure in (fig, curves_fig):
+            if figure is not None:
+                import matplotlib.pyplot as plt
 
-            plt.close(fig)
+                plt.close(figure)
 
 
 def _log_wandb(
@@ -174,7 +270,7 @@ def _log_wandb(
     results: Mapping[str, Any],
     stage: int,
     tag: str,
-    fig: Any,
+    figures: Mapping[str, Any],
     scalars: Mapping[str, float],
 ) -> None:
     import wandb
@@ -183,8 +279,9 @@ def _log_wandb(
     data = [["baseline", *results["baseline"]]]
     data += [[str(i), *row] for i, row in enumerate(results["scores"])]
     payload: dict[str, Any] = {**scalars, f"{tag}_table": wandb.Table(columns=columns, data=data)}
-    if fig is not None:
-        from PIL import Image
+    for key, fig in figures.items():
+        if fig is not None:
+            from PIL import Image
 
-        payload[tag] = wandb.Image(Image.open(io.BytesIO(_png(fig))))
+            payload[key] = wandb.Image(Image.open(io.BytesIO(_png(fig))))
     logger.log_metrics(payload, step=stage)

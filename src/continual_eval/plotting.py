@@ -139,3 +139,45 @@ def plot_task_trajectories(
     if title:
         ax.set_title(title)
     return fig, ax
+
+
+def plot_accuracy_curves(
+    steps: Tensor | Sequence[int],
+    accuracy: Tensor | Sequence[Sequence[float | None]],
+    boundaries: Tensor | Sequence[int],
+    task_names: Sequence[str] | None = None,
+    ax: Any = None,
+    *,
+    ylabel: str = "accuracy",
+    title: str | None = "Per-task accuracy during training (continual evaluation)",
+) -> tuple[Any, Any]:
+    """One line per task: ``accuracy[n, j]`` against the training step ``steps[n]`` (NaN = not
+    evaluated, drawn as a gap), with a dashed vertical line at each task boundary step (the end of
+    a stage) so the stability gap after each boundary is visible. Returns ``(fig, ax)``."""
+    A = _as_matrix(accuracy)
+    x = torch.as_tensor(steps, dtype=torch.float64).reshape(-1)
+    if A.shape[0] != x.shape[0]:
+        raise ValueError(f"{x.shape[0]} steps for {A.shape[0]} rows of accuracy")
+    num_tasks = A.shape[1]
+    labels = _task_labels(num_tasks, task_names)
+    fig, ax = _new_axes(ax, (7.2, 4.0))
+    for b in torch.as_tensor(boundaries).reshape(-1).tolist():
+        ax.axvline(b, color="grey", linestyle="--", linewidth=0.8, alpha=0.7)
+    xs = x.tolist()
+    for j in range(num_tasks):
+        ys = A[:, j]
+        if bool(torch.isnan(ys).all()):
+            continue
+        ax.plot(xs, ys.tolist(), marker="." if len(xs) < 200 else None, label=labels[j])
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("training step (cumulative over tasks)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if num_tasks:
+        ax.legend(loc="best", fontsize=8, ncols=1 + num_tasks // 10)
+    if title:
+        ax.set_title(title)
+    return fig, ax

@@ -29,13 +29,20 @@ from continual_eval.functional import (
     forgetting_per_task,
     forward_transfer_per_task,
 )
+from continual_eval.functional.stability import (
+    min_accuracy,
+    stability_gap,
+    worst_case_accuracy,
+)
 
 __all__ = [
     "FORMAT_VERSION",
     "RESULTS_FILE",
     "SCORES_FILE",
+    "build_curves",
     "build_results",
     "load_results",
+    "results_to_curves",
     "results_to_tensors",
     "write_results",
     "write_scores_csv",
@@ -77,6 +84,7 @@ def build_results(
     score_name: str = "accuracy",
     metadata: Mapping[str, Any] | None = None,
     validate: bool = False,
+    step_curves: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``results.json`` document for ``s`` completed stages.
 
@@ -88,6 +96,8 @@ def build_results(
         score_name: what a cell holds (e.g. ``"accuracy"``).
         metadata: free-form, JSON-serialisable.
         validate: check the cells the metrics read (off by default: the caller already did).
+        step_curves: the ``curves`` and ``stability`` sections from :func:`build_curves` (per-step
+            evaluation); left out of the document when ``None``.
     """
     scores = torch.as_tensor(scores, dtype=torch.float64).cpu()
     baseline = torch.as_tensor(baseline, dtype=torch.float64).cpu()
@@ -111,7 +121,7 @@ def build_results(
             "fwt": _list(forward_transfer_per_task(R, b, validate=validate)),
             "forgetting": _list(forgetting_per_task(R, convention=forgetting, validate=validate)),
         }
-    return {
+    document = {
         "format_version": FORMAT_VERSION,
         "num_tasks": T,
         "task_names": names,
@@ -130,6 +140,72 @@ def build_results(
         },
         "metadata": dict(metadata or {}),
     }
+    if step_curves is not None:
+        document.update(step_curves)
+    return document
+
+
+def build_curves(
+    steps: Tensor,
+    stage: Tensor,
+    accuracy: Tensor,
+    *,
+    stages_completed: int,
+    full: Sequence[bool] | None = None,
+    step_counter: str = "",
+    score_name: str = "accuracy",
+    subset: Mapping[str, Any] | None = None,
+    tolerance: float = 0.0,
+) -> dict[str, Any]:
+    """The ``curves`` and ``stability`` sections of ``results.json``.
+
+    ``curves`` holds every evaluation so far: ``step`` ``[N]``, ``stage`` ``[N]`` and ``accuracy``
+    ``[N, T]`` (``None`` = not evaluated), ``full`` ``[N]`` (whole test sets, else a subset).
+    ``stability`` reads the evaluations of the ``stages_completed`` finished stages only:
+    ``min_acc``/``wc_acc`` per stage and, per task ``j`` (stages ``j+1``), the gap ``depth``,
+    ``boundary``, ``minimum`` and ``recovery_steps`` (``None`` when undefined or never recovered),
+    from :mod:`continual_eval.functional.stability` (De Lange et al., ICLR 2023).
+    """
+    steps = torch.as_tensor(steps, dtype=torch.int64).cpu()
+    stage = torch.as_tensor(stage, dtype=torch.int64).cpu()
+    accuracy = torch.as_tensor(accuracy, dtype=torch.float64).cpu()
+    full_list = [True] * len(steps) if full is None else [bool(f) for f in full]
+    curves = {
+        "step": steps.tolist(),
+        "stage": stage.tolist(),
+        "accuracy": _list(accuracy) if len(steps) else [],
+        "full": full_list,
+        "score": score_name,
+        "step_counter": step_counter,
+        "subset": dict(subset) if subset is not None else None,
+    }
+    done = stage < stages_completed
+    acc, stg, stp = accuracy[done], stage[done], steps[done]
+    stability: dict[str, Any] = {
+        "min_acc": [],
+        "wc_acc": [],
+        "per_task": {"boundary": [], "minimum": [], "depth": [], "recovery_steps": []},
+        "tolerance": tolerance,
+        "source": "De Lange, van de Ven & Tuytelaars, ICLR 2023 (min-ACC eq. 4, WC-ACC eq. 5)",
+    }
+    if stages_completed > 0 and len(stg):
+        gap = stability_gap(acc, stg, stp, tolerance=tolerance)
+        stability["min_acc"] = _list(min_accuracy(acc, stg, validate=False))
+        stability["wc_acc"] = _list(worst_case_accuracy(acc, stg, validate=False))
+        stability["per_task"] = {k: _list(v) for k, v in gap.items()}
+    return {"curves": curves, "stability": stability}
+
+
+def results_to_curves(results: Mapping[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
+    """``(step [N], stage [N], accuracy [N, T])`` from a document's ``curves`` section (NaN where
+    ``None``)."""
+    if results.get("curves") is None:
+        raise ValueError("these results hold no curves (run with eval_every_n_steps)")
+    c, T = results["curves"], int(results["num_tasks"])
+    steps = torch.tensor(c["step"], dtype=torch.int64)
+    stage = torch.tensor(c["stage"], dtype=torch.int64)
+    rows = [[math.nan if v is None else float(v) for v in row] for row in c["accuracy"]]
+    return steps, stage, torch.tensor(rows, dtype=torch.float64).reshape(-1, T)
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -1,7 +1,9 @@
 """Standalone DDP run for test_callback_ddp.py: 2 CPU processes (gloo), odd test-set sizes.
 
 Usage: python ddp_script.py OUT_DIR. Lightning re-launches this script for rank 1. Rank 0 saves the
-weights at the baseline and after every stage; every rank saves the R it holds.
+weights at the baseline, after every stage and after every training step (for the per-step
+evaluation of a third callback, ``eval_every_n_steps=1``); every rank saves the R and curves it
+holds.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ class Stream(IterableDataset):
 
 class Snapshots(pl.Callback):
     def __init__(self, out: Path) -> None:
-        self.out, self.stage = out, 0
+        self.out, self.stage, self.step = out, 0, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.step += 1  # no gradient accumulation: one optimizer step per batch
+        if trainer.is_global_zero:
+            torch.save(pl_module.state_dict(), self.out / f"weights_step_{self.step}.pt")
 
     def on_fit_start(self, trainer, pl_module):
         if self.stage == 0 and trainer.is_global_zero:
@@ -68,12 +75,19 @@ def main(out: Path) -> None:
         dirpath=out / "f1",
         verbose=False,
     )
+    steps = ContinualEvalCallback(
+        eval_loaders(tasks),
+        eval_every_n_steps=1,
+        prefix="steps/",
+        dirpath=out / "steps",
+        verbose=False,
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
         max_epochs=1,
-        callbacks=[Snapshots(out), accuracy, f1],
+        callbacks=[Snapshots(out), accuracy, f1, steps],
         default_root_dir=str(out),
         logger=pl.loggers.CSVLogger(out, name="logs"),
         enable_progress_bar=False,
@@ -88,6 +102,9 @@ def main(out: Path) -> None:
             "f1_scores": f1.scores,
             "f1_baseline": f1.baseline,
             "world_size": trainer.world_size,
+            "curves": steps.curves(),
+            "cache_bytes": steps._cache.nbytes,
+            "cache_entries": steps._cache.num_cached,
         },
         out / f"rank{trainer.global_rank}.pt",
     )

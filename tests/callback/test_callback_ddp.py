@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -76,3 +77,25 @@ def test_ddp_two_processes_equal_single_process(tmp_path):
     with open(tmp_path / "logs" / "version_0" / "metrics.csv") as fh:
         logged = [row for row in csv.DictReader(fh) if row.get("continual/acc")]
     assert [int(row["step"]) for row in logged] == [0, 1, 2]  # one writer: rank 0
+
+    # per-step evaluation (every step, each rank caching its own shard): every row equals the
+    # single-process accuracy of the weights at that step, on the tasks seen so far
+    steps, stage, curve = rank0["curves"]
+    for a, b in zip(rank0["curves"], rank1["curves"], strict=True):
+        assert torch.equal(a.nan_to_num(-1), b.nan_to_num(-1))
+    assert steps.tolist() == [1, 2, 3, 4, 5, 6]  # 48 samples / 2 ranks / batch 16: 2 steps a task
+    assert stage.tolist() == [0, 0, 1, 1, 2, 2]
+    for n, (step, s) in enumerate(zip(steps.tolist(), stage.tolist(), strict=True)):
+        acc, _ = plain_scores(torch.load(tmp_path / f"weights_step_{step}.pt"), tasks)
+        expected = torch.tensor(acc[: s + 1] + [math.nan] * (2 - s), dtype=torch.float64)
+        assert torch.equal(curve[n].nan_to_num(-1), expected.nan_to_num(-1)), n
+    assert torch.equal(curve[[1, 3, 5]].nan_to_num(0), R_acc.tril())  # stage ends: rows of R
+    # each rank cached its own unpadded shard: ceil / floor of the 3 test sets, 6 float32 + int64
+    sizes = [len(te[1]) for _, te in tasks]
+    per_sample = 6 * 4 + 8
+    assert rank0["cache_entries"] == rank1["cache_entries"] == 3
+    assert rank0["cache_bytes"] == sum((n + 1) // 2 for n in sizes) * per_sample
+    assert rank1["cache_bytes"] == sum(n // 2 for n in sizes) * per_sample
+    steps_results = load_results(tmp_path / "steps")
+    assert steps_results["curves"]["step"] == [1, 2, 3, 4, 5, 6]
+    assert len(steps_results["stability"]["wc_acc"]) == 3

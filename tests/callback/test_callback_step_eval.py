@@ -1,0 +1,524 @@
+"""Evaluation every k training steps (issue 6): curves against a plain-torch reference evaluating at
+the same steps, the stability metrics against hand-computed values, training unchanged, subsets,
+and the device batch cache."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from cl_helpers import (
+    BATCH,
+    Classifier,
+    eval_loaders,
+    make_net,
+    make_tasks,
+    train_loaders,
+    trainer_kwargs,
+)
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval.evaluation import BatchCache, cache_safety
+from continual_eval.results import load_results, results_to_curves
+
+EPOCHS = 2
+K = 4  # 48 train samples / batch 16 = 3 steps per epoch, 6 per task: evaluations at 4, 8, 12, 16
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return make_tasks()
+
+
+def reference_curves(tasks, k: int, epochs: int = EPOCHS, subset: dict | None = None):
+    """Plain torch: SGD in fixed order; after every k-th optimizer step (counted over the whole
+    run) score tasks 0..i (on ``subset[j]`` indices if given); at the end of task i score every
+    task on the whole test set, replacing a per-step row taken at the same step. Returns
+    ``(steps, stages, rows, full)`` as Python lists (NaN = not evaluated)."""
+    net = make_net()
+    T = len(tasks)
+
+    def score(j, idx=None):
+        x, y = tasks[j][1]
+        if idx is not None:
+            x, y = x[idx], y[idx]
+        net.eval()
+        with torch.no_grad():
+            correct = sum(
+                int((net(x[s : s + 8]).argmax(1) == y[s : s + 8]).sum())
+                for s in range(0, len(y), 8)
+            )
+        net.train()
+        return correct / len(y)
+
+    opt = torch.optim.SGD(net.parameters(), lr=0.2)
+    steps, stages, rows, full = [], [], [], []
+    step = 0
+    for i, ((x, y), _) in enumerate(tasks):
+        for _ in range(epochs):
+            for s in range(0, len(y), BATCH):
+                opt.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(net(x[s : s + BATCH]), y[s : s + BATCH]).backward()
+                opt.step()
+                step += 1
+                if step % k == 0:
+                    row = [math.nan] * T
+                    for j in range(i + 1):
+                        row[j] = score(j, None if subset is None else subset[j])
+                    steps.append(step), stages.append(i), rows.append(row)
+                    full.append(subset is None)
+        row = [score(j) if j <= i else math.nan for j in range(T)]
+        if steps and steps[-1] == step:
+            steps.pop(), stages.pop(), rows.pop(), full.pop()
+        steps.append(step), stages.append(i), rows.append(row), full.append(True)
+    return steps, stages, rows, full
+
+
+def same(a: torch.Tensor, b) -> bool:
+    b = torch.as_tensor(b, dtype=torch.float64)
+    return a.shape == b.shape and torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))
+
+
+def hand_stability(steps, stages, rows):
+    """min-ACC, WC-ACC (De Lange et al. 2023, eqs. 4-5) and gap depth / recovery written out with
+    plain loops over the curve rows."""
+    S = max(stages) + 1
+    last = [max(n for n in range(len(stages)) if stages[n] == s) for s in range(S)]
+    min_acc, wc_acc = [], []
+    for k in range(S):
+        if k == 0:
+            min_acc.append(math.nan)
+            wc_acc.append(rows[last[0]][0])
+            continue
+        worst = [min(rows[n][i] for n in range(len(rows)) if i < stages[n] <= k) for i in range(k)]
+        min_acc.append(sum(worst) / k)
+        wc_acc.append(rows[last[k]][k] / (k + 1) + (1 - 1 / (k + 1)) * min_acc[-1])
+    depth, recovery = [], []
+    for j in range(S - 1):
+        boundary = rows[last[j]][j]
+        during = [n for n in range(len(rows)) if stages[n] == j + 1]
+        low = min(rows[n][j] for n in during)
+        depth.append(boundary - low)
+        first_min = next(n for n in during if rows[n][j] == low)
+        if boundary - low <= 0:
+            recovery.append(0.0)
+            continue
+        back = [n for n in during if n >= first_min and rows[n][j] >= boundary]
+        recovery.append(float(steps[back[0]] - steps[last[j]]) if back else math.nan)
+    return min_acc, wc_acc, depth, recovery
+
+
+def run_per_task(tasks, tmp_path, logger=False, **cb_kwargs):
+    model = Classifier(make_net())
+    cb = ContinualEvalCallback(eval_loaders(tasks), dirpath=tmp_path / "out", **cb_kwargs)
+    for dl in train_loaders(tasks):
+        kwargs = trainer_kwargs(tmp_path, max_epochs=EPOCHS, logger=logger)
+        pl.Trainer(callbacks=[cb], **kwargs).fit(model, dl)
+    return cb, model
+
+
+def test_step_curves_equal_plain_torch_reference(tasks, tmp_path):
+    steps, stages, rows, full = reference_curves(tasks, K)
+    assert steps == [4, 6, 8, 12, 16, 18]  # 12 is a stage end: the full row replaced the step one
+    cb, _ = run_per_task(tasks, tmp_path, eval_every_n_steps=K, verbose=False)
+    got_steps, got_stages, got_rows = cb.curves()
+    assert got_steps.tolist() == steps and got_stages.tolist() == stages
+    assert same(got_rows, rows)
+    assert cb.steps_trained == 18  # continues across the three Trainers (each restarts at 0)
+
+    results = load_results(tmp_path / "out")
+    r_steps, r_stages, r_rows = results_to_curves(results)
+    assert r_steps.tolist() == steps and r_stages.tolist() == stages and same(r_rows, rows)
+    assert results["curves"]["full"] == full and results["curves"]["subset"] is None
+    assert "global_step" in results["curves"]["step_counter"]
+    assert results["scores"] == cb.scores.tolist()  # the existing keys are unchanged
+
+    min_acc, wc_acc, depth, recovery = hand_stability(steps, stages, rows)
+    st = results["stability"]
+    assert st["min_acc"][0] is None  # undefined at stage 0: null, never 0
+    assert st["min_acc"][1:] == pytest.approx(min_acc[1:], abs=1e-12)
+    assert st["wc_acc"] == pytest.approx(wc_acc, abs=1e-12)
+    assert st["per_task"]["depth"] == pytest.approx(depth, abs=1e-12)
+    assert [math.nan if v is None else v for v in st["per_task"]["recovery_steps"]] == (
+        pytest.approx(recovery, nan_ok=True)
+    )
+    assert (tmp_path / "out" / "accuracy_curves.png").stat().st_size > 1000
+
+
+def test_single_fit_schedule_and_fit_tasks_give_the_same_curves(tasks, tmp_path):
+    steps, stages, rows, _ = reference_curves(tasks, 3)
+    loaders = train_loaders(tasks)
+
+    class Scheduled(Classifier):
+        def train_dataloader(self):
+            return loaders[scheduled_task(self.trainer, EPOCHS)]
+
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks), epochs_per_task=EPOCHS, eval_every_n_steps=3, verbose=False
+    )
+    pl.Trainer(
+        callbacks=[cb],
+        reload_dataloaders_every_n_epochs=1,
+        **trainer_kwargs(tmp_path / "a", max_epochs=EPOCHS * len(tasks)),
+    ).fit(Scheduled(make_net()))
+    got = cb.curves()
+    assert got[0].tolist() == steps and got[1].tolist() == stages and same(got[2], rows)
+
+    cb = ContinualEvalCallback(eval_loaders(tasks), eval_every_n_steps=3, verbose=False)
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path / "b", max_epochs=EPOCHS))
+    fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks))
+    got = cb.curves()
+    assert got[0].tolist() == steps and got[1].tolist() == stages and same(got[2], rows)
+
+
+class DropoutClassifier(Classifier):
+    def __init__(self, net):
+        super().__init__(net)
+        self.frozen = nn.Parameter(torch.ones(3), requires_grad=False)
+
+
+def test_training_identical_with_and_without_step_evaluation(tasks, tmp_path):
+    """Dropout and shuffled train loaders draw from the global RNG; evaluating every step mid-epoch
+    must not move it, nor change flags, grads or requires_grad."""
+    weights, grads = [], []
+    for with_cb in (False, True):
+        pl.seed_everything(7)
+        model = DropoutClassifier(make_net(dropout=0.5))
+        cbs = (
+            [ContinualEvalCallback(eval_loaders(tasks), eval_every_n_steps=1, verbose=False)]
+            if with_cb
+            else []
+        )
+        for dl in train_loaders(tasks, shuffle=True):
+            pl.Trainer(callbacks=cbs, **trainer_kwargs(tmp_path, max_epochs=2)).fit(model, dl)
+        assert model.training and not model.frozen.requires_grad
+        assert all(p.requires_grad for p in model.net.parameters())
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+        grads.append([p.grad.clone() for p in model.net.parameters()])
+        if with_cb:
+            assert len(cbs[0].curves()[0]) == 18  # one evaluation per step
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_subset_at_steps_full_sets_at_stage_ends(tasks, tmp_path):
+    n, seed = 10, 5
+    subset = [
+        torch.randperm(len(te[1]), generator=torch.Generator().manual_seed(seed + j))[:n]
+        .sort()
+        .values
+        for j, (_, te) in enumerate(tasks)
+    ]
+    steps, stages, rows, full = reference_curves(tasks, K, subset=subset)
+    cb, _ = run_per_task(
+        tasks,
+        tmp_path,
+        eval_every_n_steps=K,
+        step_eval_subset=n,
+        step_eval_subset_seed=seed,
+        verbose=False,
+    )
+    got = cb.curves()
+    assert got[0].tolist() == steps and got[1].tolist() == stages and same(got[2], rows)
+    results = load_results(tmp_path / "out")
+    assert results["curves"]["full"] == full == [False, True, False, True, False, True]
+    assert results["curves"]["subset"]["samples_per_task"] == [n] * 3
+    assert results["curves"]["subset"]["seed"] == seed
+    # stage-end rows are the full-test-set rows of R
+    R = cb.scores
+    for row, stage, is_full in zip(got[2], got[1].tolist(), full, strict=True):
+        if is_full:
+            assert same(row[: stage + 1], R[stage, : stage + 1])
+
+
+class CountingDataset(Dataset):
+    """A deterministic test set that counts its reads."""
+
+    continual_eval_deterministic = True
+
+    def __init__(self, x, y):
+        self.x, self.y, self.reads = x, y, 0
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.x[i], self.y[i]
+
+
+def counting_loaders(tasks, **kwargs):
+    return [DataLoader(CountingDataset(*te), batch_size=8, **kwargs) for _, te in tasks]
+
+
+def run_loaders(tasks, tmp_path, loaders, **cb_kwargs):
+    model = Classifier(make_net())
+    cb = ContinualEvalCallback(loaders, verbose=False, **cb_kwargs)
+    for dl in train_loaders(tasks):
+        pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=EPOCHS)).fit(model, dl)
+    return cb
+
+
+def test_cache_reads_each_test_set_once_and_gives_the_same_curves(tasks, tmp_path, caplog):
+    steps, _stages, rows, _ = reference_curves(tasks, 1)
+    sizes = [len(te[1]) for _, te in tasks]
+    results = {}
+    for cache in (None, False):
+        loaders = counting_loaders(tasks)
+        with caplog.at_level(logging.INFO):
+            cb = run_loaders(
+                tasks, tmp_path, loaders, eval_every_n_steps=1, cache_test_batches=cache
+            )
+        got = cb.curves()
+        assert got[0].tolist() == steps and same(got[2], rows)
+        results[cache] = (cb.scores, [dl.dataset.reads for dl in loaders])
+    assert torch.equal(results[None][0], results[False][0])
+    assert results[None][1] == sizes  # auto: cached after the first pass
+    # uncached: baseline + 18 per-step evaluations of tasks <= stage + 3 stage ends of all tasks
+    evaluations = [1 + 18 - 6 * j + 3 for j in range(3)]
+    assert results[False][1] == [n * e for n, e in zip(sizes, evaluations, strict=True)]
+    lines = [r.getMessage() for r in caplog.records if "caching collated" in r.getMessage()]
+    assert len(lines) == 1 and "3 test loader(s)" in lines[0] and "MB" in lines[0]
+
+
+def test_cache_auto_off_when_unsafe_and_cap_respected(tasks, tmp_path):
+    x, y = tasks[0][1]
+    assert cache_safety(DataLoader(TensorDataset(x, y), batch_size=8)) is None
+    assert "RandomSampler" in cache_safety(DataLoader(TensorDataset(x, y), shuffle=True))
+    plain = DataLoader(CountingDataset(x, y), batch_size=8)
+    type(plain.dataset).continual_eval_deterministic = False
+    try:
+        assert "random transforms" in cache_safety(plain)
+    finally:
+        type(plain.dataset).continual_eval_deterministic = True
+    assert "collate_fn" in cache_safety(DataLoader(TensorDataset(x, y), collate_fn=lambda b: b))
+
+    sizes = [len(te[1]) for _, te in tasks]
+    shuffled = counting_loaders(tasks, shuffle=True)  # order changes nothing in a score
+    cb = run_loaders(tasks, tmp_path, shuffled, eval_every_n_steps=6)
+    assert all(r > n for r, n in zip([dl.dataset.reads for dl in shuffled], sizes, strict=True))
+    assert cb._cache.num_cached == 0
+
+    forced = counting_loaders(tasks, shuffle=True)
+    cb_forced = run_loaders(tasks, tmp_path, forced, eval_every_n_steps=6, cache_test_batches=True)
+    assert [dl.dataset.reads for dl in forced] == sizes
+    assert torch.equal(cb_forced.scores, cb.scores)
+
+    capped = counting_loaders(tasks)
+    cb = run_loaders(tasks, tmp_path, capped, eval_every_n_steps=6, cache_max_bytes=1000)
+    # 29 x (6 float32 + int64) = 928 bytes fit; the 37- and 41-sample sets do not
+    assert cb._cache.nbytes == 928 and cb._cache.num_cached == 1 and cb._cache.num_refused == 2
+    reads = [dl.dataset.reads for dl in capped]
+    assert reads[1] == sizes[1] and reads[0] > sizes[0] and reads[2] > sizes[2]
+    assert torch.equal(cb.scores, cb_forced.scores)
+
+
+def test_cache_dropped_when_device_or_loaders_change(tasks, tmp_path):
+    loaders = counting_loaders(tasks)
+    cb = run_loaders(tasks, tmp_path, loaders, eval_every_n_steps=6)
+    assert cb._cache.num_cached == 3
+    reads = [dl.dataset.reads for dl in loaders]
+
+    def fake_trainer(device):
+        return SimpleNamespace(
+            strategy=SimpleNamespace(root_device=torch.device(device)), global_rank=0, world_size=1
+        )
+
+    cpu = cb._evaluation_loaders(fake_trainer("cpu"), [0], subset=False)
+    list(cpu[0])
+    assert cb._cache.num_cached == 3 and loaders[0].dataset.reads == reads[0]  # served cached
+
+    meta = cb._evaluation_loaders(fake_trainer("meta"), [0], subset=False)
+    assert cb._cache.num_cached == 0  # another device: everything dropped
+    batches = list(meta[0])
+    assert all(b[0].device.type == "meta" for b in batches)
+    assert loaders[0].dataset.reads == reads[0] + len(tasks[0][1][1])  # read again
+
+    new = counting_loaders(tasks)
+    cb._set_loaders(new)
+    cb._rank_loaders = new
+    again = cb._evaluation_loaders(fake_trainer("meta"), [0], subset=False)
+    assert cb._cache.num_cached == 0  # new loader objects: dropped
+    list(again[0])
+    assert new[0].dataset.reads == len(tasks[0][1][1])
+
+
+def test_batch_cache_unit():
+    x, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)
+    cache = BatchCache(max_bytes=10**6)
+    cache.set_key("a")
+    first = list(cache.wrap(0, loader, torch.device("cpu")))
+    assert cache.cached(0) and cache.nbytes == 10 * 2 * 4 + 10 * 8
+    second = list(cache.wrap(0, loader, torch.device("cpu")))
+    assert all(a[0] is b[0] for a, b in zip(first, second, strict=True))
+    it = iter(cache.wrap(1, loader, torch.device("cpu")))
+    next(it)  # abandoned mid-way: not cached
+    assert not cache.cached(1)
+    cache.set_key("a")
+    assert cache.cached(0)
+    cache.set_key("b")
+    assert not cache.cached(0) and cache.nbytes == 0
+
+
+def test_logged_against_the_step_and_per_stage(tasks, tmp_path):
+    cb, _ = run_per_task(
+        tasks,
+        tmp_path,
+        logger=CSVLogger(tmp_path, name="csv"),
+        eval_every_n_steps=K,
+        verbose=False,
+    )
+    steps, _stages, rows = cb.curves()
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as fh:
+        logged = list(csv.DictReader(fh))
+    per_step = [r for r in logged if r.get("continual/step/task_0")]
+    # per-step rows at steps 4, 8, 16 (12's per-step row was logged too, before the stage end)
+    assert [int(r["step"]) for r in per_step] == [4, 8, 12, 16]
+    for r in per_step:
+        n = steps.tolist().index(int(r["step"])) if int(r["step"]) != 12 else None
+        if n is not None:
+            assert float(r["continual/step/task_0"]) == rows[n, 0].item()
+    results = cb.results()
+    per_stage = [r for r in logged if r.get("continual/wc_acc")]
+    assert [int(r["step"]) for r in per_stage] == [0, 1, 2]
+    assert [float(r["continual/wc_acc"]) for r in per_stage] == pytest.approx(
+        results["stability"]["wc_acc"]
+    )
+    assert per_stage[0]["continual/min_acc"] == ""  # undefined at stage 0: not logged as 0
+    assert float(per_stage[2]["continual/min_acc"]) == pytest.approx(
+        results["stability"]["min_acc"][2]
+    )
+    assert float(per_stage[1]["continual/gap_depth/task_0"]) == pytest.approx(
+        results["stability"]["per_task"]["depth"][0]
+    )
+    json.dumps(results, allow_nan=False)
+
+
+def test_default_leaves_results_unchanged(tasks, tmp_path):
+    cb, _ = run_per_task(tasks, tmp_path, verbose=False)
+    results = load_results(tmp_path / "out")
+    assert "curves" not in results and "stability" not in results
+    assert cb.curves()[0].numel() == 0 and cb._cache.num_cached == 0
+    assert not (tmp_path / "out" / "accuracy_curves.png").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"eval_every_n_steps": 0}, "eval_every_n_steps must be a positive int"),
+        ({"eval_every_n_steps": 2.0}, "eval_every_n_steps must be a positive int"),
+        ({"step_eval_subset": 5}, "set eval_every_n_steps too"),
+        ({"eval_every_n_steps": 1, "step_eval_subset": -1}, "step_eval_subset must be"),
+        ({"cache_test_batches": "yes"}, "cache_test_batches must be None"),
+        ({"cache_max_bytes": -1}, "cache_max_bytes must be"),
+    ],
+)
+def test_bad_arguments(tasks, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ContinualEvalCallback(eval_loaders(tasks), **kwargs)
+
+
+def test_subset_needs_map_style_loaders(tasks):
+    x, y = tasks[0][1]
+    with pytest.raises(ValueError, match=r"test dataloader 1 \('task_1'\).*map-style"):
+        ContinualEvalCallback(
+            [DataLoader(TensorDataset(x, y)), list(zip(x, y, strict=True))],
+            eval_every_n_steps=1,
+            step_eval_subset=4,
+        )
+
+
+def test_resume_keeps_curves_and_step_counter(tasks, tmp_path):
+    """fit_tasks resumed from task_0.ckpt gives the curves of an uninterrupted run."""
+    steps, stages, rows, _ = reference_curves(tasks, K)
+    cb = ContinualEvalCallback(eval_loaders(tasks), eval_every_n_steps=K, verbose=False)
+    model = Classifier(make_net())
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=EPOCHS))
+    fit_tasks(trainer, model, train_loaders(tasks)[:1], checkpoint_dir=tmp_path)
+
+    cb2 = ContinualEvalCallback(eval_loaders(tasks), eval_every_n_steps=K, verbose=False)
+    trainer = pl.Trainer(callbacks=[cb2], **trainer_kwargs(tmp_path, max_epochs=EPOCHS))
+    fit_tasks(
+        trainer,
+        Classifier(make_net(seed=1)),
+        train_loaders(tasks),
+        ckpt_path=tmp_path / "task_0.ckpt",
+    )
+    got = cb2.curves()
+    assert got[0].tolist() == steps and got[1].tolist() == stages and same(got[2], rows)
+
+
+def test_plot_accuracy_curves():
+    from continual_eval.plotting import plot_accuracy_curves
+
+    acc = torch.tensor([[0.5, math.nan], [0.9, math.nan], [0.4, 0.6], [0.7, 0.9]])
+    fig, ax = plot_accuracy_curves([2, 4, 6, 8], acc, [4, 8], task_names=["a", "b"])
+    lines = ax.get_lines()
+    assert len(lines) == 4  # two boundary lines, two task curves
+    assert [list(line.get_xdata()) for line in lines[:2]] == [[4, 4], [8, 8]]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b"]
+    assert list(lines[3].get_ydata())[2:] == pytest.approx([0.6, 0.9])
+    with pytest.raises(ValueError, match="3 steps for 4 rows"):
+        plot_accuracy_curves([2, 4, 6], acc, [4])
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_tensorboard_wandb_mlflow_get_steps_and_curves_figure(tasks, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    import wandb
+    from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_callback_logging import _wandb_history
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    tb = TensorBoardLogger(tmp_path, name="tb")
+    wb = WandbLogger(project="continual-eval-test", save_dir=str(tmp_path), offline=True)
+    ml = MLFlowLogger(experiment_name="continual", tracking_uri=uri)
+    try:
+        cb, _ = run_per_task(tasks, tmp_path, logger=[tb, wb, ml], eval_every_n_steps=K)
+        run_dir = wb.experiment.dir.rsplit("/files", 1)[0]
+    finally:
+        wandb.finish()
+    _, _, rows = cb.curves()
+
+    acc = EventAccumulator(str(tb.log_dir), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("continual/step/task_0")
+    assert [e.step for e in events] == [4, 8, 12, 16]
+    assert events[0].value == pytest.approx(rows[0, 0].item(), abs=1e-6)
+    assert [e.step for e in acc.Scalars("continual/wc_acc")] == [0, 1, 2]
+    images = acc.Images("continual/accuracy_curves")
+    assert [im.step for im in images] == [0, 1, 2]
+    assert images[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
+
+    history = _wandb_history(run_dir)
+    per_step = [h for h in history if "continual/step/task_0" in h]
+    assert [int(h["trainer/global_step"]) for h in per_step] == [4, 8, 12, 16]
+    staged = [h for h in history if "continual/acc" in h]
+    assert json.loads(staged[-1]["continual/accuracy_curves/_type"]) == "image-file"
+
+    client = MlflowClient(tracking_uri=uri)
+    history = client.get_metric_history(ml.run_id, "continual/step/task_1")
+    assert sorted(m.step for m in history) == [8, 12, 16]
+    artifacts = {a.path for a in client.list_artifacts(ml.run_id, "continual")}
+    assert "continual/accuracy_curves_stage_002.png" in artifacts
