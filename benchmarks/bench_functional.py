@@ -2,10 +2,10 @@
 
 For each T it times, in one run, medians over repeats:
 
-* ``vectorised``: the full metric set — ``continual_metrics``, every per-stage curve
-  (``continual_metrics_curve``), per-task BWT/FWT/forgetting, learning accuracy, average
-  incremental accuracy and intransigence — without validation (the hot-loop setting), plus
-  the same with validation on;
+* ``vectorised``: the full metric set — ACC, BWT, FWT, forgetting, learning accuracy, average
+  incremental accuracy and intransigence, each after every stage (the curves) and per task — by
+  ``all_continual_metrics`` without validation (the hot-loop setting), plus the same with
+  validation on;
 * ``plain loop``: the plain-loop reference the tests use as their oracle (tests/reference.py:
   every metric of every leading sub-matrix by explicit loops, as one writes it by hand from the
   formulas; O(T^3), so measured once at T=1000 and skipped above);
@@ -51,15 +51,8 @@ def make_inputs(T: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tenso
 
 
 def full_metric_set(R: torch.Tensor, b: torch.Tensor, ref: torch.Tensor, validate: bool) -> dict:
-    out = dict(F.continual_metrics(R, b, validate=validate))
-    out["curve"] = F.continual_metrics_curve(R, b, validate=validate)
-    out["bwt_per_task"] = F.backward_transfer_per_task(R, validate=validate)
-    out["fwt_per_task"] = F.forward_transfer_per_task(R, b, validate=validate)
-    out["forgetting_per_task"] = F.forgetting_per_task(R, validate=validate)
-    out["learning_accuracy"] = F.learning_accuracy(R, validate=validate)
-    out["aia"] = F.average_incremental_accuracy(R, validate=validate)
-    out["intransigence"] = F.intransigence(R, ref, validate=validate)
-    return out
+    """Every metric, after every stage and per task, with intransigence: one call."""
+    return F.all_continual_metrics(R, b, ref, validate=validate)
 
 
 def loop_metric_set(R: list[list[float]], b: list[float], ref: list[float]) -> dict:
@@ -120,18 +113,27 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 
 def peak_memory_ratio(T: int) -> float:
-    """Max-RSS growth of the vectorised set over one T x T float32 matrix, in a fresh process."""
+    """Peak resident-memory growth of the vectorised set, in units of one T x T float32 matrix,
+    measured in a fresh process (the kernel's peak-RSS mark is reset just before the call)."""
     code = (
-        "import resource, torch, sys; sys.path.insert(0, 'benchmarks');"
-        "from bench_functional import make_inputs, full_metric_set;"
-        f"R, b, ref = make_inputs({T}); torch.ones(1).add_(1);"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        "import sys, torch; sys.path.insert(0, 'benchmarks');"
+        "from bench_functional import make_inputs, full_metric_set, rss_kib;"
+        f"R, b, ref = make_inputs({T});"
+        "open('/proc/self/clear_refs', 'w').write('5'); before = rss_kib('VmRSS');"
         "full_metric_set(R, b, ref, validate=True);"
-        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-        f"print((after - before) * 1024 / ({T} * {T} * 4))"
+        f"print((rss_kib('VmHWM') - before) * 1024 / ({T} * {T} * 4))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip())
+
+
+def rss_kib(field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process from /proc/self/status, in KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
 
 
 def measure(T: int) -> dict:
@@ -158,7 +160,7 @@ def measure(T: int) -> dict:
         "calls_ms": None if calls is None else calls * 1e3,
         "loop_over_vectorised": loop / vec,
         "calls_over_vectorised": None if calls is None else calls / vec,
-        "peak_memory_over_matrix": peak_memory_ratio(T) if T >= 1000 else None,
+        "peak_memory_over_matrix": peak_memory_ratio(T) if T >= 100 else None,
     }
 
 

@@ -267,3 +267,30 @@ def test_curves_across_scan_block_boundaries_match_reference(T):
         for key, values in expected.items():
             assert curve[key].tolist() == pytest.approx(values, abs=1e-12), (key, forgetting)
     torch.testing.assert_close(F.running_peak(R), F.running_peak(R.clone().requires_grad_()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(accuracy_matrices(max_tasks=40), st.sampled_from(F.FORGETTING_CONVENTIONS))
+def test_all_metrics_in_one_pass_match_the_plain_loop(inputs, forgetting):
+    R, b = inputs
+    T = len(R)
+    Rt, bt = torch.tensor(R, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    reference = torch.linspace(0.5, 1.0, T, dtype=torch.float64)
+    out = F.all_continual_metrics(Rt, bt, reference, forgetting=forgetting)
+    expected_curve = reference_curve(R, b, forgetting)
+    for key, values in expected_curve.items():
+        assert out["curve"][key].tolist() == pytest.approx(values, abs=1e-12), key
+        assert out[key].item() == pytest.approx(values[-1], abs=1e-12), key
+    last = T - 1
+    peak_end = last if forgetting == "peak" else last - 1
+    per_task = {
+        "bwt": [R[last][j] - R[j][j] for j in range(last)],
+        "fwt": [R[j - 1][j] - b[j] for j in range(1, T)],
+        "forgetting": [
+            max(R[i][j] for i in range(j, peak_end + 1)) - R[last][j] for j in range(last)
+        ],
+        "intransigence": [reference[j].item() - R[j][j] for j in range(T)],
+    }
+    for key, values in per_task.items():
+        assert out["per_task"][key].tolist() == pytest.approx(values, abs=1e-12), key
+    assert out["intransigence"].item() == pytest.approx(sum(per_task["intransigence"]) / T)

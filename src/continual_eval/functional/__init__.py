@@ -21,7 +21,12 @@ from continual_eval.functional.accuracy_matrix import (
     learning_accuracy,
     select_used_cells,
 )
-from continual_eval.functional.curves import CURVE_KEYS, continual_metrics_curve, running_peak
+from continual_eval.functional.curves import (
+    CURVE_KEYS,
+    all_continual_metrics,
+    continual_metrics_curve,
+    running_peak,
+)
 from continual_eval.functional.stability import (
     boundary_indices,
     min_accuracy,
@@ -34,6 +39,7 @@ __all__ = [
     "CURVE_KEYS",
     "FORGETTING_CONVENTIONS",
     "FWT_CONVENTIONS",
+    "all_continual_metrics",
     "average_accuracy",
     "average_incremental_accuracy",
     "backward_transfer",

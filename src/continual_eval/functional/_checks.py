@@ -8,6 +8,8 @@ synchronises with the device (it reads values back), which is why every public f
 from __future__ import annotations
 
 import functools
+import math
+import threading
 from typing import NamedTuple
 
 import torch
@@ -30,6 +32,34 @@ def triangle_masks(num_tasks: int, device: torch.device | str = "cpu") -> Triang
     idx = torch.arange(num_tasks, device=device)
     offset = idx.unsqueeze(0) - idx.unsqueeze(1)  # j - i
     return TriangleMasks(used=offset <= 1, untrained=offset > 0, old=offset < 0)
+
+
+_WORKSPACE = threading.local()
+#: scratch buffers up to this size are kept between calls (per thread, dtype and device): a fresh
+#: multi-megabyte allocation costs more in page faults than the pass that fills it.
+WORKSPACE_MAX_BYTES = 64 * 2**20
+
+
+def workspace(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """A scratch tensor of ``shape`` with ``like``'s dtype and device, reused between calls on this
+    thread when small enough. Its contents are garbage; results must never alias it."""
+    numel = math.prod(shape)
+    if numel * like.element_size() > WORKSPACE_MAX_BYTES:
+        return like.new_empty(shape)
+    key = (like.dtype, like.device)
+    buffers = _WORKSPACE.__dict__.setdefault("buffers", {})
+    flat = buffers.get(key)
+    if flat is None or flat.numel() < numel:
+        flat = buffers[key] = like.new_empty(numel)
+    return flat[:numel].view(shape)
+
+
+def scratch_for(x: Tensor, shape: tuple[int, ...] | None = None) -> Tensor | None:
+    """A :func:`workspace` buffer to write a result derived from ``x`` into, or ``None`` (allocate
+    fresh) when autograd records ``x``: ``out=`` arguments do not support differentiation."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return None
+    return workspace(tuple(x.shape) if shape is None else shape, x)
 
 
 def used_cells(num_tasks: int, device: torch.device | str | None = None) -> Tensor:
@@ -101,8 +131,13 @@ def check_scores(scores: Tensor, *, unit_interval: bool = True) -> None:
             f"scores must be a square [T, T] matrix with T >= 1, got shape {tuple(scores.shape)}"
         )
     with torch.no_grad():
+        values = scores.detach()
+        if unit_interval:  # fast path: two reductions over the used cells (NaN fails both tests)
+            used = torch.tril(values, diagonal=1, out=scratch_for(values))
+            if bool(used.amin() >= 0) and bool(used.amax() <= 1):
+                return
         mask = triangle_masks(scores.shape[0], scores.device).used
-        check_cells("scores", scores.detach(), mask, "used cells (j <= i + 1)", unit_interval)
+        check_cells("scores", values, mask, "used cells (j <= i + 1)", unit_interval)
 
 
 def check_vector(

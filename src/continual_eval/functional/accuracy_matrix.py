@@ -31,6 +31,7 @@ from continual_eval.functional._checks import (
     check_forgetting_convention,
     check_scores,
     check_vector,
+    scratch_for,
     triangle_masks,
 )
 
@@ -46,8 +47,8 @@ def trained_history(scores: Tensor, *, out: Tensor | None = None) -> Tensor:
     """``scores`` with the cells of tasks not yet trained (``j > i``) made neutral for column
     maxima over ``j <= i``: ``tril`` (zeros) when every trained cell is non-negative, as
     accuracies are, else ``-inf`` (slower: a masked fill). Written into ``out`` when given."""
-    history = torch.tril(scores, out=out) if out is not None else torch.tril(scores)
-    if not bool((history >= 0).all()):  # only unvalidated, negative scores take this path
+    history = torch.tril(scores, out=out)
+    if not bool(history.amin() >= 0):  # only unvalidated, negative scores take this path
         history.masked_fill_(triangle_masks(scores.shape[0], scores.device).untrained, -math.inf)
     return history
 
@@ -102,7 +103,7 @@ def forgetting_per_task(
         check_scores(scores)
     if scores.shape[0] == 1:
         return scores.new_empty(0)
-    history = trained_history(scores)
+    history = trained_history(scores, out=scratch_for(scores))
     if convention == "chaudhry":
         history = history[:-1]  # peaks strictly before the final stage
     return history.amax(dim=0)[:-1] - scores[-1, :-1]
@@ -160,7 +161,8 @@ def average_incremental_accuracy(scores: Tensor, *, validate: bool = True) -> Te
     if validate:
         check_scores(scores)
     T = scores.shape[0]
-    seen_sums = torch.tril(scores).sum(dim=1)  # tril selects: NaN above the diagonal never enters
+    # tril selects: NaN above the diagonal never enters
+    seen_sums = torch.tril(scores, out=scratch_for(scores)).sum(dim=1)
     seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)
     return (seen_sums / seen).mean()
 

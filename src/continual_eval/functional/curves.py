@@ -9,6 +9,7 @@ loop runs over tasks.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,6 +19,7 @@ from continual_eval.functional._checks import (
     check_scores,
     check_vector,
     triangle_masks,
+    workspace,
 )
 from continual_eval.functional.accuracy_matrix import trained_history
 
@@ -60,7 +62,7 @@ def _scan_peak(scores: Tensor) -> tuple[Tensor, Tensor]:
         return trained_history(scores).cummax(dim=0).values, torch.tril(scores).sum(dim=1)
     block = min(_PEAK_BLOCK, T)
     num_blocks = -(-T // block)
-    buffers = scores.new_empty((2, num_blocks * block, T))
+    buffers = workspace((2, num_blocks * block, T), scores)
     history = trained_history(scores, out=buffers[0, :T])
     upper_is_zero = T == 1 or bool(history[0, -1] == 0)
     seen_sums = (history if upper_is_zero else torch.tril(scores)).sum(dim=1)
@@ -71,7 +73,7 @@ def _scan_peak(scores: Tensor) -> tuple[Tensor, Tensor]:
         ends = peak[:, -1].clone()  # best of each block; then best up to each block's end
         ends = _running_max_rows(ends, torch.empty_like(ends))
         torch.maximum(peak[1:], ends[:-1].unsqueeze(1), out=peak[1:])
-    return peak.view(num_blocks * block, T)[:T], seen_sums
+    return peak.view(num_blocks * block, T)[:T], seen_sums  # a view into the workspace
 
 
 def running_peak(scores: Tensor) -> Tensor:
@@ -79,7 +81,7 @@ def running_peak(scores: Tensor) -> Tensor:
     accuracy from the stage it was trained up to stage ``s``. ``O(T^2)`` memory and work."""
     peak = _scan_peak(scores)[0]
     untrained = triangle_masks(scores.shape[0], scores.device).untrained
-    return peak.masked_fill(untrained, -math.inf)
+    return peak.masked_fill(untrained, -math.inf)  # a fresh tensor, not the workspace
 
 
 def continual_metrics_curve(
@@ -105,6 +107,11 @@ def continual_metrics_curve(
     if validate:
         check_scores(scores)
         check_vector("baseline", baseline, scores, skip_first=True)
+    return _curves(scores, baseline, forgetting)[0]
+
+
+def _curves(scores: Tensor, baseline: Tensor, forgetting: str) -> tuple[dict[str, Tensor], Tensor]:
+    """The curves and the final per-task forgetting, from one scan (inputs already checked)."""
     T = scores.shape[0]
     seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)  # s + 1
     old = (seen - 1).clamp(min=1)  # s, with 1 at s = 0 where every numerator is 0
@@ -123,10 +130,11 @@ def continual_metrics_curve(
 
     if forgetting == "peak":
         drop_sums = peak_sums - seen_sums
+        final_peak = peak[T - 1, : T - 1]
     else:  # chaudhry: sum_{j<s} max_{j<=i<=s-1} R[i,j] = peak_sums[s-1]
         drop_sums = torch.cat([peak_sums.new_zeros(1), peak_sums[:-1]]) - old_sums
-
-    return {
+        final_peak = peak[T - 2, : T - 1] if T > 1 else peak.new_empty(0)
+    curve = {
         "acc": acc,
         "bwt": (old_sums - (diag_sums - diag)) / old,
         "fwt": fwt_sums / old,
@@ -134,3 +142,42 @@ def continual_metrics_curve(
         "learning_accuracy": diag_sums / seen,
         "average_incremental_accuracy": acc.cumsum(0) / seen,
     }
+    return curve, final_peak - scores[T - 1, : T - 1]  # a fresh tensor, not the workspace
+
+
+def all_continual_metrics(
+    scores: Tensor,
+    baseline: Tensor,
+    reference: Tensor | None = None,
+    *,
+    forgetting: str = "peak",
+    validate: bool = True,
+) -> dict[str, Any]:
+    r"""The whole metric family from one validation and one scan of ``R``.
+
+    Returns the final values (0-dim: ``acc``, ``bwt``, ``fwt``, ``forgetting``,
+    ``learning_accuracy``, ``average_incremental_accuracy``, and ``intransigence`` when
+    ``reference`` is given), ``"curve"`` (:func:`continual_metrics_curve`: every metric after every
+    stage) and ``"per_task"`` (``bwt``, ``fwt``, ``forgetting`` of shape ``[T-1]``, and
+    ``intransigence`` ``[T]``), each equal to the single-purpose function of the same name.
+    """
+    check_forgetting_convention(forgetting)
+    if validate:
+        check_scores(scores)
+        check_vector("baseline", baseline, scores, skip_first=True)
+        if reference is not None:
+            check_vector("reference", reference, scores, skip_first=False)
+    curve, forgetting_per_task = _curves(scores, baseline, forgetting)
+    diag = scores.diagonal()
+    per_task = {
+        "bwt": scores[-1, :-1] - diag[:-1],
+        "fwt": scores.diagonal(offset=1) - baseline[1:],
+        "forgetting": forgetting_per_task,
+    }
+    result: dict[str, Any] = {key: values[-1] for key, values in curve.items()}
+    if reference is not None:
+        per_task["intransigence"] = reference - diag
+        result["intransigence"] = per_task["intransigence"].mean()
+    result["curve"] = curve
+    result["per_task"] = per_task
+    return result
