@@ -73,7 +73,9 @@ def make_data(tasks: int, test_size: int, train_size: int, batch_size: int):
 
 
 def floor_pass(model: nn.Module, loaders) -> float:
-    """The bare loop: inference mode, argmax, count; one host sync at the end."""
+    """The bare loop: inference mode, argmax, count; one host sync at the end. ``loaders``: one
+    iterable of ``(x, y)`` batches per task (DataLoaders, or batches already collated on the
+    device: the compute floor)."""
     start = time.perf_counter()
     model.eval()
     with torch.inference_mode():
@@ -122,22 +124,6 @@ def trainer(root: str, callbacks) -> pl.Trainer:
     )
 
 
-def precollated_pass(model: nn.Module, batches) -> float:
-    """The compute floor: the bare loop over batches already collated on the device."""
-    start = time.perf_counter()
-    model.eval()
-    with torch.inference_mode():
-        correct = []
-        for task in batches:
-            hits = torch.zeros((), dtype=torch.int64)
-            for x, y in task:
-                hits += (model(x).argmax(1) == y).sum()
-            correct.append(hits)
-        torch.stack(correct).tolist()
-    model.train()
-    return time.perf_counter() - start
-
-
 def run_step_section(args: argparse.Namespace) -> None:
     """Per-step evaluation: floor, plain loop, callback cached / uncached, interleaved."""
     warnings.filterwarnings("ignore")
@@ -166,7 +152,7 @@ def run_step_section(args: argparse.Namespace) -> None:
             return time.perf_counter() - start
 
         variants = {
-            "floor (pre-collated device batches)": lambda: precollated_pass(model, batches),
+            "floor (pre-collated device batches)": lambda: floor_pass(model, batches),
             "plain DataLoader loop": lambda: floor_pass(model, test),
             "callback, cached": lambda: callback_pass(cached),
             "callback, not cached": lambda: callback_pass(uncached),

@@ -51,7 +51,12 @@ from continual_eval.evaluation import (
 from continual_eval.functional import FORGETTING_CONVENTIONS
 from continual_eval.loggers import format_matrix_table, log_baseline, log_stage, log_step
 from continual_eval.metric import ContinualMetrics
-from continual_eval.results import build_curves, build_results, write_results
+from continual_eval.results import (
+    build_curves,
+    build_results,
+    default_results_dir,
+    write_results,
+)
 
 __all__ = ["ContinualEvalCallback", "fit_tasks", "scheduled_task"]
 
@@ -382,17 +387,7 @@ class ContinualEvalCallback(Callback):
                 stacklevel=2,
             )
         if trainer.is_global_zero and self._results_dir is None:
-            self._results_dir = self._resolve_dirpath(trainer)
-
-    def _resolve_dirpath(self, trainer: Trainer) -> Path:
-        if self.dirpath is not None:
-            return self.dirpath
-        for logger in trainer.loggers[:1]:
-            for attr in ("log_dir", "save_dir"):
-                path = getattr(logger, attr, None)
-                if path:
-                    return Path(path)
-        return Path(trainer.default_root_dir)
+            self._results_dir = default_results_dir(trainer, self.dirpath)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

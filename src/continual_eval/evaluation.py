@@ -237,6 +237,37 @@ class _ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+def _rebuildable(loader: Any) -> bool:
+    """Whether :func:`_rebuild_loader` can re-create ``loader``: a DataLoader over a map-style
+    dataset with a batch size."""
+    return (
+        isinstance(loader, DataLoader)
+        and not isinstance(loader.dataset, IterableDataset)
+        and loader.batch_size is not None
+    )
+
+
+def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoader:
+    """A DataLoader over ``dataset`` with ``loader``'s batch size, collate function and worker
+    settings, keeping the last partial batch; ``options`` (sampler, shuffle, generator) are passed
+    on."""
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "drop_last": False,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "persistent_workers": loader.persistent_workers,
+        **options,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(dataset, **kwargs)
+
+
 def shard_dataloader(loader: Any, rank: int, world_size: int) -> tuple[Any, bool]:
     """Return ``(loader for this rank, sharded)``.
 
@@ -247,29 +278,12 @@ def shard_dataloader(loader: Any, rank: int, world_size: int) -> tuple[Any, bool
     """
     if world_size <= 1:
         return loader, True
-    if (
-        not isinstance(loader, DataLoader)
-        or isinstance(loader.dataset, IterableDataset)
-        or loader.batch_size is None
-    ):
+    if not _rebuildable(loader):
         return loader, False
     n = len(loader.dataset)  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {
-        "batch_size": loader.batch_size,
-        "sampler": _ShardSampler(range(n), rank, world_size),
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "drop_last": False,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(loader.dataset, **kwargs), True
+    shard = _ShardSampler(range(n), rank, world_size)
+    rebuilt = _rebuild_loader(loader, loader.dataset, sampler=shard, generator=loader.generator)
+    return rebuilt, True
 
 
 def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
@@ -281,11 +295,7 @@ def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
     Raises:
         ValueError: ``loader`` is not a DataLoader over a sized map-style dataset with a batch size.
     """
-    if (
-        not isinstance(loader, DataLoader)
-        or isinstance(loader.dataset, IterableDataset)
-        or loader.batch_size is None
-    ):
+    if not _rebuildable(loader):
         raise ValueError(
             "a test subset needs a torch DataLoader over a map-style dataset with batch_size set, "
             f"got {type(loader).__name__}"
@@ -294,21 +304,8 @@ def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
     n = len(loader.dataset)  # type: ignore[arg-type]
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     indices = perm[: min(size, n)].sort().values
-    kwargs: dict[str, Any] = {
-        "batch_size": loader.batch_size,
-        "shuffle": False,
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "drop_last": False,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(Subset(loader.dataset, indices.tolist()), **kwargs), indices
+    subset = Subset(loader.dataset, indices.tolist())
+    return _rebuild_loader(loader, subset, shuffle=False), indices
 
 
 #: A dataset that sets this attribute to ``True`` declares that ``dataset[i]`` always returns the

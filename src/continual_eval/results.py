@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from continual_eval.functional import (
+    CURVE_KEYS,
     backward_transfer_per_task,
     continual_metrics,
     continual_metrics_curve,
@@ -41,6 +42,7 @@ __all__ = [
     "SCORES_FILE",
     "build_curves",
     "build_results",
+    "default_results_dir",
     "load_results",
     "results_to_curves",
     "results_to_tensors",
@@ -52,15 +54,21 @@ FORMAT_VERSION = 1
 RESULTS_FILE = "results.json"
 SCORES_FILE = "scores.csv"
 METRIC_KEYS = ("acc", "bwt", "fwt", "forgetting")
-CURVE_KEYS = (
-    "acc",
-    "bwt",
-    "fwt",
-    "forgetting",
-    "learning_accuracy",
-    "average_incremental_accuracy",
-)
 PER_TASK_KEYS = ("bwt", "fwt", "forgetting")
+
+
+def default_results_dir(trainer: Any, dirpath: str | os.PathLike | None = None) -> Path:
+    """Where a run's ``results.json`` goes: ``dirpath`` when given, else the first logger's
+    ``log_dir`` (TensorBoard, CSV), else its ``save_dir`` (W&B, MLflow), else
+    ``trainer.default_root_dir``; as ``Trainer.log_dir`` decides, without its broadcast."""
+    if dirpath is not None:
+        return Path(dirpath)
+    for logger in trainer.loggers[:1]:
+        for attr in ("log_dir", "save_dir"):
+            path = getattr(logger, attr, None)
+            if path:
+                return Path(path)
+    return Path(trainer.default_root_dir)
 
 
 def _float_or_none(value: float) -> float | None:

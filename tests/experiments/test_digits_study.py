@@ -12,10 +12,10 @@ import statistics
 import lightning.pytorch as pl
 import pytest
 import torch
+from experiment_helpers import fit_quietly
 
 from continual_eval.experiments.digits import DigitsMLP, SplitDigits
 from continual_eval.experiments.replay import ReservoirBuffer
-from continual_eval.experiments.stream import fit_stream
 
 SEEDS = (0, 1, 2)
 
@@ -24,20 +24,7 @@ def run_digits(seed: int, replay_capacity: int, out) -> dict:
     pl.seed_everything(seed, verbose=False)
     data = SplitDigits()
     model = DigitsMLP(num_classes=data.num_classes, replay_capacity=replay_capacity)
-    trainer = pl.Trainer(
-        max_epochs=5,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    callback = fit_stream(
-        trainer,
-        model,
-        data,
-        callback_kwargs={"dirpath": out, "log_images": False, "verbose": False},
-    )
+    _, callback = fit_quietly(model, data, out, epochs=5)
     return callback.results()["metrics"]
 
 

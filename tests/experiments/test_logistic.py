@@ -8,9 +8,9 @@ import math
 
 import lightning.pytorch as pl
 import pytest
+from experiment_helpers import fit_quietly
 
 from continual_eval.experiments.logistic import CircleGridTasks, LogisticClassifier
-from continual_eval.experiments.stream import fit_stream
 
 DIRECTIONS = (0.0, 110.0, 220.0)
 LR, STEPS = 0.8, 36
@@ -42,6 +42,17 @@ def accuracy(w: tuple[float, float], task: int) -> float:
     return correct / len(TEST)
 
 
+def sgd_step(w: list[float], task: int) -> list[float]:
+    """One plain-Python full-batch SGD step on the task's mean logistic loss."""
+    g0 = g1 = 0.0
+    for p in TRAIN:
+        prob = 1.0 / (1.0 + math.exp(-(w[0] * p[0] + w[1] * p[1])))
+        err = prob - label(p, DIRECTIONS[task])
+        g0 += err * p[0] / len(TRAIN)
+        g1 += err * p[1] / len(TRAIN)
+    return [w[0] - LR * g0, w[1] - LR * g1]
+
+
 def scalar_run() -> tuple[list[list[float]], list[float]]:
     """Plain-Python full-batch SGD on the mean logistic loss, from w = 0."""
     w = [0.0, 0.0]
@@ -49,13 +60,7 @@ def scalar_run() -> tuple[list[list[float]], list[float]]:
     R = []
     for task in range(3):
         for _ in range(STEPS):
-            g0 = g1 = 0.0
-            for p in TRAIN:
-                prob = 1.0 / (1.0 + math.exp(-(w[0] * p[0] + w[1] * p[1])))
-                err = prob - label(p, DIRECTIONS[task])
-                g0 += err * p[0] / len(TRAIN)
-                g1 += err * p[1] / len(TRAIN)
-            w = [w[0] - LR * g0, w[1] - LR * g1]
+            w = sgd_step(w, task)
         R.append([accuracy((w[0], w[1]), j) for j in range(3)])
     return R, baseline
 
@@ -64,19 +69,8 @@ def scalar_run() -> tuple[list[list[float]], list[float]]:
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("logistic")
     pl.seed_everything(0, verbose=False)
-    trainer = pl.Trainer(
-        max_epochs=STEPS,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    callback = fit_stream(
-        trainer,
-        LogisticClassifier(lr=LR),
-        CircleGridTasks(directions_deg=DIRECTIONS),
-        callback_kwargs={"dirpath": out, "log_images": False, "verbose": False},
+    trainer, callback = fit_quietly(
+        LogisticClassifier(lr=LR), CircleGridTasks(directions_deg=DIRECTIONS), out, epochs=STEPS
     )
     assert trainer.global_step == 3 * STEPS  # one full-batch update per epoch
     with open(callback.results_dir / "results.json") as fh:
@@ -141,32 +135,18 @@ def test_joint_reference_and_intransigence(tmp_path) -> None:
     mean_j(reference[j] - R[j][j])."""
     from continual_eval.report import run_metrics
 
-    trainer = pl.Trainer(
-        max_epochs=STEPS,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    callback = fit_stream(
-        trainer,
+    _, callback = fit_quietly(
         LogisticClassifier(lr=LR),
         CircleGridTasks(directions_deg=DIRECTIONS),
-        callback_kwargs={"dirpath": tmp_path, "log_images": False, "verbose": False},
+        tmp_path,
+        epochs=STEPS,
         reference=True,
     )
     results = callback.results()
     w = [0.0, 0.0]
     for _ in range(STEPS):
         for task in range(3):
-            g0 = g1 = 0.0
-            for p in TRAIN:
-                prob = 1.0 / (1.0 + math.exp(-(w[0] * p[0] + w[1] * p[1])))
-                err = prob - label(p, DIRECTIONS[task])
-                g0 += err * p[0] / len(TRAIN)
-                g1 += err * p[1] / len(TRAIN)
-            w = [w[0] - LR * g0, w[1] - LR * g1]
+            w = sgd_step(w, task)
     reference = [accuracy((w[0], w[1]), j) for j in range(3)]
     assert results["metadata"]["reference"] == pytest.approx(reference, abs=1e-12)
     R, _ = scalar_run()

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from continual_eval.callback import ContinualEvalCallback
+from continual_eval.results import default_results_dir
 
 __all__ = ["TaskStreamDataModule", "fit_stream", "joint_reference"]
 
@@ -149,14 +150,9 @@ def fit_stream(
 
 
 def run_dir_of(trainer: pl.Trainer, callback_kwargs: dict[str, Any]) -> Path:
-    if callback_kwargs.get("dirpath"):
-        return Path(callback_kwargs["dirpath"])
-    for logger in trainer.loggers[:1]:
-        for attr in ("log_dir", "save_dir"):
-            path = getattr(logger, attr, None)
-            if path:
-                return Path(path)
-    return Path(trainer.default_root_dir)
+    """The run directory: where the callback built from ``callback_kwargs`` writes results.json
+    (:func:`~continual_eval.results.default_results_dir`; an empty ``dirpath`` counts as unset)."""
+    return default_results_dir(trainer, callback_kwargs.get("dirpath") or None)
 
 
 def progress(message: str) -> None:

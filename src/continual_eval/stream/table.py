@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from continual_eval.stream.metrics import METRIC_NAMES
@@ -87,15 +87,20 @@ def _grid(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def format_table(result: Mapping[str, Any]) -> str:
-    """The fifteen-row table of a :func:`compute_all_metrics` result, one column per regime."""
+def _metric_grid(result: Mapping[str, Any], cell: Callable[[str, Any], str]) -> str:
+    """One row per metric, one column per regime; ``cell(metric, value)`` formats a value."""
     labels = list(result["per_regime"])
     header = ["metric", *labels]
     rows = [
-        [ROW_TITLES[m], *(format_value(m, result["per_regime"][lb][m]) for lb in labels)]
+        [ROW_TITLES[m], *(cell(m, result["per_regime"][lb][m]) for lb in labels)]
         for m in METRIC_NAMES
     ]
-    return f"{describe_params(result)}\n{_grid(header, rows)}"
+    return _grid(header, rows)
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """The fifteen-row table of a :func:`compute_all_metrics` result, one column per regime."""
+    return f"{describe_params(result)}\n{_metric_grid(result, format_value)}"
 
 
 def _seed_cell(metric: str, cell: Mapping[str, Any]) -> str:
@@ -109,13 +114,8 @@ def _seed_cell(metric: str, cell: Mapping[str, Any]) -> str:
 
 def format_seed_table(aggregate: Mapping[str, Any]) -> str:
     """The fifteen-row table of an :func:`aggregate_seeds` result: ``mean ± spread (n=...)``."""
-    labels = list(aggregate["per_regime"])
-    header = ["metric", *labels]
-    rows = [
-        [ROW_TITLES[m], *(_seed_cell(m, aggregate["per_regime"][lb][m]) for lb in labels)]
-        for m in METRIC_NAMES
-    ]
-    return f"{describe_params(aggregate)}  seeds={aggregate['n_seeds']}\n{_grid(header, rows)}"
+    grid = _metric_grid(aggregate, _seed_cell)
+    return f"{describe_params(aggregate)}  seeds={aggregate['n_seeds']}\n{grid}"
 
 
 def format_markdown(result: Mapping[str, Any]) -> str:
