@@ -22,14 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional import (
-    CURVE_KEYS,
-    backward_transfer_per_task,
-    continual_metrics,
-    continual_metrics_curve,
-    forgetting_per_task,
-    forward_transfer_per_task,
-)
+from continual_eval.functional import CURVE_KEYS, all_continual_metrics, continual_metrics
 from continual_eval.functional.stability import (
     min_accuracy,
     stability_gap,
@@ -122,13 +115,9 @@ def build_results(
             k: _list(v)
             for k, v in continual_metrics(R, b, forgetting=forgetting, validate=validate).items()
         }
-        curve = continual_metrics_curve(R, b, forgetting=forgetting, validate=validate)
-        curves = {k: _list(curve[k]) for k in CURVE_KEYS}
-        per_task = {
-            "bwt": _list(backward_transfer_per_task(R, validate=validate)),
-            "fwt": _list(forward_transfer_per_task(R, b, validate=validate)),
-            "forgetting": _list(forgetting_per_task(R, convention=forgetting, validate=validate)),
-        }
+        family = all_continual_metrics(R, b, forgetting=forgetting, validate=False)
+        curves = {k: _list(family["curve"][k]) for k in CURVE_KEYS}
+        per_task = {k: _list(family["per_task"][k]) for k in PER_TASK_KEYS}
     document = {
         "format_version": FORMAT_VERSION,
         "num_tasks": T,
