@@ -101,26 +101,19 @@ def check_cells(
 ) -> None:
     """Raise ``ValueError`` naming the first cell selected by ``mask`` that is not finite (or, with
     ``unit_interval``, not in [0, 1]); ``index_prefix`` is prepended to the reported index."""
-    if unit_interval:  # fast path: one fused test (NaN fails both comparisons, +-inf one of them)
-        bad = ~((values >= 0) & (values <= 1))
-        bad &= mask
-        if not bool(bad.any()):
-            return
-    cell = _first_bad_cell(values, mask, "finite")
-    if cell is not None:
-        index = ", ".join(map(str, index_prefix + cell))
-        raise ValueError(
-            f"{name}[{index}] is {values[cell].item()}; {cell_desc} must be finite "
-            "(NaN is allowed only in cells no metric reads)"
-        )
-    if unit_interval:
-        cell = _first_bad_cell(values, mask, "unit")
-        if cell is not None:
-            index = ", ".join(map(str, index_prefix + cell))
+    for kind in ("finite", "unit") if unit_interval else ("finite",):
+        cell = _first_bad_cell(values, mask, kind)
+        if cell is None:
+            continue
+        index, value = ", ".join(map(str, index_prefix + cell)), values[cell].item()
+        if kind == "finite":
             raise ValueError(
-                f"{name}[{index}] = {values[cell].item():.6g} is outside [0, 1]; "
-                "accuracies must lie in [0, 1]"
+                f"{name}[{index}] is {value}; {cell_desc} must be finite "
+                "(NaN is allowed only in cells no metric reads)"
             )
+        raise ValueError(
+            f"{name}[{index}] = {value:.6g} is outside [0, 1]; accuracies must lie in [0, 1]"
+        )
 
 
 def check_scores(scores: Tensor, *, unit_interval: bool = True) -> None:
