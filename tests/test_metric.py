@@ -71,7 +71,10 @@ def test_state_dict_round_trip_and_reset():
     restored.reset()
     assert restored.num_stages == 0
     assert torch.isnan(restored.baseline).all()
-    with pytest.raises(RuntimeError, match="at least one update"):
+    with (
+        pytest.warns(UserWarning, match="before the ``update``"),
+        pytest.raises(RuntimeError, match="at least one update"),
+    ):
         restored.compute()
 
 
