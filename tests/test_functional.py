@@ -294,3 +294,19 @@ def test_all_metrics_in_one_pass_match_the_plain_loop(inputs, forgetting):
     for key, values in per_task.items():
         assert out["per_task"][key].tolist() == pytest.approx(values, abs=1e-12), key
     assert out["intransigence"].item() == pytest.approx(sum(per_task["intransigence"]) / T)
+
+
+def test_results_survive_calls_under_inference_mode_and_later_calls():
+    """The scratch workspace is per mode: a call under inference_mode must not break later calls,
+    and no returned tensor may change when the functions are called again."""
+    R, b = seed_inputs()
+    with torch.inference_mode():
+        inside = F.all_continual_metrics(R, b)
+    outside = F.all_continual_metrics(R, b)
+    kept = {k: v.clone() for k, v in outside["per_task"].items()}
+    F.all_continual_metrics(torch.rand(3, 3, dtype=torch.float64), b.nan_to_num(0.5))
+    F.forgetting_per_task(torch.rand(3, 3, dtype=torch.float64))
+    for key, value in kept.items():
+        torch.testing.assert_close(outside["per_task"][key], value)
+        torch.testing.assert_close(inside["per_task"][key], value)
+    assert outside["forgetting"].item() == pytest.approx(0.1)

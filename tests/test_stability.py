@@ -131,3 +131,11 @@ def test_matches_plain_loop_reference(data):
     gap = F.stability_gap(A, s, n, tolerance=tol)
     assert gap["depth"].tolist() == pytest.approx(depth)
     assert gap["recovery_steps"].tolist() == pytest.approx(recovery, nan_ok=True)
+
+
+def test_wc_acc_stays_undefined_where_min_acc_is():
+    # stage 1 never evaluates task 0: min-ACC[1] is undefined, so WC-ACC[1] is too (not 0.8 / 2)
+    acc = torch.tensor([[0.9, NAN], [NAN, 0.8]], dtype=torch.float64)
+    wc = F.worst_case_accuracy(acc, torch.tensor([0, 1]))
+    assert wc[0].item() == pytest.approx(0.9)
+    assert math.isnan(wc[1].item())

@@ -46,7 +46,9 @@ def workspace(shape: tuple[int, ...], like: Tensor) -> Tensor:
     numel = math.prod(shape)
     if numel * like.element_size() > WORKSPACE_MAX_BYTES:
         return like.new_empty(shape)
-    key = (like.dtype, like.device)
+    # inference tensors cannot be written outside inference mode (nor normal ones inside it
+    # by autograd-visible ops), so each mode keeps its own buffer
+    key = (like.dtype, like.device, torch.is_inference_mode_enabled())
     buffers = _WORKSPACE.__dict__.setdefault("buffers", {})
     flat = buffers.get(key)
     if flat is None or flat.numel() < numel:

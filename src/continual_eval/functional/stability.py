@@ -109,8 +109,8 @@ def worst_case_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = Tru
     k = torch.arange(S, device=accuracy.device)
     current = accuracy[last, k]
     seen = (k + 1).to(accuracy.dtype)
-    old_part = torch.nan_to_num(min_accuracy(accuracy, stage, validate=False), nan=0.0)
-    return current / seen + (1 - 1 / seen) * old_part
+    combined = current / seen + (1 - 1 / seen) * min_accuracy(accuracy, stage, validate=False)
+    return torch.where(k == 0, current, combined)  # NaN stays NaN where min-ACC is undefined
 
 
 def stability_gap(
