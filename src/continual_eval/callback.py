@@ -348,6 +348,9 @@ class ContinualEvalCallback(Callback):
                 forgetting=self.forgetting,
                 validate=isinstance(self.scorer, AccuracyScorer),
                 dtype=torch.float64,
+                # every rank updates with the same row (counts are reduced before update), and
+                # the states stay on the CPU, which an NCCL-only process group cannot gather
+                sync_on_compute=False,
             )
         self._apply_pending_state()
 
@@ -505,6 +508,7 @@ class ContinualEvalCallback(Callback):
             scorer=self.scorer,
             device=trainer.strategy.root_device,
             forward_context=trainer.precision_plugin.forward_context,
+            convert_input=trainer.precision_plugin.convert_input,
             grad_context=partial(grad_free_context, self.inference_mode),
             all_reduce=partial(trainer.strategy.reduce, reduce_op="sum") if world > 1 else None,
             rank=trainer.global_rank,

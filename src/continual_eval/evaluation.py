@@ -26,9 +26,11 @@ from torch.utils.data import (
     ConcatDataset,
     DataLoader,
     IterableDataset,
+    RandomSampler,
     Sampler,
     SequentialSampler,
     Subset,
+    SubsetRandomSampler,
     TensorDataset,
 )
 from torch.utils.data._utils.collate import default_collate
@@ -140,6 +142,13 @@ class AccuracyScorer:
                 self._lowest = torch.minimum(self._lowest, lowest)
                 self._highest = torch.maximum(self._highest, highest)
             preds = preds.argmax(dim=1)
+        elif preds.is_floating_point() and not target.is_floating_point():
+            raise EvaluationError(
+                f"the model returned floating scores of shape {tuple(preds.shape)}, the targets' "
+                "shape, so there is no class dimension to take the argmax of; return class logits "
+                "[N, C] (for one binary logit z: torch.stack([-z, z], 1) / 2), integer labels, "
+                "or define `continual_eval_step` returning them"
+            )
         self._correct += (preds == target).sum()
         self._total += target.numel()
 
@@ -237,14 +246,31 @@ class _ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+def _sampled_indices(loader: Any) -> Sequence[int] | None:
+    """The fixed set of dataset indices ``loader`` reads, in index order, or ``None`` when it is not
+    a DataLoader over a map-style dataset with a batch size whose sampler reads a fixed set
+    (sequential, random without replacement, a subset, or one of our shards)."""
+    if (
+        not isinstance(loader, DataLoader)
+        or isinstance(loader.dataset, IterableDataset)
+        or loader.batch_size is None
+    ):
+        return None
+    sampler, n = loader.sampler, len(loader.dataset)  # type: ignore[arg-type]
+    if type(sampler) is SequentialSampler:
+        return range(n)
+    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == n:
+        return range(n)
+    if type(sampler) is SubsetRandomSampler:
+        return sorted(int(i) for i in sampler.indices)
+    if type(sampler) is _ShardSampler:
+        return sampler.indices
+    return None
+
+
 def _rebuildable(loader: Any) -> bool:
-    """Whether :func:`_rebuild_loader` can re-create ``loader``: a DataLoader over a map-style
-    dataset with a batch size."""
-    return (
-        isinstance(loader, DataLoader)
-        and not isinstance(loader.dataset, IterableDataset)
-        and loader.batch_size is not None
-    )
+    """Whether :func:`_rebuild_loader` can re-create ``loader`` over the same samples."""
+    return _sampled_indices(loader) is not None
 
 
 def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoader:
@@ -271,17 +297,18 @@ def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoa
 def shard_dataloader(loader: Any, rank: int, world_size: int) -> tuple[Any, bool]:
     """Return ``(loader for this rank, sharded)``.
 
-    Map-style datasets are split into strided, unpadded shards of ``range(len(dataset))`` (any
-    shuffling is dropped: a score does not depend on the order). Loaders that cannot be re-built
-    (iterable datasets, custom batch samplers, non-DataLoader iterables) come back unchanged with
+    The indices the loader reads (the whole map-style dataset, or a ``SubsetRandomSampler``'s
+    subset) are split into strided, unpadded shards (any shuffling is dropped: a score does not
+    depend on the order). Loaders that cannot be re-built over the same samples (iterable datasets,
+    custom samplers or batch samplers, non-DataLoader iterables) come back unchanged with
     ``sharded=False``: the caller then counts them on rank 0 only.
     """
     if world_size <= 1:
         return loader, True
-    if not _rebuildable(loader):
+    indices = _sampled_indices(loader)
+    if indices is None:
         return loader, False
-    n = len(loader.dataset)  # type: ignore[arg-type]
-    shard = _ShardSampler(range(n), rank, world_size)
+    shard = _ShardSampler(indices, rank, world_size)
     rebuilt = _rebuild_loader(loader, loader.dataset, sampler=shard, generator=loader.generator)
     return rebuilt, True
 
@@ -289,21 +316,30 @@ def shard_dataloader(loader: Any, rank: int, world_size: int) -> tuple[Any, bool
 def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
     """A loader over a fixed, seeded subset of ``loader``'s map-style dataset, in index order.
 
-    The subset is ``sorted(randperm(n, generator=Generator().manual_seed(seed))[:size])`` (the
-    whole set when ``size >= n``). Returns ``(loader, indices)``.
+    With ``I`` the indices the loader reads (``range(len(dataset))``, or a
+    ``SubsetRandomSampler``'s subset), the subset is
+    ``sorted(I[randperm(len(I), generator=Generator().manual_seed(seed))[:size]])`` (all of ``I``
+    when ``size >= len(I)``). Returns ``(loader, dataset indices)``.
 
     Raises:
-        ValueError: ``loader`` is not a DataLoader over a sized map-style dataset with a batch size.
+        ValueError: ``loader`` is not a DataLoader with a batch size over a map-style dataset whose
+            sampler reads a fixed set of samples.
     """
-    if not _rebuildable(loader):
+    readable = _sampled_indices(loader)
+    if readable is None:
         raise ValueError(
-            "a test subset needs a torch DataLoader over a map-style dataset with batch_size set, "
+            "a test subset needs a torch DataLoader with batch_size set over a map-style dataset, "
+            "read by a sequential, random (without replacement) or SubsetRandomSampler sampler; "
             f"got {type(loader).__name__}"
-            + (f" over {type(loader.dataset).__name__}" if isinstance(loader, DataLoader) else "")
+            + (
+                f" over {type(loader.dataset).__name__} with {type(loader.sampler).__name__}"
+                if isinstance(loader, DataLoader)
+                else ""
+            )
         )
-    n = len(loader.dataset)  # type: ignore[arg-type]
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    indices = perm[: min(size, n)].sort().values
+    pool = torch.as_tensor(list(readable), dtype=torch.long)
+    perm = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
+    indices = pool[perm[: min(size, len(pool))]].sort().values
     subset = Subset(loader.dataset, indices.tolist())
     return _rebuild_loader(loader, subset, shuffle=False), indices
 
@@ -491,6 +527,7 @@ def evaluate_tasks(
     device: torch.device | str | None = None,
     step: BatchStep = default_batch_step,
     forward_context: Callable[[], AbstractContextManager] = nullcontext,
+    convert_input: Callable[[Any], Any] | None = None,
     grad_context: Callable[[], AbstractContextManager] = grad_free_context,
     all_reduce: Callable[[Tensor], Tensor] | None = None,
     rank: int = 0,
@@ -509,6 +546,8 @@ def evaluate_tasks(
         scorer: :class:`AccuracyScorer` (default) or :class:`MetricScorer`.
         device: where batches go (plain move, no user transfer hooks).
         forward_context: e.g. the Trainer's ``precision_plugin.forward_context``.
+        convert_input: applied to each batch after the device move, e.g. the Trainer's
+            ``precision_plugin.convert_input`` (``*-true`` precisions cast float inputs).
         grad_context: no-grad / inference-mode factory.
         all_reduce: sum-reduction across ranks (e.g. ``strategy.reduce(t, reduce_op="sum")``).
         rank, world_size: this process and the group size; used for unsharded loaders.
@@ -540,6 +579,8 @@ def evaluate_tasks(
                 try:
                     for batch in dataloaders[j]:
                         batch = move_data_to_device(batch, device)
+                        if convert_input is not None:
+                            batch = convert_input(batch)
                         with forward_context():
                             preds, target = step(module, batch, j)
                         scorer.update(preds, target)

@@ -363,10 +363,13 @@ class DtypeSpy(Classifier):
         return out
 
 
-def test_evaluation_runs_in_the_trainer_precision_context(tasks, tmp_path):
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_evaluation_runs_in_the_trainer_precision_context(tasks, tmp_path, precision):
+    # bf16-true casts the weights: float32 test inputs must go through the precision plugin's
+    # convert_input, as Lightning's own loops do, or the first matmul fails
     model = DtypeSpy(make_net())
     cb = ContinualEvalCallback(eval_loaders(tasks), verbose=False)
-    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, precision="bf16-mixed"))
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, precision=precision))
     trainer.fit(model, train_loaders(tasks)[0])
     assert model.eval_dtypes == {torch.bfloat16}
     assert cb.stages_completed == 1 and torch.isfinite(cb.scores).all()
