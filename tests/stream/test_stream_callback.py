@@ -170,3 +170,26 @@ def test_bandit_documented_command(tmp_path):
     tables = list((tmp_path / "runs" / "bandit").rglob("stream_table.txt"))
     assert len(tables) == 1
     assert "Forgetting" in tables[0].read_text()
+
+
+class SparselyMeasured(ScriptedStream):
+    """Logs the effective rank and an episode-end flag at step 0 only (and the reward each step)."""
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        if batch_idx == 0:
+            self.log("effective_rank", 5.0)
+            self.log("episode_end", 1.0)
+        return out
+
+
+def test_a_value_logged_once_is_not_carried_to_later_steps(tmp_path):
+    cb = RewardStreamCallback()
+    module = SparselyMeasured("log")
+    fit(module, cb, False)
+    ranks = [step.effective_rank for step in cb.steps]
+    ends = [step.episode_end for step in cb.steps]
+    assert ranks == [5.0] + [None] * (len(REWARDS) - 1)  # unmeasured, not a stale 5.0
+    assert ends == [True] + [False] * (len(REWARDS) - 1)
+    assert [step.reward for step in cb.steps] == pytest.approx(REWARDS)
+    assert "log" not in module.__dict__  # the module's own log is back after fit

@@ -3,8 +3,10 @@
 Per training batch, :class:`RewardStreamCallback` reads the reward, the regime label and, when
 present, the regime origin, reward components, the invalid-action flag, the effective rank and
 the episode-end flag. Each value is looked up, in order, in what ``training_step`` returned (a
-dict), in the batch (when it is a dict) and in ``trainer.callback_metrics`` (what the module
-logged; components as ``components/NAME``). At the end of fit the trace is scored with
+dict), in the batch (when it is a dict) and in what the module logged with ``self.log`` during
+that same step (components as ``components/NAME``); a value logged at an earlier step is never
+carried forward (``trainer.callback_metrics`` would: an unmeasured step would read as measured).
+At the end of fit the trace is scored with
 :func:`~continual_eval.stream.metrics.compute_all_metrics`; present values are logged as
 ``stream/<label>/<metric>`` to every logger of the Trainer (absent ones are not logged: absence is
 not zero), the table goes to TensorBoard as markdown text, and loggers with a ``log_dir`` get
@@ -111,15 +113,16 @@ class RewardStreamCallback(pl.Callback):
         self.save_trace = save_trace
         self.prefix = prefix
         self.steps: list[EpisodeStep] = []
+        self._logged: dict[str, Any] = {}  # what the module logged during the current step
         self.trace: EpisodeTrace | None = None
         self.result: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ recording
     def _lookup(self, key: str, outputs: Any, batch: Any, trainer: pl.Trainer) -> Any:
-        for source in (outputs, batch):
+        for source in (outputs, batch, self._logged):
             if isinstance(source, Mapping) and key in source:
                 return source[key]
-        return trainer.callback_metrics.get(key, _MISSING)
+        return _MISSING
 
     def _components(self, outputs: Any, batch: Any, trainer: pl.Trainer) -> dict[str, float]:
         key = self.keys["components"]
@@ -128,13 +131,36 @@ class RewardStreamCallback(pl.Callback):
             return {str(k): float(_scalar(v)) for k, v in found.items()}
         head = f"{key}/"
         return {
-            k[len(head) :]: float(_scalar(v))
-            for k, v in trainer.callback_metrics.items()
-            if k.startswith(head)
+            k[len(head) :]: float(_scalar(v)) for k, v in self._logged.items() if k.startswith(head)
         }
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.steps, self.trace, self.result = [], None, None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Record what the module logs *at this step*: trainer.callback_metrics keeps the last
+        # logged value, which would turn an unmeasured step into a stale reading (absence rule).
+        logged = self._logged
+        class_log = type(pl_module).log
+
+        def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+            logged[name] = value
+            class_log(pl_module, name, value, *args, **kwargs)
+
+        pl_module.log = log  # type: ignore[method-assign]
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._logged.clear()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pl_module.__dict__.pop("log", None)  # back to the class's own log
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        pl_module.__dict__.pop("log", None)
 
     def on_train_batch_end(
         self,
