@@ -359,6 +359,8 @@ class ContinualEvalCallback(Callback):
             return
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None and is_overridden("test_dataloader", datamodule):
+            # as trainer.test does: a datamodule may build its test sets in setup("test") only
+            datamodule.setup("test")
             source, loaders = "the datamodule's test_dataloader()", datamodule.test_dataloader()
         elif is_overridden("test_dataloader", pl_module):
             source, loaders = "the LightningModule's test_dataloader()", pl_module.test_dataloader()

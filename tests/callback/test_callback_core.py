@@ -310,15 +310,21 @@ def test_test_loaders_from_datamodule(tasks, reference, tmp_path):
     R_ref, _ = reference
 
     class Tasks(pl.LightningDataModule):
+        """Builds its test sets in setup("test") only, as many datamodules do."""
+
         def __init__(self):
             super().__init__()
             self.task = 0
+
+        def setup(self, stage):
+            if stage == "test":
+                self.test_sets = eval_loaders(tasks)
 
         def train_dataloader(self):
             return train_loaders(tasks)[self.task]
 
         def test_dataloader(self):
-            return eval_loaders(tasks)
+            return self.test_sets
 
     dm = Tasks()
     model = Classifier(make_net())
