@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -60,8 +61,8 @@ def test_state_dict_round_trip_and_reset():
     restored = ContinualMetrics(T)
     restored.load_state_dict(state)
     assert restored.num_stages == 2
-    with __import__("warnings").catch_warnings():
-        __import__("warnings").simplefilter("error")  # no "compute called before update" warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "compute called before update" warning
         out = restored.compute()
     for key, value in metric.compute().items():
         torch.testing.assert_close(out[key], value)

@@ -8,8 +8,12 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from continual_eval.functional import continual_metrics, used_cells
-from continual_eval.functional._checks import check_cells, check_forgetting_convention
+from continual_eval.functional import continual_metrics
+from continual_eval.functional._checks import (
+    check_cells,
+    check_forgetting_convention,
+    triangle_masks,
+)
 
 
 def replicated_reduction(gathered: Tensor) -> Tensor:
@@ -170,7 +174,7 @@ class ContinualMetrics(Metric):
             )
         row = self._as_row(f"row of stage {stage}", row)
         if self.validate:
-            mask = used_cells(self.num_tasks, row.device)[stage]
+            mask = triangle_masks(self.num_tasks, row.device).used[stage]
             self._check("scores", row, mask, "used cells (j <= i + 1)", (stage,))
         self.scores_state[stage] = row
         self.stages += 1

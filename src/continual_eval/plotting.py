@@ -6,9 +6,11 @@ first use and the Agg backend is used when no display backend was chosen.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -20,7 +22,7 @@ def _pyplot() -> Any:
         raise ModuleNotFoundError(
             "plotting needs matplotlib: pip install 'continual-eval[plot]'"
         ) from err
-    if "matplotlib.pyplot" not in __import__("sys").modules:
+    if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -78,7 +80,7 @@ def plot_accuracy_matrix(
     fig, ax = _new_axes(ax, (size + 1.2, max(3.0, 0.5 * R.shape[0] + 1.6)))
     plt = _pyplot()
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")
-    masked = __import__("numpy").ma.masked_invalid(R.numpy())
+    masked = np.ma.masked_invalid(R.numpy())
     image = ax.imshow(masked, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     fig.colorbar(image, ax=ax, label="accuracy")
     ax.set_xticks(
@@ -95,7 +97,7 @@ def plot_accuracy_matrix(
     if annotate is None:
         annotate = num_tasks <= 12
     if annotate:
-        for (i, j), value in __import__("numpy").ndenumerate(R.numpy()):
+        for (i, j), value in np.ndenumerate(R.numpy()):
             if value == value:  # not NaN
                 ax.text(
                     j,

@@ -19,7 +19,6 @@ from continual_eval.functional.accuracy_matrix import (
     intransigence,
     intransigence_per_task,
     learning_accuracy,
-    select_used_cells,
 )
 from continual_eval.functional.curves import (
     CURVE_KEYS,
@@ -57,7 +56,6 @@ __all__ = [
     "learning_accuracy",
     "min_accuracy",
     "running_peak",
-    "select_used_cells",
     "stability_gap",
     "stage_minima",
     "used_cells",

@@ -38,11 +38,6 @@ from continual_eval.functional._checks import (
 FWT_CONVENTIONS = ("gem", "isolated")
 
 
-def select_used_cells(scores: Tensor) -> Tensor:
-    """Copy of ``scores`` with every cell no metric reads (``j > i + 1``) set to zero."""
-    return scores.masked_fill(~triangle_masks(scores.shape[0], scores.device).used, 0.0)
-
-
 def trained_history(scores: Tensor, *, out: Tensor | None = None) -> Tensor:
     """``scores`` with the cells of tasks not yet trained (``j > i``) made neutral for column
     maxima over ``j <= i``: ``tril`` (zeros) when every trained cell is non-negative, as
