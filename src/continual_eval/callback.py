@@ -23,10 +23,18 @@ control scoring (e.g. task-incremental heads); otherwise ``(x, y)`` batches are 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import copy
+import io
+import json
 import math
 import os
+import random
+import tempfile
+import uuid
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -52,9 +60,12 @@ from continual_eval.functional import FORGETTING_CONVENTIONS
 from continual_eval.loggers import format_matrix_table, log_baseline, log_stage, log_step
 from continual_eval.metric import ContinualMetrics
 from continual_eval.results import (
+    RESULTS_FILE,
     build_curves,
     build_results,
     default_results_dir,
+    read_run_id,
+    remove_stale_temporaries,
     write_results,
 )
 
@@ -118,6 +129,16 @@ class ContinualEvalCallback(Callback):
             caches its own shard. A model that edits its input batches in place must not use it.
         cache_max_bytes: cap on the cached bytes (default 256 MiB); a test set that does not fit
             is read through its loader every time.
+        overwrite: a run never writes into a results directory that holds another run's
+            ``results.json`` (its ``run_id`` differs; a resumed run keeps its ``run_id`` through the
+            checkpoint): the fit stops before training with an error naming the directory.
+            ``True`` replaces the other run's files.
+        restore_rng_states: store the Python, NumPy and torch (CPU and CUDA) random states in the
+            callback's checkpoint state and restore them when a checkpoint is loaded, so a
+            resumed run draws the same random numbers (dropout, shuffling) as an uninterrupted
+            one; Lightning does not store them. Under DDP every rank restores the state of
+            rank 0 (the one saved), exact when the ranks' generators agree (as
+            ``seed_everything`` leaves them when every rank draws the same number of values).
     """
 
     def __init__(
@@ -140,6 +161,8 @@ class ContinualEvalCallback(Callback):
         step_eval_subset_seed: int = 0,
         cache_test_batches: bool | None = None,
         cache_max_bytes: int = 256 * 2**20,
+        overwrite: bool = False,
+        restore_rng_states: bool = True,
     ) -> None:
         if evaluate not in ("all", "needed"):
             raise ValueError(f"evaluate must be 'all' or 'needed', got {evaluate!r}")
@@ -173,6 +196,14 @@ class ContinualEvalCallback(Callback):
             )
         if not isinstance(cache_max_bytes, int) or cache_max_bytes < 0:
             raise ValueError(f"cache_max_bytes must be a non-negative int, got {cache_max_bytes!r}")
+        for name, flag in (("overwrite", overwrite), ("restore_rng_states", restore_rng_states)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        _check_metadata(metadata)
+        if task_names is not None and (
+            isinstance(task_names, str) or not all(isinstance(n, str) for n in task_names)
+        ):
+            raise TypeError(f"task_names must be a list of strings, got {task_names!r}")
         if test_dataloaders is not None:
             test_dataloaders = _as_loader_list(test_dataloaders, "test_dataloaders")
         self._given_names = list(task_names) if task_names is not None else None
@@ -191,6 +222,21 @@ class ContinualEvalCallback(Callback):
         self.step_eval_subset_seed = step_eval_subset_seed
         self.cache_test_batches = cache_test_batches
         self.cache_max_bytes = cache_max_bytes
+        self.overwrite = overwrite
+        self.restore_rng_states = restore_rng_states
+        #: identifies this run in ``results.json``; kept through checkpoints (a resume is the same
+        #: run)
+        self.run_id = uuid.uuid4().hex
+        # spawned strategies (ddp_spawn) run the hooks in child processes: rank 0 hands its state
+        # back to this process through a file (see _publish_to_owner / _sync_from_child)
+        self._owner_pid = os.getpid()
+        self._mailbox = os.path.join(
+            tempfile.gettempdir(), f"continual-eval-{self._owner_pid}-{self.run_id}.pt"
+        )
+        self._mailbox_seen: tuple[int, int, int] | None = None
+        atexit.register(_remove_file, self._mailbox)
+        self._restored = False
+        self._dir_checked = False
 
         self.metrics: ContinualMetrics | None = None
         self.task_names: list[str] | None = None
@@ -233,6 +279,7 @@ class ContinualEvalCallback(Callback):
     @property
     def stages_completed(self) -> int:
         """Stages recorded so far (rows of R)."""
+        self._sync_from_child()
         if self.metrics is not None:
             return self.metrics.num_stages
         return len(self._pending_state["scores"]) if self._pending_state else 0
@@ -240,6 +287,7 @@ class ContinualEvalCallback(Callback):
     @property
     def scores(self) -> Tensor:
         """Rows of R so far, ``[stages_completed, T]`` float64 (NaN = not evaluated)."""
+        self._sync_from_child()
         if self.metrics is None:
             return torch.zeros(0, 0, dtype=torch.float64)
         return self.metrics.scores
@@ -247,6 +295,7 @@ class ContinualEvalCallback(Callback):
     @property
     def baseline(self) -> Tensor:
         """Untrained scores ``b``, ``[T]`` (NaN until measured)."""
+        self._sync_from_child()
         if self.metrics is None:
             return torch.zeros(0, dtype=torch.float64)
         return self.metrics.baseline
@@ -254,10 +303,12 @@ class ContinualEvalCallback(Callback):
     @property
     def results_dir(self) -> Path | None:
         """Directory holding ``results.json`` and ``scores.csv`` (set at the first fit, rank 0)."""
+        self._sync_from_child()
         return self._results_dir
 
     def results(self) -> dict[str, Any]:
         """The ``results.json`` document of the stages so far."""
+        self._sync_from_child()
         if self.metrics is None or self.task_names is None:
             raise RuntimeError("ContinualEvalCallback has no results yet: no fit has started")
         return build_results(
@@ -268,17 +319,20 @@ class ContinualEvalCallback(Callback):
             score_name=self.scorer.name,
             metadata=self.metadata,
             step_curves=self._curves_section(),
+            run_id=self.run_id,
         )
 
     @property
     def steps_trained(self) -> int:
         """Optimizer steps of the whole run so far: the step of per-step evaluations (unlike
         ``trainer.global_step`` it continues across fits)."""
+        self._sync_from_child()
         return self._steps_done
 
     def curves(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(step [N], stage [N], scores [N, T])`` of the evaluations inside and at the end of
         the stages (NaN = not evaluated); empty unless ``eval_every_n_steps`` is set."""
+        self._sync_from_child()
         T = self.num_tasks or 0
         scores = (
             torch.stack(self._curve_scores)
@@ -342,17 +396,25 @@ class ContinualEvalCallback(Callback):
             self._subset_loaders = [dl for dl, _ in subsets]
             self._subset_sizes = [len(idx) for _, idx in subsets]
         self._cache_safe = [cache_safety(dl) is None for dl in loaders]
-        if self.metrics is None:
-            self.metrics = ContinualMetrics(
-                T,
-                forgetting=self.forgetting,
-                validate=isinstance(self.scorer, AccuracyScorer),
-                dtype=torch.float64,
-                # every rank updates with the same row (counts are reduced before update), and
-                # the states stay on the CPU, which an NCCL-only process group cannot gather
-                sync_on_compute=False,
+        if self.metrics is not None and self.metrics.num_tasks != T:
+            raise ValueError(
+                f"ContinualEvalCallback recorded a run of {self.metrics.num_tasks} tasks but "
+                f"{T} test dataloaders were given"
             )
+        if self.metrics is None:
+            self.metrics = self._new_metrics(T)
         self._apply_pending_state()
+
+    def _new_metrics(self, num_tasks: int) -> ContinualMetrics:
+        return ContinualMetrics(
+            num_tasks,
+            forgetting=self.forgetting,
+            validate=isinstance(self.scorer, AccuracyScorer),
+            dtype=torch.float64,
+            # every rank updates with the same row (counts are reduced before update), and
+            # the states stay on the CPU, which an NCCL-only process group cannot gather
+            sync_on_compute=False,
+        )
 
     def _resolve_loaders(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._loaders is not None:
@@ -394,25 +456,60 @@ class ContinualEvalCallback(Callback):
         if trainer.is_global_zero and self._results_dir is None:
             self._results_dir = default_results_dir(trainer, self.dirpath)
 
+    def _claim_results_dir(self, trainer: Trainer) -> None:
+        """Before anything is written: refuse a results directory holding another run's results
+        (unless ``overwrite``), remove temporaries of killed writers, and on a resume rewrite both
+        files from the restored state (a write interrupted between them left them apart)."""
+        problem = None
+        if trainer.is_global_zero and self._results_dir is not None:
+            exists, other_id, stages = read_run_id(self._results_dir)
+            ours = other_id == self.run_id or (other_id is None and self._restored)
+            if exists and not ours and not self.overwrite:
+                problem = (
+                    f"ContinualEvalCallback: {self._results_dir / RESULTS_FILE} holds the results "
+                    f"of another run (run_id {other_id!r}, {stages if stages is not None else '?'} "
+                    f"stages; this run is {self.run_id!r}). A run never overwrites another run's "
+                    "results: give this run its own directory (dirpath=..., or a logger with a new "
+                    "version), resume the other run from its checkpoint, or pass overwrite=True "
+                    "to replace them. Nothing was trained or written"
+                )
+        if trainer.world_size > 1:
+            problem = trainer.strategy.broadcast(problem, src=0)
+        if problem is not None:
+            raise FileExistsError(problem)
+        self._dir_checked = True
+        if trainer.is_global_zero and self._results_dir is not None:
+            remove_stale_temporaries(self._results_dir)
+            if self._restored and self.metrics is not None and self._baseline_done:
+                self._write()
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         if self.metrics is None:
-            return dict(self._pending_state or {})
-        return {
-            "version": _STATE_VERSION,
-            "num_tasks": self.metrics.num_tasks,
-            "task_names": list(self.task_names or []),
-            "baseline_done": self._baseline_done,
-            "baseline": self.metrics.baseline.clone(),
-            "scores": self.metrics.scores.clone(),
-            "epochs_per_task": self.epochs_per_task,
-            "forgetting": self.forgetting,
-            "steps_done": self._steps_done,
-            "curve_step": list(self._curve_step),
-            "curve_stage": list(self._curve_stage),
-            "curve_scores": [row.clone() for row in self._curve_scores],
-            "curve_full": list(self._curve_full),
-        }
+            state = dict(self._pending_state or {})
+        else:
+            state = {
+                "version": _STATE_VERSION,
+                "run_id": self.run_id,
+                "num_tasks": self.metrics.num_tasks,
+                "task_names": list(self.task_names or []),
+                "baseline_done": self._baseline_done,
+                "baseline": self.metrics.baseline.clone(),
+                "scores": self.metrics.scores.clone(),
+                "epochs_per_task": self.epochs_per_task,
+                "forgetting": self.forgetting,
+                "score_name": self.scorer.name,
+                "step_eval_subset": self.step_eval_subset,
+                "step_eval_subset_seed": self.step_eval_subset_seed,
+                "steps_done": self._steps_done,
+                "curve_step": list(self._curve_step),
+                "curve_stage": list(self._curve_stage),
+                "curve_scores": [row.clone() for row in self._curve_scores],
+                "curve_full": list(self._curve_full),
+            }
+        if self.restore_rng_states:
+            state["rng_states"] = _collect_rng_states()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
@@ -422,10 +519,42 @@ class ContinualEvalCallback(Callback):
                 f"ContinualEvalCallback state has version {state_dict.get('version')!r}; expected "
                 f"{_STATE_VERSION}"
             )
-        self._pending_state = dict(state_dict)
+        state = dict(state_dict)
+        self._check_same_run(state)
+        rng_states = state.pop("rng_states", None)
+        if "run_id" in state:
+            self.run_id = str(state["run_id"])
+        self._restored = True
+        self._pending_state = state
         if self._loaders is not None:
             self.metrics = None  # rebuilt from the loaded rows
             self._set_loaders(self._loaders)
+        if self.restore_rng_states and rng_states is not None:
+            _set_rng_states(rng_states)
+
+    def _check_same_run(self, state: Mapping[str, Any]) -> None:
+        """Refuse a state recorded under settings that would relabel or mix its rows."""
+        recorded: list[tuple[str, Any, Any]] = [
+            ("forgetting", state.get("forgetting"), self.forgetting),
+            ("epochs_per_task", state.get("epochs_per_task"), self.epochs_per_task),
+        ]
+        if self._given_names is not None:
+            recorded.append(("task_names", list(state.get("task_names", [])), self._given_names))
+        for key, current in (
+            ("score_name", self.scorer.name),
+            ("step_eval_subset", self.step_eval_subset),
+            ("step_eval_subset_seed", self.step_eval_subset_seed),
+        ):
+            if key in state:  # states written before these were recorded cannot be checked
+                recorded.append((key, state[key], current))
+        differ = [(key, old, new) for key, old, new in recorded if old != new]
+        if differ:
+            raise ValueError(
+                "ContinualEvalCallback: the checkpoint's state was recorded with other settings; "
+                "resuming would relabel or mix its rows: "
+                + "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differ)
+                + ". Resume with the recorded settings, or start a new run (no checkpoint)"
+            )
 
     def _apply_pending_state(self) -> None:
         state, self._pending_state = self._pending_state, None
@@ -438,6 +567,8 @@ class ContinualEvalCallback(Callback):
                 f"the checkpoint's ContinualEvalCallback state has {state['num_tasks']} tasks but "
                 f"{T} test dataloaders were given"
             )
+        if self._given_names is None and state.get("task_names"):
+            self.task_names = list(state["task_names"])
         if state["baseline_done"]:
             self.metrics.update_baseline(state["baseline"].double())
         for row in state["scores"]:
@@ -448,6 +579,73 @@ class ContinualEvalCallback(Callback):
         self._curve_stage = list(state.get("curve_stage", []))
         self._curve_scores = [row.double() for row in state.get("curve_scores", [])]
         self._curve_full = list(state.get("curve_full", [True] * len(self._curve_step)))
+
+    # ------------------------------------------------------------------ spawned processes
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled for spawned processes (ddp_spawn) or copied: take what a child published first
+        self._sync_from_child()
+        return self.__dict__.copy()
+
+    def _detach_from_owner(self) -> None:
+        """In a process spawned from the one that created the callback (``ddp_spawn``): the
+        metric's tensors arrived in shared memory, so every rank would write into the same
+        storage; give this process its own copy."""
+        if os.getpid() == self._owner_pid or self.metrics is None:
+            return
+        self.metrics = copy.deepcopy(self.metrics)
+
+    def _publish_to_owner(self, trainer: Trainer) -> None:
+        """Rank 0 of a spawned process group hands its state to the creating process."""
+        if os.getpid() == self._owner_pid or not trainer.is_global_zero:
+            return
+        buffer = io.BytesIO()
+        rng, self.restore_rng_states = self.restore_rng_states, False
+        try:
+            state = self.state_dict()
+        finally:
+            self.restore_rng_states = rng
+        torch.save(
+            {
+                "state": state,
+                "results_dir": None if self._results_dir is None else str(self._results_dir),
+                "dir_checked": self._dir_checked,
+            },
+            buffer,
+        )
+        tmp = f"{self._mailbox}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(buffer.getvalue())
+        os.replace(tmp, self._mailbox)
+
+    def _sync_from_child(self) -> None:
+        """In the creating process: load the state a spawned rank 0 published, if newer."""
+        if os.getpid() != self._owner_pid:
+            return
+        try:
+            stat = os.stat(self._mailbox)
+        except FileNotFoundError:
+            return
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen == self._mailbox_seen:
+            return
+        self._mailbox_seen = seen
+        published = torch.load(self._mailbox, map_location="cpu", weights_only=False)
+        state = published["state"]
+        self._pending_state = None
+        self.metrics = None
+        rng, self.restore_rng_states = self.restore_rng_states, False
+        try:
+            self.load_state_dict(state)
+        finally:
+            self.restore_rng_states = rng
+        if self.metrics is None and self._pending_state is not None:
+            # loaders are resolved in the children (datamodule): rebuild from the state alone
+            self.metrics = self._new_metrics(int(state["num_tasks"]))
+            self.task_names = list(state["task_names"])
+            self._apply_pending_state()
+        if published["results_dir"] is not None:
+            self._results_dir = Path(published["results_dir"])
+        self._dir_checked = bool(published["dir_checked"])
 
     # ------------------------------------------------------------------ evaluation
     def _cache_enabled(self, j: int, per_step_loader: bool) -> bool:
@@ -556,7 +754,7 @@ class ContinualEvalCallback(Callback):
         self.metrics.update_baseline(baseline)
         self._baseline_done = True
         if trainer.is_global_zero:
-            results = self._write()
+            results = self._write(trainer)
             log_baseline(trainer.loggers, results, prefix=self.prefix)
 
     def _record_stage(self, trainer: Trainer, pl_module: LightningModule, stage: int) -> None:
@@ -578,7 +776,7 @@ class ContinualEvalCallback(Callback):
             self._steps_done = self._current_step(trainer)
             self._add_curve_row(self._steps_done, stage, row, full=True)
         if trainer.is_global_zero:
-            results = self._write()
+            results = self._write(trainer)
             log_stage(
                 trainer.loggers,
                 results,
@@ -594,13 +792,22 @@ class ContinualEvalCallback(Callback):
                     + "  ".join(f"{k}={v:.4f}" for k, v in m.items() if v is not None)
                 )
 
-    def _write(self) -> dict[str, Any]:
+    def _write(self, trainer: Trainer | None = None) -> dict[str, Any]:
         results = self.results()
         if self._results_dir is not None:
             write_results(self._results_dir, results)
+        if trainer is not None:
+            self._publish_to_owner(trainer)
         return results
 
     # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._detach_from_owner()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.metrics is not None:
+            self._publish_to_owner(trainer)
+
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._prepare_fit(trainer, pl_module)
         self._trained_this_fit = False
@@ -624,6 +831,8 @@ class ContinualEvalCallback(Callback):
                 "model, train_dataloaders) to run a task sequence on one Trainer, or a new "
                 "Trainer per task"
             )
+        if not self._dir_checked:
+            self._claim_results_dir(trainer)
         if not self._baseline_done:
             self._record_baseline(trainer, pl_module)
 
@@ -765,7 +974,99 @@ def _as_loader_list(loaders: Any, source: str) -> list[Any]:
             f"{source} must be a list with one test loader per task (index = task id), got "
             f"{type(loaders).__name__}"
         )
-    return list(loaders)
+    loaders = list(loaders)
+    for j, loader in enumerate(loaders):
+        if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
+            raise TypeError(
+                f"{source}: test dataloader {j} is a {type(loader).__name__}, not an iterable of "
+                "batches; give a DataLoader (or another re-iterable) per task"
+            )
+        if isinstance(loader, Iterator):
+            raise TypeError(
+                f"{source}: test dataloader {j} is a {type(loader).__name__}, an iterator that can "
+                "be read only once (the baseline would use it up); every test set is read after "
+                "every stage: give a DataLoader, a list of batches, or another re-iterable object"
+            )
+    return loaders
+
+
+def _check_metadata(metadata: Mapping[str, Any] | None) -> None:
+    """``metadata`` must be a mapping that ``json.dumps`` writes as is (no NaN/inf)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+
+    def walk(value: Any, path: str) -> None:
+        if value is None or isinstance(value, (bool, int, str)):
+            return
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(
+                    f"metadata{path} = {value!r} cannot be written to results.json (JSON has no "
+                    "NaN/inf); use None or a string"
+                )
+            return
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"metadata{path} has the key {key!r} ({type(key).__name__}); JSON object "
+                        "keys must be strings"
+                    )
+                walk(item, f"{path}[{key!r}]")
+            return
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]")
+            return
+        raise TypeError(
+            f"metadata{path} is a {type(value).__name__} ({value!r:.80}), which results.json "
+            "(JSON) cannot hold; give str, int, float, bool, None, lists or dicts of them"
+        )
+
+    walk(metadata, "")
+    json.dumps(metadata, allow_nan=False)
+
+
+def _collect_rng_states() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and (initialised) CUDA random states, as plain Python values and
+    tensors (loadable by ``torch.load(weights_only=True)``, as Lightning loads checkpoints)."""
+    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        states["numpy"] = (
+            str(kind),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        )
+    except ImportError:  # pragma: no cover
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["torch.cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: Mapping[str, Any]) -> None:
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    if "numpy" in states:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = states["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    cuda = states.get("torch.cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _remove_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 def _find_callbacks(trainer: Trainer) -> list[ContinualEvalCallback]:

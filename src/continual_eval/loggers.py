@@ -178,7 +178,8 @@ def _curves_figure(results: Mapping[str, Any]) -> Any:
 
     steps, stage, accuracy = results_to_curves(results)
     done = stage < results["stages_completed"]
-    boundaries = steps[boundary_indices(stage[done])] if bool(done.any()) else steps[:0]
+    last = boundary_indices(stage[done]) if bool(done.any()) else stage[:0]
+    boundaries = steps[last[last >= 0]]
     fig, _ = plot_accuracy_curves(
         steps,
         accuracy,

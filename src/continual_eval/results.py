@@ -6,15 +6,25 @@ conventions used and free-form metadata; ``scores.csv`` holds the same matrix as
 (``baseline`` row, then one row per stage; an empty field is a cell that was not evaluated). Both
 are replaced atomically (temporary file + ``os.replace``), so a crash leaves the previous complete
 version.
+
+The pair is kept consistent: ``scores.csv`` is written first and ``results.json`` last, naming the
+SHA-256 of the ``scores.csv`` it was written with (``files``), so ``results.json`` is the commit
+record; a write interrupted between the two leaves ``scores.csv`` one stage ahead, which
+:func:`check_results_files` reports and the callback repairs when the run resumes. Temporary files
+of writers that died are removed by :func:`remove_stale_temporaries` when a run starts. Each
+document carries the ``run_id`` of the run that wrote it; a run never writes into a directory that
+holds another run's results (see ``ContinualEvalCallback(overwrite=...)``).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,8 +45,11 @@ __all__ = [
     "SCORES_FILE",
     "build_curves",
     "build_results",
+    "check_results_files",
     "default_results_dir",
     "load_results",
+    "read_run_id",
+    "remove_stale_temporaries",
     "results_to_curves",
     "results_to_tensors",
     "write_results",
@@ -86,6 +99,7 @@ def build_results(
     metadata: Mapping[str, Any] | None = None,
     validate: bool = False,
     step_curves: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """The ``results.json`` document for ``s`` completed stages.
 
@@ -99,6 +113,7 @@ def build_results(
         validate: check the cells the metrics read (off by default: the caller already did).
         step_curves: the ``curves`` and ``stability`` sections from :func:`build_curves` (per-step
             evaluation); left out of the document when ``None``.
+        run_id: the identifier of the run writing the document (left out when ``None``).
     """
     scores = torch.as_tensor(scores, dtype=torch.float64).cpu()
     baseline = torch.as_tensor(baseline, dtype=torch.float64).cpu()
@@ -118,8 +133,10 @@ def build_results(
         family = all_continual_metrics(R, b, forgetting=forgetting, validate=False)
         curves = {k: _list(family["curve"][k]) for k in CURVE_KEYS}
         per_task = {k: _list(family["per_task"][k]) for k in PER_TASK_KEYS}
-    document = {
-        "format_version": FORMAT_VERSION,
+    document: dict[str, Any] = {"format_version": FORMAT_VERSION}
+    if run_id is not None:
+        document["run_id"] = run_id
+    document |= {
         "num_tasks": T,
         "task_names": names,
         "stages_completed": s,
@@ -205,24 +222,59 @@ def results_to_curves(results: Mapping[str, Any]) -> tuple[Tensor, Tensor, Tenso
     return steps, stage, torch.tensor(rows, dtype=torch.float64).reshape(-1, T)
 
 
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
 def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, fsync and ``os.replace`` (a reader
+    sees the old or the new file, never a partial one); the temporary is removed on failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(dirpath: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files (``.NAME.PID.tmp``) that writers killed mid-write left in
+    ``dirpath``; temporaries of live processes are kept. Returns the removed paths."""
+    dirpath = Path(dirpath)
+    removed: list[Path] = []
+    if not dirpath.is_dir():
+        return removed
+    for path in dirpath.iterdir():
+        match = _TEMPORARY.match(path.name)
+        if match is None or match["name"] not in (RESULTS_FILE, SCORES_FILE):
+            continue
+        if not _pid_alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _csv_field(value: float | None) -> str:
     return "" if value is None else repr(float(value))
 
 
-def write_scores_csv(path: str | os.PathLike, results: Mapping[str, Any]) -> Path:
-    """Write ``scores.csv`` atomically: ``stage,task_0,...``; a ``baseline`` row; one row per
-    stage."""
-    path = Path(path)
+def _scores_csv_text(results: Mapping[str, Any]) -> str:
     T = int(results["num_tasks"])
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -230,33 +282,101 @@ def write_scores_csv(path: str | os.PathLike, results: Mapping[str, Any]) -> Pat
     writer.writerow(["baseline", *(_csv_field(v) for v in results["baseline"])])
     for i, row in enumerate(results["scores"]):
         writer.writerow([i, *(_csv_field(v) for v in row)])
-    _atomic_write(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def write_scores_csv(path: str | os.PathLike, results: Mapping[str, Any]) -> Path:
+    """Write ``scores.csv`` atomically: ``stage,task_0,...``; a ``baseline`` row; one row per
+    stage."""
+    path = Path(path)
+    _atomic_write(path, _scores_csv_text(results))
     return path
 
 
 def write_results(dirpath: str | os.PathLike, results: Mapping[str, Any]) -> Path:
-    """Write ``results.json`` and ``scores.csv`` into ``dirpath`` atomically; return the JSON
-    path."""
+    """Write ``scores.csv`` and then ``results.json`` into ``dirpath``, each atomically; return the
+    JSON path.
+
+    ``results.json`` is written last and records the SHA-256 and stage count of the
+    ``scores.csv`` written with it (``files``): it is the commit record of the pair.
+    """
     dirpath = Path(dirpath)
+    csv_text = _scores_csv_text(results)
+    document = dict(results)
+    document["files"] = {
+        SCORES_FILE: {"sha256": _sha256(csv_text), "stages": int(results["stages_completed"])}
+    }
+    text = json.dumps(document, indent=2, allow_nan=False) + "\n"  # serialisable before writing
+    _atomic_write(dirpath / SCORES_FILE, csv_text)
     json_path = dirpath / RESULTS_FILE
-    _atomic_write(json_path, json.dumps(results, indent=2, allow_nan=False) + "\n")
-    write_scores_csv(dirpath / SCORES_FILE, results)
+    _atomic_write(json_path, text)
     return json_path
+
+
+def check_results_files(dirpath: str | os.PathLike) -> str | None:
+    """``None`` when ``results.json`` and ``scores.csv`` in ``dirpath`` belong together, else why
+    not (a write interrupted between the two files, or a file edited by hand). ``results.json``
+    is authoritative; files written before ``files`` was recorded are not checked."""
+    dirpath = Path(dirpath)
+    results = _read_document(dirpath / RESULTS_FILE)
+    recorded = (results.get("files") or {}).get(SCORES_FILE)
+    if recorded is None:
+        return None
+    csv_path = dirpath / SCORES_FILE
+    if not csv_path.is_file():
+        return f"{csv_path} is missing"
+    with open(csv_path, encoding="utf-8", newline="") as fh:
+        actual = _sha256(fh.read())
+    if actual != recorded["sha256"]:
+        return (
+            f"{csv_path} is not the file {dirpath / RESULTS_FILE} was written with (it records "
+            f"{recorded['stages']} stages); results.json is authoritative"
+        )
+    return None
+
+
+def read_run_id(dirpath: str | os.PathLike) -> tuple[bool, str | None, int | None]:
+    """``(exists, run_id, stages_completed)`` of the ``results.json`` in ``dirpath``; a file that
+    cannot be read as a results document gives ``(True, None, None)``."""
+    path = Path(dirpath) / RESULTS_FILE
+    if not path.is_file():
+        return False, None, None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            document = json.load(fh)
+        run_id = document.get("run_id")
+        stages = document.get("stages_completed")
+        return (
+            True,
+            run_id if isinstance(run_id, str) else None,
+            stages if isinstance(stages, int) else None,
+        )
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return True, None, None
+
+
+def _read_document(path: Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def load_results(path: str | os.PathLike) -> dict[str, Any]:
     """Read a ``results.json`` (or the directory holding one) written by the callback.
 
     Returns the document as written (``None`` for cells that were not evaluated or metrics that are
-    undefined). Use :func:`results_to_tensors` for ``(scores, baseline)`` tensors with NaN.
+    undefined), without the write bookkeeping (``files``, see :func:`check_results_files`). Use
+    :func:`results_to_tensors` for ``(scores, baseline)`` tensors with NaN.
     """
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {RESULTS_FILE} at {path}")
-    with open(path, encoding="utf-8") as fh:
-        results = json.load(fh)
+    results = _read_document(path)
     version = results.get("format_version")
     if version != FORMAT_VERSION:
         raise ValueError(
@@ -265,6 +385,7 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     missing = {"num_tasks", "scores", "baseline", "stages_completed"} - results.keys()
     if missing:
         raise ValueError(f"{path}: missing keys {sorted(missing)}")
+    results.pop("files", None)
     return results
 
 

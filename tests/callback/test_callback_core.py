@@ -272,7 +272,7 @@ def test_task_incremental_batches_and_eval_step_hook(tasks, tmp_path):
     model = HookModel(len(tasks))
     model.load_state_dict(MultiHead(len(tasks)).state_dict())
     cb = ContinualEvalCallback(eval_loaders(tasks), verbose=False)
-    pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(
+    pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path / "hook", max_epochs=1)).fit(
         model, _with_task_ids(tasks, 0)[0]
     )
     assert cb.scores[0].tolist() == _reference_multihead_scores(model, tasks)

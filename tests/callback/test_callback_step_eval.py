@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import math
+import tempfile
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
@@ -265,8 +266,9 @@ def counting_loaders(tasks, **kwargs):
 def run_loaders(tasks, tmp_path, loaders, **cb_kwargs):
     model = Classifier(make_net())
     cb = ContinualEvalCallback(loaders, verbose=False, **cb_kwargs)
+    root = tempfile.mkdtemp(dir=tmp_path)  # every run its own results directory
     for dl in train_loaders(tasks):
-        pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=EPOCHS)).fit(model, dl)
+        pl.Trainer(callbacks=[cb], **trainer_kwargs(root, max_epochs=EPOCHS)).fit(model, dl)
     return cb
 
 
