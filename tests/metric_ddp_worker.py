@@ -1,8 +1,10 @@
 """One rank of the 2-process gloo check of ContinualMetrics' DDP sync (run by tests/test_metric.py).
 
-usage: python metric_ddp_worker.py RANK WORLD PORT DISAGREE OUT_JSON
+usage: python metric_ddp_worker.py RANK WORLD PORT DISAGREE OUT_JSON [update|forward]
 Each rank records the same three rows (rank 1 alters one cell when DISAGREE=1), then calls
-compute(), which syncs the states across ranks, and writes what it got to OUT_JSON.
+compute(), which syncs the states across ranks, and writes what it got to OUT_JSON. With
+``forward`` the rows are recorded by calling the metric, ``metric(row)``, whose last result is
+written too (``forward_metrics``).
 """
 
 import json
@@ -27,6 +29,7 @@ def random_stream(T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main() -> None:
     rank, world, port, disagree, out = sys.argv[1:6]
+    mode = sys.argv[6] if len(sys.argv) > 6 else "update"
     rank, world = int(rank), int(world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -38,11 +41,16 @@ def main() -> None:
             row = R[s].clone()
             if disagree == "1" and rank == 1 and s == 2:
                 row[0] = 0.0
-            metric.update(row)
+            if mode == "forward" and s < 2:
+                metric(row)
+            elif mode != "forward":
+                metric.update(row)
         try:
+            forwarded = metric(row) if mode == "forward" else {}
             result = metric.compute()
             payload = {
                 "metrics": {k: v.item() for k, v in result.items()},
+                "forward_metrics": {k: v.item() for k, v in forwarded.items()},
                 "scores": metric.scores.tolist(),
             }
         except RuntimeError as err:

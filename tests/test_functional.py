@@ -310,3 +310,20 @@ def test_results_survive_calls_under_inference_mode_and_later_calls():
         torch.testing.assert_close(outside["per_task"][key], value)
         torch.testing.assert_close(inside["per_task"][key], value)
     assert outside["forgetting"].item() == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("value", [1 + 1e-12, -1e-15, 1 + 2**-52])
+def test_out_of_range_messages_print_the_exact_value(value):
+    # a 6-significant-digit message would claim "= 1 is outside [0, 1]" (or "-1e-15" rounded)
+    R, b = seed_inputs()
+    bad = R.clone()
+    bad[2, 1] = value
+    with pytest.raises(ValueError, match=r"scores\[2, 1\] = (\S+) is outside") as err:
+        F.continual_metrics(bad, b)
+    printed = err.value.args[0].split(" = ")[1].split(" ")[0]
+    assert float(printed) == value  # the message round-trips to the rejected value
+    bad_b = b.clone()
+    bad_b[2] = value
+    with pytest.raises(ValueError, match=r"baseline\[2\] = \S+ is outside") as err:
+        F.continual_metrics(R, bad_b)
+    assert float(err.value.args[0].split(" = ")[1].split(" ")[0]) == value

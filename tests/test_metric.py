@@ -147,7 +147,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_ddp(tmp_path, disagree: bool) -> dict:
+def _run_ddp(tmp_path, disagree: bool, mode: str = "update") -> dict:
     """Two fresh processes (not forks of this one: pytest's threads make fork unsafe)."""
     script = os.path.join(os.path.dirname(__file__), "metric_ddp_worker.py")
     port = str(_free_port())
@@ -161,6 +161,7 @@ def _run_ddp(tmp_path, disagree: bool) -> dict:
                 port,
                 str(int(disagree)),
                 str(tmp_path / f"{rank}.json"),
+                mode,
             ]
         )
         for rank in (0, 1)
@@ -187,10 +188,24 @@ def test_ddp_sync_keeps_the_matrix_intact(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_sync_refuses_ranks_that_disagree(tmp_path):
-    results = _run_ddp(tmp_path, disagree=True)
+@pytest.mark.parametrize("mode", ["update", "forward"])
+def test_ddp_sync_refuses_ranks_that_disagree(tmp_path, mode):
+    results = _run_ddp(tmp_path, disagree=True, mode=mode)
     for rank in (0, 1):
         assert "differs between rank 0 and rank 1" in results[rank]["error"]
+
+
+@pytest.mark.slow
+def test_ddp_forward_returns_the_synced_metrics_so_far(tmp_path):
+    results = _run_ddp(tmp_path, disagree=False, mode="forward")
+    R, b = random_stream(4, seed=7)
+    expected = reference_metrics(R[:3, :3].tolist(), b[:3].tolist())
+    for rank in (0, 1):
+        assert "error" not in results[rank], results[rank]
+        for key, value in expected.items():
+            assert results[rank]["forward_metrics"][key] == pytest.approx(value, abs=1e-6)
+            assert results[rank]["metrics"][key] == pytest.approx(value, abs=1e-6)
+        torch.testing.assert_close(torch.tensor(results[rank]["scores"]), R[:3], equal_nan=True)
 
 
 @pytest.mark.parametrize("via_set_dtype", [False, True])
@@ -207,3 +222,135 @@ def test_float64_states_keep_an_integer_stage_counter(via_set_dtype):
     assert metric.stages.dtype == torch.long
     with pytest.raises(TypeError, match="floating dtype"):
         ContinualMetrics(2, dtype=torch.long)
+
+
+# ---------------------------------------------------------------- forward (metric(row))
+def test_forward_records_the_row_and_returns_the_metrics_so_far():
+    T = 4
+    R, b = random_stream(T, seed=5)
+    called, stepwise = ContinualMetrics(T), ContinualMetrics(T)
+    called.update_baseline(b)
+    stepwise.update_baseline(b)
+    for s in range(T):
+        out = called(R[s])  # torchmetrics' forward
+        stepwise.update(R[s])
+        expected = stepwise.compute()
+        loop = reference_metrics(R[: s + 1, : s + 1].tolist(), b[: s + 1].tolist())
+        assert set(out) == set(loop)
+        for key, value in loop.items():
+            assert out[key].item() == pytest.approx(value, abs=1e-6)
+            torch.testing.assert_close(out[key], expected[key])
+        assert called.num_stages == s + 1
+    torch.testing.assert_close(called.scores, R, equal_nan=True)
+    for key, value in called.compute().items():  # the recorded state, not a one-row "batch"
+        torch.testing.assert_close(value, stepwise.compute()[key])
+
+
+def test_forward_with_a_bad_row_records_nothing():
+    T = 3
+    R, b = random_stream(T, seed=2)
+    metric = ContinualMetrics(T)
+    metric.update_baseline(b)
+    metric(R[0])
+    with pytest.raises(ValueError, match=r"scores\[1, 0\] = 1.5 is outside.*nothing was recorded"):
+        metric(torch.tensor([1.5, 0.5, 0.5]))
+    assert metric.num_stages == 1
+    torch.testing.assert_close(metric.scores, R[:1], equal_nan=True)
+
+
+# ---------------------------------------------------------------- load_state_dict checks
+def _recorded(T: int, stages: int, seed: int = 1) -> ContinualMetrics:
+    R, b = random_stream(T, seed=seed)
+    metric = ContinualMetrics(T)
+    metric.update_baseline(b)
+    for s in range(stages):
+        metric.update(R[s])
+    return metric
+
+
+def _assert_unchanged(metric: ContinualMetrics, before: dict) -> None:
+    after = metric.state_dict()
+    assert set(after) == set(before)
+    for key, value in before.items():
+        torch.testing.assert_close(after[key], value, equal_nan=True)
+
+
+def test_load_state_dict_refuses_a_state_of_another_num_tasks():
+    state = _recorded(3, 2).state_dict()
+    target = _recorded(4, 1, seed=9)
+    before = target.state_dict()
+    with pytest.raises(
+        RuntimeError, match=r"ContinualMetrics\(num_tasks=4\) cannot load a state of num_tasks=3"
+    ):
+        target.load_state_dict(state)
+    _assert_unchanged(target, before)  # nothing already recorded is lost
+    target.update(random_stream(4, seed=9)[0][1])  # and it still works
+    assert target.num_stages == 2
+
+
+@pytest.mark.parametrize("stages", [-1, 4, 7])
+def test_load_state_dict_refuses_a_stage_counter_out_of_range(stages):
+    state = _recorded(3, 2).state_dict()
+    state["stages"] = torch.tensor(stages)
+    target = _recorded(3, 1, seed=4)
+    before = target.state_dict()
+    with pytest.raises(RuntimeError, match=rf"stages = {stages} is out of range \[0, 3\]"):
+        target.load_state_dict(state)
+    _assert_unchanged(target, before)
+
+
+def test_load_state_dict_refuses_a_partial_or_invalid_state():
+    state = _recorded(3, 2).state_dict()
+    target = _recorded(3, 1, seed=4)
+    before = target.state_dict()
+    partial = {k: v for k, v in state.items() if k != "stages"}
+    with pytest.raises(
+        RuntimeError, match=r"stages missing \(found scores_state, baseline_state\)"
+    ):
+        target.load_state_dict(partial)
+    _assert_unchanged(target, before)
+    bad = dict(state)
+    bad["scores_state"] = state["scores_state"].clone()
+    bad["scores_state"][1, 0] = 2.0
+    with pytest.raises(RuntimeError, match=r"scores\[1, 0\] = 2.0 is outside"):
+        target.load_state_dict(bad)
+    _assert_unchanged(target, before)
+    fractional = dict(state)
+    fractional["stages"] = torch.tensor(1.5)
+    with pytest.raises(RuntimeError, match=r"stages = 1\.5 is not an integer"):
+        target.load_state_dict(fractional)
+    _assert_unchanged(target, before)
+
+
+def test_load_state_dict_keeps_the_metric_dtype_and_nested_prefixes():
+    R, b = random_stream(3, seed=6)
+    source = ContinualMetrics(3)  # float32 states
+    source.update_baseline(b)
+    source.update(R[0])
+    target = ContinualMetrics(3, dtype=torch.float64)
+    target.load_state_dict(source.state_dict())
+    assert target.scores_state.dtype == torch.float64
+    assert target.stages.dtype == torch.long
+    torch.testing.assert_close(target.scores, R[:1].double(), equal_nan=True)
+
+    class Holder(torch.nn.Module):
+        def __init__(self, num_tasks: int) -> None:
+            super().__init__()
+            self.metric = ContinualMetrics(num_tasks)
+
+    holder = Holder(3)
+    holder.metric.update(R[0])
+    with pytest.raises(RuntimeError, match=r"metric\.scores_state has shape \(3, 3\)"):
+        Holder(4).load_state_dict(holder.state_dict())
+    restored = Holder(3)
+    restored.load_state_dict(holder.state_dict())
+    assert restored.metric.num_stages == 1
+
+
+def test_validation_messages_print_every_digit():
+    metric = ContinualMetrics(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"scores\[0, 0\] = 1\.000000000001 is outside"):
+        metric.update(torch.tensor([1 + 1e-12, 0.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"baseline\[1\] = -1e-15 is outside"):
+        metric.update_baseline(torch.tensor([NAN, -1e-15], dtype=torch.float64))
+    assert metric.num_stages == 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities.exceptions import TorchMetricsUserError
 
 from continual_eval.functional import continual_metrics
 from continual_eval.functional._checks import (
@@ -42,7 +44,14 @@ class ContinualMetrics(Metric):
     :meth:`update` after each stage with that stage's row ``R[s, :]`` (length ``num_tasks``; NaN is
     allowed in cells no metric reads, ``j > s + 1``). :meth:`compute` returns
     :func:`~continual_eval.functional.continual_metrics` of the stages so far, ``R[:s, :s]`` and
-    ``b[:s]``.
+    ``b[:s]``. Calling the metric, ``metric(row)`` (torchmetrics' ``forward``), is
+    ``metric.update(row); return metric.compute()``: it records the row and returns the metrics of
+    all stages so far, not of that row alone (one row is no accuracy matrix).
+
+    :meth:`load_state_dict` refuses, naming the key, a state of another ``num_tasks``, a partial
+    state, a stage counter outside ``[0, num_tasks]`` and (with ``validate``) recorded rows that
+    fail validation; the metric then keeps what it had recorded. Loaded states take the metric's
+    dtype and device.
 
     Distributed: the states are *replicated*, not partial — every rank updates with the same row,
     which callers obtain by reducing correct/total counts across ranks before :meth:`update` (as
@@ -179,6 +188,23 @@ class ContinualMetrics(Metric):
         self.scores_state[stage] = row
         self.stages += 1
 
+    def forward(self, row: Tensor) -> dict[str, Tensor]:  # type: ignore[override]
+        """Record ``row`` as the next stage and return :meth:`compute` of all stages so far.
+
+        torchmetrics' default forward computes a "batch value" on a reset metric and then merges
+        it into the global state through each state's reduction; our states are not a reduction
+        of batch states (the matrix grows a row per stage), so ``forward`` is simply update then
+        compute. The row stays recorded if compute then raises (no baseline for FWT yet).
+        """
+        if self._is_synced:
+            raise TorchMetricsUserError(
+                "The Metric shouldn't be synced when performing ``forward``. "
+                "HINT: Did you forget to call ``unsync`` ?."
+            )
+        self.update(row)
+        self._forward_cache = self.compute()
+        return self._forward_cache
+
     # ------------------------------------------------------------------ results
     def compute(self) -> dict[str, Tensor]:
         """``continual_metrics(R[:s, :s], b[:s])`` over the ``s`` stages recorded so far."""
@@ -204,10 +230,87 @@ class ContinualMetrics(Metric):
             self.stages = self.stages.to(dtype=torch.long)
         return self
 
+    def _loaded_state_problem(self, state_dict: dict[str, Any], prefix: str) -> str | None:
+        """What is wrong with this metric's entries of ``state_dict`` (``None`` if nothing): the
+        shapes must match ``num_tasks``, the stage counter must be an integer in
+        ``[0, num_tasks]`` and, with ``validate``, the recorded rows must pass :meth:`update`'s
+        checks."""
+        T = self.num_tasks
+        head = f"ContinualMetrics(num_tasks={T}) cannot load this state"
+        expected_shapes = {"scores_state": (T, T), "baseline_state": (T,), "stages": ()}
+        for key, shape in expected_shapes.items():
+            value = state_dict[prefix + key]
+            if not isinstance(value, Tensor):
+                return f"{head}: {prefix}{key} is a {type(value).__name__}, not a tensor"
+            if tuple(value.shape) != shape:
+                if key != "stages" and value.ndim >= 1:  # the num_tasks the state was saved with
+                    head = f"ContinualMetrics(num_tasks={T}) cannot load a state of "
+                    head += f"num_tasks={value.shape[0]}"
+                return f"{head}: {prefix}{key} has shape {tuple(value.shape)}, expected {shape}"
+        for key in ("scores_state", "baseline_state"):
+            if not state_dict[prefix + key].is_floating_point():
+                dtype = state_dict[prefix + key].dtype
+                return f"{head}: {prefix}{key} has dtype {dtype}, expected a floating dtype"
+        stages = state_dict[prefix + "stages"]
+        value = stages.item()
+        if (
+            stages.is_complex()
+            or stages.dtype == torch.bool
+            or not math.isfinite(value)
+            or value != int(value)
+        ):
+            return f"{head}: {prefix}stages = {value!r} is not an integer stage counter"
+        if not 0 <= value <= T:
+            return (
+                f"{head}: {prefix}stages = {int(value)} is out of range [0, {T}] "
+                "(the number of recorded stages)"
+            )
+        if self.validate and int(value) > 0:
+            scores = state_dict[prefix + "scores_state"].detach()[: int(value)]
+            mask = triangle_masks(T, scores.device).used[: int(value)]
+            try:
+                check_cells("scores", scores, mask, "used cells (j <= i + 1)")
+            except ValueError as err:
+                return f"{head}: in {prefix}scores_state, {err}"
+        return None
+
     def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
     ) -> None:
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        # torchmetrics assigns whatever the state holds; check it first, and on a problem report
+        # it the way torch reports a size mismatch (RuntimeError from load_state_dict) and keep
+        # this metric's recorded state untouched.
+        keys = [prefix + key for key in self._defaults]
+        present = [key for key in keys if key in state_dict]
+        problem: str | None = None
+        if present and len(present) < len(keys):
+            absent = [key for key in keys if key not in state_dict]
+            problem = (
+                f"ContinualMetrics(num_tasks={self.num_tasks}) cannot load a partial state: "
+                f"{', '.join(absent)} missing (found {', '.join(present)})"
+            )
+        elif present:
+            problem = self._loaded_state_problem(state_dict, prefix)
+        # none present: nothing to load (torchmetrics does not report metric states as missing)
+        if problem is not None:
+            error_msgs.append(problem)
+            for key in present:
+                state_dict.pop(key)
+            return
+        if present:  # cast to this metric's dtype and device, as torch does for parameters
+            for key in keys:
+                current = getattr(self, key[len(prefix) :])
+                state_dict[key] = state_dict[key].detach().to(current.device, current.dtype)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         # torchmetrics does not persist its update counter; restore it so compute() does not warn.
         self._update_count = self.num_stages
         self._computed = None

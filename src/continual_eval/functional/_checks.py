@@ -102,7 +102,8 @@ def check_cells(
     index_prefix: tuple[int, ...] = (),
 ) -> None:
     """Raise ``ValueError`` naming the first cell selected by ``mask`` that is not finite (or, with
-    ``unit_interval``, not in [0, 1]); ``index_prefix`` is prepended to the reported index."""
+    ``unit_interval``, not in [0, 1]); ``index_prefix`` is prepended to the reported index. The
+    value is printed with ``repr`` (every digit): ``1 + 1e-12`` must not read as ``1``."""
     for kind in ("finite", "unit") if unit_interval else ("finite",):
         cell = _first_bad_cell(values, mask, kind)
         if cell is None:
@@ -110,11 +111,11 @@ def check_cells(
         index, value = ", ".join(map(str, index_prefix + cell)), values[cell].item()
         if kind == "finite":
             raise ValueError(
-                f"{name}[{index}] is {value}; {cell_desc} must be finite "
+                f"{name}[{index}] is {value!r}; {cell_desc} must be finite "
                 "(NaN is allowed only in cells no metric reads)"
             )
         raise ValueError(
-            f"{name}[{index}] = {value:.6g} is outside [0, 1]; accuracies must lie in [0, 1]"
+            f"{name}[{index}] = {value!r} is outside [0, 1]; accuracies must lie in [0, 1]"
         )
 
 

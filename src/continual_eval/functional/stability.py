@@ -10,9 +10,16 @@ identifying the stability gap", ICLR 2023). These functions read per-step evalua
   the evaluation at the end of stage ``k`` belongs to stage ``k``; non-decreasing;
 * ``steps``: ``[N]``, the global training step of each evaluation (for recovery times).
 
-Every stage ``k`` must end with an evaluation of task ``k`` (the boundary evaluation, i.e. the row
-``R[k, :]`` of the accuracy matrix). Undefined values are NaN, never 0: min-ACC at stage 0 (no
-old task), a gap that never recovers within the next stage.
+Every stage ``k`` from 0 to the last must end with an evaluation of task ``k`` (the boundary
+evaluation, i.e. the row ``R[k, :]`` of the accuracy matrix). With ``validate=True`` (the default)
+a stage sequence that skips a stage, does not start at 0 or goes backwards, and steps that go
+backwards or do not match ``stage`` in length, are refused with an error naming the position.
+With ``validate=False`` nothing is checked, but a stage with no evaluation is never read from
+another stage's evaluations: what it would supply (its boundary accuracy and step, its min-ACC and
+WC-ACC) is NaN.
+
+Undefined values are NaN, never 0: min-ACC at stage 0 (no old task), a gap that never recovers
+within the next stage, anything read from a boundary evaluation that is NaN.
 """
 
 from __future__ import annotations
@@ -21,25 +28,82 @@ import torch
 from torch import Tensor
 
 
+def _first(mask: Tensor) -> int:
+    """Position of the first ``True`` in a 1-D boolean tensor that has one."""
+    return int(mask.nonzero()[0, 0])
+
+
 def _check_curves(accuracy: Tensor, stage: Tensor, steps: Tensor | None = None) -> None:
-    if not accuracy.is_floating_point() or accuracy.ndim != 2:
+    """Shapes and dtypes, then the stage sequence (starts at 0, each next evaluation in the same
+    stage or the next one) and the steps (finite, non-decreasing); errors name the position."""
+    if not isinstance(accuracy, Tensor) or not accuracy.is_floating_point() or accuracy.ndim != 2:
         raise ValueError(
             "accuracy must be a floating [N, T] tensor, "
-            f"got {accuracy.dtype} {tuple(accuracy.shape)}"
+            f"got {getattr(accuracy, 'dtype', type(accuracy).__name__)} "
+            f"{tuple(getattr(accuracy, 'shape', ()))}"
         )
-    if stage.ndim != 1 or stage.shape[0] != accuracy.shape[0] or stage.is_floating_point():
+    num_evals = accuracy.shape[0]
+    if (
+        not isinstance(stage, Tensor)
+        or stage.ndim != 1
+        or stage.shape[0] != num_evals
+        or stage.is_floating_point()
+        or stage.is_complex()
+        or stage.dtype == torch.bool
+    ):
         raise ValueError(
-            f"stage must be an integer [N] = [{accuracy.shape[0]}] tensor, "
-            f"got {stage.dtype} {tuple(stage.shape)}"
+            f"stage must be an integer [N] = [{num_evals}] tensor (one stage per evaluation), "
+            f"got {getattr(stage, 'dtype', type(stage).__name__)} "
+            f"{tuple(getattr(stage, 'shape', ()))}"
         )
-    if stage.numel() and (bool((stage[1:] < stage[:-1]).any()) or int(stage.min()) < 0):
+    if num_evals:
+        stage = stage.detach()
+        backwards = stage[1:] < stage[:-1]  # comparisons, not differences: no unsigned wrap
+        if bool(backwards.any()):
+            n = _first(backwards) + 1
+            raise ValueError(
+                f"stage[{n}] = {int(stage[n])} is less than stage[{n - 1}] = {int(stage[n - 1])}; "
+                "stages must be non-decreasing (evaluations in training order)"
+            )
+        first = int(stage[0])
+        if first < 0:
+            raise ValueError(f"stage[0] = {first} is negative; stages are task indices")
+        if first > 0:
+            raise ValueError(
+                f"stage 0 has no evaluation: stage[0] = {first}; the curves must start in stage 0 "
+                "and every stage up to the last must end with its boundary evaluation"
+            )
+        skips = stage[1:] > stage[:-1] + 1
+        if bool(skips.any()):
+            n = _first(skips) + 1
+            missing = int(stage[n - 1]) + 1
+            raise ValueError(
+                f"stage {missing} has no evaluation: stage[{n}] = {int(stage[n])} follows "
+                f"stage[{n - 1}] = {int(stage[n - 1])}; every stage up to the last must end with "
+                "its boundary evaluation"
+            )
+        if int(stage[-1]) >= accuracy.shape[1]:
+            raise ValueError(
+                f"stage[{num_evals - 1}] = {int(stage[-1])} has no task column "
+                f"(accuracy has T = {accuracy.shape[1]})"
+            )
+    if steps is None:
+        return
+    if not isinstance(steps, Tensor) or steps.shape != stage.shape:
         raise ValueError(
-            "stage must be non-negative and non-decreasing (evaluations in training order)"
+            f"steps must have shape [N] = [{num_evals}] like stage (one step per evaluation), "
+            f"got {tuple(getattr(steps, 'shape', ()))}"
         )
-    if stage.numel() and int(stage.max()) >= accuracy.shape[1]:
-        raise ValueError(f"stage {int(stage.max())} has no task column (T = {accuracy.shape[1]})")
-    if steps is not None and (steps.shape != stage.shape or bool((steps[1:] < steps[:-1]).any())):
-        raise ValueError("steps must have shape [N] and be non-decreasing")
+    steps = steps.detach()
+    if steps.is_floating_point() and not bool(torch.isfinite(steps).all()):
+        n = _first(~torch.isfinite(steps))
+        raise ValueError(f"steps[{n}] is {steps[n].item()!r}; steps must be finite")
+    if num_evals and bool((steps[1:] < steps[:-1]).any()):
+        n = _first(steps[1:] < steps[:-1]) + 1
+        raise ValueError(
+            f"steps[{n}] = {steps[n].item()!r} is less than steps[{n - 1}] = "
+            f"{steps[n - 1].item()!r}; steps must be non-decreasing"
+        )
 
 
 def _num_stages(stage: Tensor) -> int:
@@ -58,10 +122,19 @@ def stage_minima(accuracy: Tensor, stage: Tensor) -> Tensor:
 
 
 def boundary_indices(stage: Tensor) -> Tensor:
-    """Index of the last evaluation of each stage (its boundary evaluation), ``[S]``."""
+    """Index of the last evaluation of each stage (its boundary evaluation), ``[S]``; ``-1`` for a
+    stage with no evaluation (mask it: as an index, -1 would read the last evaluation)."""
     index = torch.arange(stage.shape[0], device=stage.device)
     last = torch.full((_num_stages(stage),), -1, dtype=torch.long, device=stage.device)
     return last.scatter_reduce_(0, stage, index, reduce="amax")
+
+
+def _boundaries(stage: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`boundary_indices` made safe to index with: ``(index, present)``, where ``index`` is
+    0 for a stage with no evaluation and ``present`` is ``False`` there."""
+    last = boundary_indices(stage)
+    present = last >= 0
+    return last.clamp(min=0), present
 
 
 def _old_task_minimum(accuracy: Tensor, stage: Tensor) -> Tensor:
@@ -82,10 +155,13 @@ def min_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = True) -> T
     r"""min-ACC after each stage, ``[S]`` (De Lange et al., 2023, eq. 4):
 
     ``min-ACC[k] = 1/k sum_{i<k} min_{n: i < stage[n] <= k} accuracy[n, i]``, the mean over old
-    tasks of their worst accuracy since they were trained. NaN at ``k = 0`` (no old task).
+    tasks of their worst accuracy since they were trained. NaN at ``k = 0`` (no old task), where an
+    old task has no evaluation in stages ``i+1..k``, and (``validate=False``) for a stage with no
+    evaluation.
     """
     if validate:
         _check_curves(accuracy, stage)
+    present = _boundaries(stage)[1]
     worst = _old_task_minimum(accuracy, stage)
     S = worst.shape[0]
     k = torch.arange(S, device=accuracy.device)
@@ -93,21 +169,22 @@ def min_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = True) -> T
     old = torch.nn.functional.pad(old, (0, worst.shape[1] - S)) if worst.shape[1] > S else old
     total = torch.where(old, worst, torch.zeros_like(worst)).sum(dim=1)
     result = total / k.clamp(min=1).to(accuracy.dtype)
-    return result.masked_fill(k == 0, float("nan"))
+    return result.masked_fill((k == 0) | ~present, float("nan"))
 
 
 def worst_case_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = True) -> Tensor:
     r"""WC-ACC after each stage, ``[S]`` (De Lange et al., 2023, eq. 5), with ``k+1`` tasks seen:
 
     ``WC-ACC[k] = 1/(k+1) accuracy[n_k, k] + (1 - 1/(k+1)) min-ACC[k]``, where ``n_k`` is stage
-    ``k``'s boundary evaluation; at ``k = 0`` it is the current task's accuracy.
+    ``k``'s boundary evaluation; at ``k = 0`` it is the current task's accuracy. NaN where min-ACC
+    is undefined and (``validate=False``) for a stage with no evaluation (no boundary).
     """
     if validate:
         _check_curves(accuracy, stage)
-    last = boundary_indices(stage)
+    last, present = _boundaries(stage)
     S = last.shape[0]
     k = torch.arange(S, device=accuracy.device)
-    current = accuracy[last, k]
+    current = accuracy[last, k].masked_fill(~present, float("nan"))
     seen = (k + 1).to(accuracy.dtype)
     combined = current / seen + (1 - 1 / seen) * min_accuracy(accuracy, stage, validate=False)
     return torch.where(k == 0, current, combined)  # NaN stays NaN where min-ACC is undefined
@@ -126,16 +203,20 @@ def stability_gap(
     * ``recovery_steps``: global steps from the boundary to the first evaluation, at or after the
       minimum within stage ``j+1``, with accuracy ``>= boundary - tolerance``; 0 when the depth is
       within ``tolerance``; NaN when it had not recovered by the end of stage ``j+1``.
+
+    Undefined entries are NaN: ``minimum`` when task ``j`` was not evaluated during stage ``j+1``,
+    ``boundary`` when stage ``j`` has no evaluation (``validate=False`` only), and ``depth`` and
+    ``recovery_steps`` whenever either is.
     """
     if validate:
         _check_curves(accuracy, stage, steps)
-    last = boundary_indices(stage)
+    last, present = _boundaries(stage)
     S = last.shape[0]
     if S < 2:
         empty = accuracy.new_empty(0)
         return {"boundary": empty, "minimum": empty, "depth": empty, "recovery_steps": empty}
     tasks = torch.arange(S - 1, device=accuracy.device)
-    boundary = accuracy[last[:-1], tasks]
+    boundary = accuracy[last[:-1], tasks].masked_fill(~present[:-1], float("nan"))
     history = accuracy[:, : S - 1]  # [N, S-1]
     in_next = stage.unsqueeze(1) == (tasks + 1).unsqueeze(0)  # evaluation n is in stage j+1
     inf = torch.full((), float("inf"), dtype=accuracy.dtype, device=accuracy.device)
