@@ -437,8 +437,12 @@ class ContinualEvalCallback(Callback):
     def _prepare_fit(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve_loaders(trainer, pl_module)
         assert self._loaders is not None
+        assert self.task_names is not None
         sharded = [
-            shard_dataloader(dl, trainer.global_rank, trainer.world_size) for dl in self._loaders
+            shard_dataloader(
+                dl, trainer.global_rank, trainer.world_size, task=j, task_name=self.task_names[j]
+            )
+            for j, dl in enumerate(self._loaders)
         ]
         self._rank_loaders = [dl for dl, _ in sharded]
         self._unsharded = frozenset(j for j, (_, ok) in enumerate(sharded) if not ok)
@@ -450,7 +454,8 @@ class ContinualEvalCallback(Callback):
             self._warned_unsharded = True
             warnings.warn(
                 f"ContinualEvalCallback: test dataloaders {sorted(self._unsharded)} cannot be "
-                "sharded (iterable dataset or custom batch sampler); rank 0 scores them alone",
+                "sharded (an iterable dataset, a custom sampler or batch sampler, or not a torch "
+                "DataLoader); rank 0 scores them alone",
                 stacklevel=2,
             )
         if trainer.is_global_zero and self._results_dir is None:
@@ -960,6 +965,13 @@ def _fit_already_done(trainer: Trainer) -> bool:
     return max_epochs is not None and max_epochs != -1 and trainer.current_epoch >= max_epochs
 
 
+def _spawns_processes(trainer: Trainer) -> bool:
+    """Whether ``trainer``'s strategy runs the fit in child processes (``ddp_spawn``, notebooks)."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
+
+
 def _too_many_stages(stage: int, num_tasks: int) -> ValueError:
     return ValueError(
         f"ContinualEvalCallback: training stage {stage} would be stage {stage + 1} of a sequence "
@@ -1122,6 +1134,13 @@ def fit_tasks(
                 "fit_tasks on one Trainer needs Trainer(max_epochs=E) with E >= 1 epochs per task "
                 "and no max_steps; pass a factory (task_id -> Trainer) for other stopping rules"
             )
+    if current is not None and _spawns_processes(current) and len(train_dataloaders) > 1:
+        raise ValueError(
+            f"fit_tasks on one Trainer cannot run under strategy "
+            f"{type(current.strategy).__name__} with a spawn-based launcher: Lightning refuses a "
+            "second fit on such a Trainer. Pass a factory (task_id -> Trainer) for a new Trainer "
+            "per task"
+        )
     if val_dataloaders is not None and len(val_dataloaders) != len(train_dataloaders):
         raise ValueError(
             f"{len(val_dataloaders)} val_dataloaders for {len(train_dataloaders)} train_dataloaders"

@@ -7,13 +7,25 @@ other callers (evaluation every k steps inside a stage, cached device batches) c
 every submodule's own ``training`` flag and the RNG states afterwards, moves batches with a plain
 device move (no user transfer hooks), and reduces per-task counts across ranks with one collective
 per call. Under data parallelism each map-style test set is sharded *without padding*
-(:func:`shard_dataloader`), so the reduced counts equal the single-process counts exactly.
+(:func:`shard_dataloader`), so the reduced counts equal the single-process counts exactly; a test
+loader over a ``DistributedSampler`` means its whole dataset, and a loader whose samples cannot be
+split exactly (a random ``drop_last`` tail) is refused. Non-finite predictions and targets that are
+not labels are counted on the device and reported after each task, naming it.
 """
 
 from __future__ import annotations
 
+import inspect
 import random
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,6 +37,7 @@ from torch.utils.data import (
     BatchSampler,
     ConcatDataset,
     DataLoader,
+    DistributedSampler,
     IterableDataset,
     RandomSampler,
     Sampler,
@@ -86,7 +99,9 @@ class Scorer(Protocol):
     def update(self, preds: Tensor, target: Tensor) -> None: ...
 
     def local_counts(self) -> Tensor:
-        """``[correct, total, bad]`` on this rank (int64); ``bad`` > 0 flags invalid targets."""
+        """``[correct, total, bad, ...]`` on this rank (int64, summed across ranks); an entry from
+        index 2 on that is > 0 flags invalid targets, described by ``target_problems[k - 2]`` when
+        the scorer defines that tuple (else: targets outside the class dimension)."""
         ...
 
     def result(self, reduced_counts: Tensor) -> Tensor: ...
@@ -108,56 +123,101 @@ def _class_dim_problem(preds: Tensor, target: Tensor) -> str | None:
     return None
 
 
-class AccuracyScorer:
-    """Accuracy by argmax over dim 1 of ``preds`` (or ``preds`` as labels when shaped like
-    ``target``).
+_OUT_OF_RANGE = (
+    "targets lie outside the class dimension of the model output (dim 1); does the model's "
+    "number of classes fit this task's labels?"
+)
 
-    Counts stay on the device (no host sync per batch); targets outside ``[0, num_classes)`` are
-    flagged and reported after the task.
+
+class AccuracyScorer:
+    r"""Accuracy :math:`\frac{1}{N}\sum_n [\hat y_n = y_n]` with :math:`\hat y` the argmax over
+    dim 1 of ``preds`` (or ``preds`` itself when it holds integer labels shaped like ``target``).
+
+    Targets are class indices (integers, or floats holding whole numbers), or one-hot (float or
+    integer) / probability vectors shaped like float ``preds`` (``[N, C, ...]``, every vector over
+    dim 1 non-negative and summing to 1), read as their argmax. Counts and target checks stay on
+    the device (no host sync per batch); invalid targets are counted and reported after the task
+    (``target_problems``).
     """
 
     name = "accuracy"
     count_based = True
+    #: what a positive entry ``2, 3, 4`` of :meth:`local_counts` means; ``{n}``: that entry
+    target_problems = (
+        _OUT_OF_RANGE,
+        "{n} floating-point targets are not whole numbers, so they are not class indices; pass "
+        "integer class labels, or one-hot/probability targets shaped like the predictions [N, C]",
+        "{n} target rows shaped like the predictions are not one-hot or probability "
+        "vectors (each >= 0 and summing to 1 over dim 1), so their argmax is not a label; for "
+        "multi-label targets pass a metric, e.g. metric=torchmetrics.classification."
+        "MultilabelAccuracy(num_labels=C)",
+    )
 
     def start(self, device: torch.device) -> None:
         self._correct = torch.zeros((), dtype=torch.int64, device=device)
         self._total = 0  # host int: batch sizes are known without a device sync
         self._lowest = torch.zeros((), dtype=torch.int64, device=device)
         self._highest = torch.zeros((), dtype=torch.int64, device=device)
+        self._not_whole = torch.zeros((), dtype=torch.int64, device=device)
+        self._not_distribution = torch.zeros((), dtype=torch.int64, device=device)
         self._num_classes: int | None = None
+
+    def _check_num_classes(self, num_classes: int) -> None:
+        if self._num_classes is None:
+            self._num_classes = num_classes
+        elif num_classes != self._num_classes:
+            raise EvaluationError(
+                f"the model returned {num_classes} classes after {self._num_classes}"
+            )
 
     def update(self, preds: Tensor, target: Tensor) -> None:
         problem = _class_dim_problem(preds, target)
         if problem is not None:
             raise EvaluationError(problem)
-        if preds.ndim == target.ndim + 1:
-            if self._num_classes is None:
-                self._num_classes = preds.shape[1]
-            elif preds.shape[1] != self._num_classes:
-                raise EvaluationError(
-                    f"the model returned {preds.shape[1]} classes after {self._num_classes}"
-                )
+        if (
+            (target.is_floating_point() or preds.is_floating_point())
+            and preds.ndim >= 2
+            and preds.shape == target.shape
+        ):
+            # one-hot (float or integer) / probability targets: a distribution over dim 1
+            self._check_num_classes(preds.shape[1])
+            sums = target.sum(dim=1, dtype=torch.float64)
+            eps = torch.finfo(target.dtype).eps if target.is_floating_point() else 0.0
+            tolerance = max(1e-4, 2 * target.shape[1] * eps)
+            valid = (target >= 0).all(dim=1) & ((sums - 1).abs() <= tolerance)
+            self._not_distribution += (~valid).sum()
+            preds, target = preds.argmax(dim=1), target.argmax(dim=1)
+        elif preds.ndim == target.ndim + 1:
+            self._check_num_classes(preds.shape[1])
+            if target.is_floating_point():
+                self._not_whole += (target.frac() != 0).sum()  # NaN and inf included
+                target = target.nan_to_num(nan=-1.0, posinf=-1.0, neginf=-1.0).long()
             if target.numel():
                 lowest, highest = torch.aminmax(target)
                 self._lowest = torch.minimum(self._lowest, lowest)
                 self._highest = torch.maximum(self._highest, highest)
             preds = preds.argmax(dim=1)
-        elif preds.is_floating_point() and not target.is_floating_point():
+        elif preds.is_floating_point():
             raise EvaluationError(
                 f"the model returned floating scores of shape {tuple(preds.shape)}, the targets' "
                 "shape, so there is no class dimension to take the argmax of; return class logits "
                 "[N, C] (for one binary logit z: torch.stack([-z, z], 1) / 2), integer labels, "
                 "or define `continual_eval_step` returning them"
             )
+        elif target.is_floating_point():
+            self._not_whole += (target.frac() != 0).sum()
         self._correct += (preds == target).sum()
         self._total += target.numel()
 
     def local_counts(self) -> Tensor:
-        bad = torch.zeros((), dtype=torch.int64, device=self._correct.device)
+        """``[correct, total, out_of_range, not_whole, not_distribution]`` (int64)."""
+        out_of_range = torch.zeros((), dtype=torch.int64, device=self._correct.device)
         if self._num_classes is not None:
-            bad = ((self._lowest < 0) | (self._highest >= self._num_classes)).long()
+            out_of_range = ((self._lowest < 0) | (self._highest >= self._num_classes)).long()
         total = torch.tensor(self._total, dtype=torch.int64, device=self._correct.device)
-        return torch.stack([self._correct, total, bad])
+        return torch.stack(
+            [self._correct, total, out_of_range, self._not_whole, self._not_distribution]
+        )
 
     def result(self, reduced_counts: Tensor) -> Tensor:
         correct, total = reduced_counts[..., 0], reduced_counts[..., 1]
@@ -166,9 +226,10 @@ class AccuracyScorer:
 
 class MetricScorer:
     """Any torchmetrics metric (its state reduced by torchmetrics' sync: exact on unpadded
-    shards)."""
+    shards); its ``compute()`` must return one finite number per task."""
 
     count_based = False
+    target_problems = (_OUT_OF_RANGE,)
 
     def __init__(self, metric: Any) -> None:
         from torchmetrics import Metric
@@ -205,26 +266,132 @@ class MetricScorer:
         self._metric.update(preds, target)
 
     def local_counts(self) -> Tensor:
+        """``[0, samples, out_of_range_targets]`` (int64)."""
         return self._counts
 
     def result(self, reduced_counts: Tensor) -> Tensor:
-        return self._metric.compute().detach().double().reshape(())
+        """The metric's ``compute()``: one finite number, else :class:`EvaluationError`."""
+        value = self._metric.compute()
+        if isinstance(value, (int, float)):
+            value = torch.tensor(float(value))
+        if not isinstance(value, Tensor):
+            shown = (
+                f"a dict with keys {sorted(value)}" if isinstance(value, Mapping) else _what(value)
+            )
+            raise EvaluationError(
+                f"metric {self.name} returned {shown}, not one number; continual-eval records one "
+                "score per task: pass a metric whose compute() returns a scalar tensor"
+            )
+        value = value.detach()
+        if value.numel() != 1:
+            raise EvaluationError(
+                f"metric {self.name} returned a tensor of shape {list(value.shape)}, not one "
+                "number; continual-eval records one score per task: reduce it in the metric "
+                "(e.g. average='macro' or 'micro' instead of average='none')"
+            )
+        value = value.double().reshape(())
+        if not bool(torch.isfinite(value)):
+            raise EvaluationError(
+                f"metric {self.name} returned {value.item()}, not a finite score; a score must be "
+                "defined on every task (e.g. a ratio whose denominator is 0 on this task's "
+                "samples, such as the recall of a class absent from its test set)"
+            )
+        return value
+
+
+def _describe(value: Any, depth: int = 0) -> str:
+    """A short description of a model output: tensors as ``Tensor[8, 3] float32``, containers with
+    their elements (one level deep)."""
+    if isinstance(value, Tensor):
+        return f"Tensor{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if depth < 1 and isinstance(value, (tuple, list)):
+        inner = ", ".join(_describe(v, depth + 1) for v in value[:6])
+        more = ", ..." if len(value) > 6 else ""
+        brackets = "()" if isinstance(value, tuple) else "[]"
+        return f"{brackets[0]}{inner}{more}{brackets[1]}"
+    if depth < 1 and isinstance(value, Mapping):
+        items = list(value.items())
+        inner = ", ".join(f"{k!r}: {_describe(v, depth + 1)}" for k, v in items[:6])
+        return "{" + inner + (", ..." if len(items) > 6 else "") + "}"
+    return type(value).__name__
+
+
+def _what(value: Any) -> str:
+    """``_describe`` with an article: ``a Tensor[8] int64``, ``a tuple (...)``, ``an int``."""
+    name = type(value).__name__
+    shown = _describe(value)
+    if shown.startswith("Tensor"):
+        name, shown = shown, ""
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    return f"{article} {name}" + (f" {shown}" if shown and shown != name else "")
+
+
+def _model_scores(output: Any) -> Tensor:
+    """``output`` if it is one tensor, else an :class:`EvaluationError` saying what it was."""
+    if isinstance(output, Tensor):
+        return output
+    pick = "[0]"
+    if isinstance(output, Mapping) and output:
+        pick = f"[{next(iter(output))!r}]"
+    raise EvaluationError(
+        f"the model returned {_what(output)}, not one tensor of class scores; make forward return "
+        "the class logits [N, C] (or integer labels [N]), or define "
+        "`continual_eval_step(self, batch, task_id)` on the LightningModule returning "
+        f"(preds, target), e.g. `x, y = batch; return self(x){pick}, y`"
+    )
+
+
+def _accepts(module: nn.Module, *args: Any) -> bool:
+    """Whether ``module.forward`` can be called with ``args`` (its signature binds them)."""
+    try:
+        inspect.signature(module.forward).bind(*args)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect
+        return True
+    return True
 
 
 def default_batch_step(module: nn.Module, batch: Any, task_id: int) -> tuple[Tensor, Tensor]:
     """``(x, y)`` -> ``(module(x), y)``; ``(x, y, t)`` -> ``(module(x, t), y)``.
 
     A LightningModule may instead define ``continual_eval_step(batch, task_id) -> (preds, target)``.
+
+    Raises:
+        EvaluationError: the model returned something other than one tensor, ``continual_eval_step``
+            returned something other than a ``(preds, target)`` pair of tensors, a 3-element batch
+            met a ``forward`` that takes no task id, or the batch has another structure.
     """
     hook = getattr(module, "continual_eval_step", None)
     if callable(hook):
-        return hook(batch, task_id)
+        output = hook(batch, task_id)
+        if (
+            not isinstance(output, (tuple, list))
+            or len(output) != 2
+            or not all(isinstance(v, Tensor) for v in output)
+        ):
+            raise EvaluationError(
+                f"continual_eval_step returned {_what(output)}; it must "
+                "return a pair (preds, target) of tensors, e.g. `x, y = batch; return self(x), y`"
+            )
+        return output[0], output[1]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         x, y = batch
-        return module(x), y
+        return _model_scores(module(x)), y
     if isinstance(batch, (tuple, list)) and len(batch) == 3:
         x, y, t = batch
-        return module(x, t), y
+        try:
+            output = module(x, t)
+        except TypeError as err:
+            if _accepts(module, x, t):
+                raise  # raised inside forward: not a signature mismatch
+            raise EvaluationError(
+                "the batch had 3 elements, so it was scored as module(x, t) (x, y, task_id), but "
+                f"{type(module).__name__}.forward does not take a task id ({err}); yield (x, y) "
+                "batches, let forward take (x, task_id), or define `continual_eval_step(self, "
+                "batch, task_id)` on the LightningModule, e.g. `x, y, _ = batch; return self(x), y`"
+            ) from err
+        return _model_scores(output), y
     raise EvaluationError(
         f"cannot score a batch of type {type(batch).__name__}"
         + (f" with {len(batch)} elements" if isinstance(batch, (tuple, list)) else "")
@@ -246,10 +413,70 @@ class _ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+class _UnreproducibleError(Exception):
+    """The loader reads a sample set that no re-built loader can read (a random one)."""
+
+
+def _distributed_sampler_types() -> tuple[type, ...]:
+    """Distributed samplers whose samples are known: torch's and Lightning's unpadded fork."""
+    try:
+        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+    except ImportError:  # pragma: no cover - an internal module of Lightning
+        return (DistributedSampler,)
+    return (DistributedSampler, UnrepeatedDistributedSampler)
+
+
+def _distributed_indices(loader: DataLoader, sampler: DistributedSampler, n: int) -> Sequence[int]:
+    """The samples a loader over a ``DistributedSampler`` means: what all its replicas read
+    together, without the padding (for ``drop_last=False`` the whole dataset; for
+    ``shuffle=False, drop_last=True`` the first ``num_samples * num_replicas``)."""
+    if type(sampler) not in _distributed_sampler_types():
+        raise _UnreproducibleError(
+            f"its sampler, {type(sampler).__name__}, is a DistributedSampler subclass whose "
+            "samples cannot be known, and each rank's copy reads only part of the test set; use "
+            "torch's DistributedSampler, or a plain (sequential) sampler: continual-eval shards "
+            "test sets itself"
+        )
+    if len(sampler.dataset) != n:  # type: ignore[arg-type]
+        raise _UnreproducibleError(
+            f"its DistributedSampler draws from {len(sampler.dataset)} samples but the loader's "  # type: ignore[arg-type]
+            f"dataset has {n}"
+        )
+    replicas, batch_size = sampler.num_replicas, loader.batch_size
+    assert batch_size is not None
+    # samples per replica: num_samples for torch's sampler (total_size is padded to a multiple of
+    # num_replicas), ceil or floor of n / num_replicas for the unpadded fork (total_size = n)
+    per_replica = {len(range(r, sampler.total_size, replicas)) for r in range(replicas)}
+    if loader.drop_last and any(k % batch_size for k in per_replica):
+        shown = " or ".join(str(k) for k in sorted(per_replica, reverse=True))
+        raise _UnreproducibleError(
+            f"drop_last=True on the DataLoader drops each replica's last partial batch (its "
+            f"{type(sampler).__name__} gives each of {replicas} replicas {shown} samples, "
+            f"batch_size={batch_size}), which depends on the number of processes; pass "
+            "drop_last=False to the DataLoader"
+        )
+    if type(sampler) is not DistributedSampler or not sampler.drop_last or sampler.total_size == n:
+        return range(n)
+    if not sampler.shuffle:
+        return range(sampler.total_size)
+    raise _UnreproducibleError(
+        f"DistributedSampler(shuffle=True, drop_last=True) drops a random {n - sampler.total_size}"
+        f" of the {n} samples (drawn from seed + epoch, which set_epoch changes), so the test set "
+        "is not fixed; pass drop_last=False to the DistributedSampler (every sample, once: "
+        "continual-eval never pads) or shuffle=False"
+    )
+
+
 def _sampled_indices(loader: Any) -> Sequence[int] | None:
     """The fixed set of dataset indices ``loader`` reads, in index order, or ``None`` when it is not
     a DataLoader over a map-style dataset with a batch size whose sampler reads a fixed set
-    (sequential, random without replacement, a subset, or one of our shards)."""
+    (sequential, random without replacement, a subset, a distributed sampler, or one of our
+    shards).
+
+    ``drop_last=True`` with a partial last batch: a sequential sampler reads all but the last
+    ``len % batch_size`` indices; a shuffling one drops a random tail, which raises
+    :class:`_UnreproducibleError`, as does a distributed sampler whose samples cannot be known.
+    """
     if (
         not isinstance(loader, DataLoader)
         or isinstance(loader.dataset, IterableDataset)
@@ -257,20 +484,54 @@ def _sampled_indices(loader: Any) -> Sequence[int] | None:
     ):
         return None
     sampler, n = loader.sampler, len(loader.dataset)  # type: ignore[arg-type]
+    ordered = True
+    indices: Sequence[int]
+    if isinstance(sampler, DistributedSampler):
+        return _distributed_indices(loader, sampler, n)
     if type(sampler) is SequentialSampler:
-        return range(n)
-    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == n:
-        return range(n)
-    if type(sampler) is SubsetRandomSampler:
-        return sorted(int(i) for i in sampler.indices)
-    if type(sampler) is _ShardSampler:
-        return sampler.indices
-    return None
+        indices = range(n)
+    elif type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == n:
+        indices, ordered = range(n), False
+    elif type(sampler) is SubsetRandomSampler:
+        indices, ordered = sorted(int(i) for i in sampler.indices), False
+    elif type(sampler) is _ShardSampler:
+        indices = sampler.indices
+    else:
+        return None
+    tail = len(indices) % loader.batch_size
+    if not loader.drop_last or tail == 0:
+        return indices
+    if ordered:
+        return indices[: len(indices) - tail]
+    raise _UnreproducibleError(
+        f"drop_last=True with a shuffling {type(sampler).__name__}: the loader drops a random "
+        f"{tail} of its {len(indices)} samples (batch_size={loader.batch_size}) on every pass, so "
+        f"its samples cannot be split exactly across processes; pass drop_last=False (score all "
+        f"{len(indices)}) or shuffle=False (one process then drops the last {tail})"
+    )
+
+
+def _loader_label(loader: Any, task: int | None, task_name: str | None) -> str:
+    """``task 3 ('cars'), test dataloader 3``, or a description of ``loader`` without a task."""
+    if task is not None:
+        return f"task {task} ({task_name or f'task_{task}'!r}), test dataloader {task}"
+    if not isinstance(loader, DataLoader):
+        return f"test dataloader ({type(loader).__name__})"
+    dataset = loader.dataset
+    size = f" of {len(dataset)} samples" if hasattr(dataset, "__len__") else ""  # type: ignore[arg-type]
+    return (
+        f"test dataloader (DataLoader over {type(dataset).__name__}{size}, "
+        f"batch_size={loader.batch_size}, {type(loader.sampler).__name__}, "
+        f"drop_last={loader.drop_last})"
+    )
 
 
 def _rebuildable(loader: Any) -> bool:
     """Whether :func:`_rebuild_loader` can re-create ``loader`` over the same samples."""
-    return _sampled_indices(loader) is not None
+    try:
+        return _sampled_indices(loader) is not None
+    except _UnreproducibleError:
+        return False
 
 
 def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoader:
@@ -294,21 +555,48 @@ def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoa
     return DataLoader(dataset, **kwargs)
 
 
-def shard_dataloader(loader: Any, rank: int, world_size: int) -> tuple[Any, bool]:
+def shard_dataloader(
+    loader: Any,
+    rank: int,
+    world_size: int,
+    *,
+    task: int | None = None,
+    task_name: str | None = None,
+) -> tuple[Any, bool]:
     """Return ``(loader for this rank, sharded)``.
 
-    The indices the loader reads (the whole map-style dataset, or a ``SubsetRandomSampler``'s
-    subset) are split into strided, unpadded shards (any shuffling is dropped: a score does not
-    depend on the order). Loaders that cannot be re-built over the same samples (iterable datasets,
-    custom samplers or batch samplers, non-DataLoader iterables) come back unchanged with
-    ``sharded=False``: the caller then counts them on rank 0 only.
+    The indices the loader reads (the whole map-style dataset, a ``SubsetRandomSampler``'s subset,
+    a sequential loader's samples before a ``drop_last`` tail) are split into strided, unpadded
+    shards (any shuffling is dropped: a score does not depend on the order), so the counts summed
+    over ranks equal the counts of one process.
+
+    A ``DistributedSampler`` (e.g. a ``test_dataloader()`` built for ``trainer.test``) means its
+    whole dataset, whatever the sampler's ``num_replicas``/``rank``: what all its replicas read
+    together without the padding. It is re-sharded over ``world_size`` ranks, and in a single
+    process (``world_size=1``) re-built over that whole set; its shuffle/seed only matter with
+    ``drop_last=True``.
+
+    Loaders that cannot be re-built over the same samples (iterable datasets, custom samplers or
+    batch samplers, non-DataLoader iterables) come back unchanged with ``sharded=False``: the
+    caller then counts them on rank 0 only. With ``world_size <= 1`` every loader except one over a
+    ``DistributedSampler`` comes back unchanged.
+
+    Raises:
+        EvaluationError: the samples cannot be reproduced on several ranks (``drop_last=True``
+            with a shuffling sampler and a partial last batch; a ``DistributedSampler`` dropping a
+            random tail, or a subclass of unknown behaviour). The message names ``task`` and
+            ``task_name`` when given, else describes the loader, and says how to fix it.
     """
-    if world_size <= 1:
+    distributed = isinstance(getattr(loader, "sampler", None), DistributedSampler)
+    if world_size <= 1 and not distributed:
         return loader, True
-    indices = _sampled_indices(loader)
+    try:
+        indices = _sampled_indices(loader)
+    except _UnreproducibleError as err:
+        raise EvaluationError(f"{_loader_label(loader, task, task_name)}: {err}") from None
     if indices is None:
         return loader, False
-    shard = _ShardSampler(indices, rank, world_size)
+    shard = _ShardSampler(indices, rank, max(world_size, 1))
     rebuilt = _rebuild_loader(loader, loader.dataset, sampler=shard, generator=loader.generator)
     return rebuilt, True
 
@@ -316,8 +604,9 @@ def shard_dataloader(loader: Any, rank: int, world_size: int) -> tuple[Any, bool
 def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
     """A loader over a fixed, seeded subset of ``loader``'s map-style dataset, in index order.
 
-    With ``I`` the indices the loader reads (``range(len(dataset))``, or a
-    ``SubsetRandomSampler``'s subset), the subset is
+    With ``I`` the indices the loader reads (``range(len(dataset))``, a ``SubsetRandomSampler``'s
+    subset, a sequential loader's samples before a ``drop_last`` tail, a ``DistributedSampler``'s
+    whole dataset), the subset is
     ``sorted(I[randperm(len(I), generator=Generator().manual_seed(seed))[:size]])`` (all of ``I``
     when ``size >= len(I)``). Returns ``(loader, dataset indices)``.
 
@@ -325,12 +614,15 @@ def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
         ValueError: ``loader`` is not a DataLoader with a batch size over a map-style dataset whose
             sampler reads a fixed set of samples.
     """
-    readable = _sampled_indices(loader)
+    try:
+        readable = _sampled_indices(loader)
+    except _UnreproducibleError as err:
+        raise EvaluationError(f"a test subset needs a fixed set of samples: {err}") from None
     if readable is None:
         raise ValueError(
             "a test subset needs a torch DataLoader with batch_size set over a map-style dataset, "
-            "read by a sequential, random (without replacement) or SubsetRandomSampler sampler; "
-            f"got {type(loader).__name__}"
+            "read by a sequential, random (without replacement), SubsetRandomSampler or "
+            f"DistributedSampler sampler; got {type(loader).__name__}"
             + (
                 f" over {type(loader.dataset).__name__} with {type(loader.sampler).__name__}"
                 if isinstance(loader, DataLoader)
@@ -518,6 +810,102 @@ def grad_free_context(inference_mode: bool = True) -> AbstractContextManager:
     return torch.inference_mode() if inference_mode else torch.no_grad()
 
 
+class _OutputWatch:
+    """Counts one task's non-finite predictions, with no host sync per batch.
+
+    A prediction is one score vector over the class dimension (dim 1) when ``preds`` has one more
+    dimension than ``target``, else one element. It is non-finite when its top score is NaN or
+    infinite: a NaN or ``+inf`` anywhere in the vector, or every score ``-inf``; ``-inf`` scores
+    next to finite ones (masked classes) are fine. Per batch this costs a max, an ``isfinite`` and a
+    sum on the device; the counts are read after the task.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._finite: list[Tensor] = []  # per float batch: finite predictions (device scalar)
+        self._sizes: list[int] = []  # per float batch: predictions
+        self._batches: list[int] = []  # per float batch: its index in the loader
+
+    def update(self, preds: Tensor, target: Tensor, batch_index: int) -> None:
+        if not preds.is_floating_point():
+            return
+        top = preds.amax(dim=1) if preds.ndim == target.ndim + 1 and preds.ndim >= 2 else preds
+        self._finite.append(torch.isfinite(top).sum())
+        self._sizes.append(top.numel())
+        self._batches.append(batch_index)
+
+    def counts(self, rank: int, world_size: int) -> Tensor:
+        """``[nonfinite, predictions, first_bad_batch + 1 of rank 0, ..., of rank W-1]`` (int64):
+        one column per rank (0: none), so a sum across ranks keeps every rank's first bad batch."""
+        out = torch.zeros(2 + max(world_size, 1), dtype=torch.int64, device=self.device)
+        if not self._finite:
+            return out
+        sizes = torch.tensor(self._sizes, dtype=torch.int64, device=self.device)
+        bad = sizes - torch.stack(self._finite).to(self.device, torch.int64)
+        batches = torch.tensor(self._batches, dtype=torch.int64, device=self.device)
+        out[0] = bad.sum()
+        out[1] = sum(self._sizes)
+        flagged = bad > 0
+        out[2 + rank] = torch.where(flagged.any(), batches[flagged.int().argmax()] + 1, 0)
+        return out
+
+
+def _step_pair(output: Any, step: BatchStep) -> tuple[Tensor, Tensor]:
+    if (
+        isinstance(output, (tuple, list))
+        and len(output) == 2
+        and all(isinstance(v, Tensor) for v in output)
+    ):
+        return output[0], output[1]
+    name = getattr(step, "__qualname__", type(step).__name__)
+    raise EvaluationError(
+        f"the batch step {name} returned {_what(output)}; it must return a pair (preds, target) "
+        "of tensors"
+    )
+
+
+def _task_problems(
+    reduced: Tensor, scorer: Scorer, num_scorer_counts: int, world_size: int
+) -> list[str]:
+    """What is wrong with one task's reduced counts (see :func:`evaluate_tasks`), in words."""
+    problems = []
+    nonfinite, predictions = int(reduced[num_scorer_counts]), int(reduced[num_scorer_counts + 1])
+    if nonfinite:
+        first = reduced[num_scorer_counts + 2 :].tolist()
+        if world_size <= 1:
+            where = f"first in batch {first[0] - 1} of the test dataloader"
+        else:
+            where = "first in batch " + ", ".join(
+                f"{b - 1} of rank {r}'s shard" for r, b in enumerate(first) if b > 0
+            )
+        problems.append(
+            f"the model returned non-finite scores for {nonfinite} of the {predictions} "
+            f"predictions (a NaN or +inf score, or all scores -inf), {where}; an argmax over them "
+            "picks an arbitrary class. Check the model (e.g. a diverged training step, a NaN in "
+            "the weights) and this task's inputs"
+        )
+    messages = getattr(scorer, "target_problems", (_OUT_OF_RANGE,))
+    for k in range(2, num_scorer_counts):
+        count = int(reduced[k])
+        if count > 0:
+            message = messages[k - 2] if k - 2 < len(messages) else _OUT_OF_RANGE
+            problems.append(message.format(n=count))
+    return problems
+
+
+def _raise_for_task(
+    reduced: Tensor, label: str, scorer: Scorer, num_scorer_counts: int, world_size: int
+) -> None:
+    if int(reduced[1]) == 0:
+        raise EvaluationError(
+            f"{label}: the loader yielded no sample; is its dataset empty or is drop_last=True "
+            "with fewer samples than batch_size?"
+        )
+    problems = _task_problems(reduced, scorer, num_scorer_counts, world_size)
+    if problems:
+        raise EvaluationError(f"{label}: " + "; and ".join(problems))
+
+
 def evaluate_tasks(
     module: nn.Module,
     dataloaders: Sequence[Any],
@@ -540,11 +928,12 @@ def evaluate_tasks(
     Args:
         module: the model; called through ``step`` (default: ``module(x)`` / ``module(x, t)``).
         dataloaders: one test loader per task, already sharded for this rank
-        (:func:`shard_dataloader`)
-            or, for loaders that could not be sharded, full loaders that only rank 0 counts.
+            (:func:`shard_dataloader`) or, for loaders that could not be sharded, full loaders that
+            only rank 0 counts.
         task_ids: which tasks to score.
         scorer: :class:`AccuracyScorer` (default) or :class:`MetricScorer`.
         device: where batches go (plain move, no user transfer hooks).
+        step: ``(module, batch, task_id) -> (preds, target)``.
         forward_context: e.g. the Trainer's ``precision_plugin.forward_context``.
         convert_input: applied to each batch after the device move, e.g. the Trainer's
             ``precision_plugin.convert_input`` (``*-true`` precisions cast float inputs).
@@ -553,14 +942,18 @@ def evaluate_tasks(
         rank, world_size: this process and the group size; used for unsharded loaders.
         task_names: names for error messages.
         unsharded: tasks whose loader holds the full test set on every rank; only rank 0 counts
-        them.
+            them.
 
     Returns:
         :class:`TaskEvaluation` with scores and counts, the same on every rank.
 
     Raises:
-        EvaluationError: a task's loader yielded no sample (on any rank), or the output does not fit
-            the targets; raised on every rank together.
+        EvaluationError: naming the task (index and name) and its test dataloader. Raised on every
+            rank together, after the task's counts are reduced: the loader yielded no sample (on
+            any rank); the model returned non-finite scores (how many, and the first batch holding
+            one); targets that are not labels of the output's class dimension; a metric value that
+            is not one finite number. Raised at once, on the rank that met it: an output that does
+            not fit the targets, or a model/step output of the wrong structure.
     """
     scorer = scorer if scorer is not None else AccuracyScorer()
     device = torch.device(device) if device is not None else _module_device(module)
@@ -569,44 +962,53 @@ def evaluate_tasks(
         if task_names is not None
         else [f"task_{j}" for j in range(len(dataloaders))]
     )
-    local = torch.zeros(len(task_ids), 3, dtype=torch.int64, device=device)
+
+    def label(j: int) -> str:
+        return _loader_label(dataloaders[j], j, names[j])
+
+    rows: list[Tensor] = []
+    num_scorer_counts = 3
     results: list[Tensor] = []
     with preserve_rng_state(device), preserve_training_flags(module), grad_context():
-        for k, j in enumerate(task_ids):
+        for j in task_ids:
             scorer.start(device)
-            counts_here = world_size <= 1 or j not in unsharded or rank == 0
-            if counts_here:
+            watch = _OutputWatch(device)
+            if world_size <= 1 or j not in unsharded or rank == 0:
                 try:
-                    for batch in dataloaders[j]:
+                    for batch_index, batch in enumerate(dataloaders[j]):
                         batch = move_data_to_device(batch, device)
                         if convert_input is not None:
                             batch = convert_input(batch)
                         with forward_context():
-                            preds, target = step(module, batch, j)
+                            preds, target = _step_pair(step(module, batch, j), step)
+                        watch.update(preds, target, batch_index)
                         scorer.update(preds, target)
                 except EvaluationError as err:
-                    raise EvaluationError(
-                        f"task {j} ({names[j]!r}), test dataloader {j}: {err}"
-                    ) from err
-            local[k] = scorer.local_counts()
+                    raise EvaluationError(f"{label(j)}: {err}") from err
+            scorer_counts = scorer.local_counts().to(device=device, dtype=torch.int64)
+            num_scorer_counts = scorer_counts.numel()
+            rows.append(torch.cat([scorer_counts, watch.counts(rank, world_size)]))
             if not scorer.count_based:
                 # metric state sync is a collective: every rank computes every task, in order
-                total = _reduce(local[k], all_reduce)[1]
-                if int(total) == 0:
-                    raise _empty_error(j, names[j])
-                results.append(scorer.result(total))
-    reduced = _reduce(local, all_reduce) if local.numel() else local
+                reduced_row = _reduce(rows[-1], all_reduce)
+                _raise_for_task(reduced_row, label(j), scorer, num_scorer_counts, world_size)
+                try:
+                    results.append(scorer.result(reduced_row[:num_scorer_counts]))
+                except EvaluationError as err:
+                    raise EvaluationError(f"{label(j)}: {err}") from err
+    reduced = (
+        _reduce(torch.stack(rows), all_reduce)
+        if rows
+        else torch.zeros(0, 3, dtype=torch.int64, device=device)
+    )
     for k, j in enumerate(task_ids):
-        if int(reduced[k, 1]) == 0:
-            raise _empty_error(j, names[j])
-        if int(reduced[k, 2]) > 0:
-            raise EvaluationError(
-                f"task {j} ({names[j]!r}), test dataloader {j}: targets lie outside the class "
-                "dimension of the model output (dim 1); does the model's number of classes fit "
-                "this task's labels?"
-            )
+        _raise_for_task(reduced[k], label(j), scorer, num_scorer_counts, world_size)
     if scorer.count_based:
-        scores = scorer.result(reduced) if len(task_ids) else torch.zeros(0, dtype=torch.float64)
+        scores = (
+            scorer.result(reduced[:, :num_scorer_counts])
+            if len(task_ids)
+            else torch.zeros(0, dtype=torch.float64)
+        )
     else:
         scores = torch.stack(results) if results else torch.zeros(0, dtype=torch.float64)
     return TaskEvaluation(
@@ -614,13 +1016,6 @@ def evaluate_tasks(
         scores=scores.detach().to("cpu", torch.float64),
         correct=reduced[:, 0].cpu() if scorer.count_based else torch.full((len(task_ids),), -1),
         total=reduced[:, 1].cpu(),
-    )
-
-
-def _empty_error(task: int, name: str) -> EvaluationError:
-    return EvaluationError(
-        f"task {task} ({name!r}), test dataloader {task}: the loader yielded no sample; is its "
-        "dataset empty or is drop_last=True with fewer samples than batch_size?"
     )
 
 

@@ -49,7 +49,9 @@ def test_loader_that_yields_no_batch(tasks, tmp_path):
 
     empty = eval_loaders(tasks)
     empty[2] = DataLoader(TensorDataset(torch.zeros(0, 6), torch.zeros(0, dtype=torch.long)))
-    cb = ContinualEvalCallback(empty, task_names=["a", "b", "c"], verbose=False)
+    cb = ContinualEvalCallback(
+        empty, task_names=["a", "b", "c"], dirpath=tmp_path / "empty", verbose=False
+    )
     with pytest.raises(EvaluationError, match=r"task 2 \('c'\), test dataloader 2"):
         pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(model, train[0])
 

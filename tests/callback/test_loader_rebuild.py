@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
 from continual_eval.evaluation import (
     AccuracyScorer,
@@ -64,3 +71,96 @@ def test_single_float_score_per_sample_is_an_error_not_zero_accuracy():
         scorer.update(torch.tensor([0.3, -1.2, 2.0]), torch.tensor([1, 0, 1]))
     scorer.update(torch.tensor([1, 0, 0]), torch.tensor([1, 0, 1]))  # integer labels still work
     assert scorer.local_counts()[:2].tolist() == [2, 3]
+
+
+# ---------------------------------------------------------------- drop_last (issue 9, item 2)
+ODD = TensorDataset(torch.arange(41).float().unsqueeze(1), torch.arange(41))
+
+
+def test_sequential_drop_last_shards_the_samples_one_process_reads():
+    loader = DataLoader(ODD, batch_size=8, drop_last=True)
+    one_process = read_targets(loader)
+    assert one_process == list(range(40))
+    parts = [read_targets(shard_dataloader(loader, rank, 2)[0]) for rank in (0, 1)]
+    assert sorted(parts[0] + parts[1]) == one_process
+    sub, indices = subset_dataloader(loader, 100, seed=0)  # a subset of what the loader reads
+    assert indices.tolist() == one_process == read_targets(sub)
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        DataLoader(ODD, batch_size=8, shuffle=True, drop_last=True),
+        DataLoader(ODD, batch_size=8, sampler=SubsetRandomSampler(range(3, 40)), drop_last=True),
+    ],
+)
+def test_random_drop_last_cannot_be_sharded_and_is_refused(loader):
+    with pytest.raises(
+        EvaluationError,
+        match=r"task 4 \('birds'\), test dataloader 4: .*drop_last=True.*random.*drop_last=False",
+    ):
+        shard_dataloader(loader, 1, 2, task=4, task_name="birds")
+    with pytest.raises(EvaluationError, match=r"test dataloader \(DataLoader over TensorDataset"):
+        shard_dataloader(loader, 0, 2)
+    assert shard_dataloader(loader, 0, 1) == (loader, True)  # one process reads it as it is
+    with pytest.raises(ValueError, match="drop_last=True"):
+        subset_dataloader(loader, 5, seed=0)
+
+
+def test_random_drop_last_without_a_partial_batch_is_sharded():
+    loader = DataLoader(ODD, batch_size=41, shuffle=True, drop_last=True)  # nothing to drop
+    parts = [read_targets(shard_dataloader(loader, rank, 2)[0]) for rank in (0, 1)]
+    assert sorted(parts[0] + parts[1]) == list(range(41))
+
+
+# ---------------------------------------------------------------- DistributedSampler (item 3)
+@pytest.mark.parametrize(
+    ("make_sampler", "expected"),
+    [
+        (lambda r: DistributedSampler(ODD, 2, r, shuffle=True, seed=5), list(range(41))),
+        (lambda r: DistributedSampler(ODD, 3, r, shuffle=False), list(range(41))),
+        (lambda r: DistributedSampler(ODD, 2, r, shuffle=False, drop_last=True), list(range(40))),
+        (lambda r: DistributedSampler(ODD, 1, r, shuffle=True, drop_last=True), list(range(41))),
+        (lambda r: UnrepeatedDistributedSampler(ODD, 2, r, shuffle=True), list(range(41))),
+    ],
+)
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_distributed_sampler_means_its_whole_dataset(make_sampler, expected, world_size):
+    loader = DataLoader(ODD, batch_size=8, sampler=make_sampler(0))
+    shards = [shard_dataloader(loader, rank, world_size) for rank in range(world_size)]
+    assert all(sharded for _, sharded in shards)
+    parts = [read_targets(shard) for shard, _ in shards]
+    assert sorted(i for part in parts for i in part) == expected  # no padding, no duplicate
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize(
+    ("make_loader", "message"),
+    [
+        (
+            lambda: DataLoader(
+                ODD, batch_size=8, sampler=DistributedSampler(ODD, 2, 0, drop_last=True)
+            ),
+            r"DistributedSampler\(shuffle=True, drop_last=True\) drops a random 1 of the 41",
+        ),
+        (
+            lambda: DataLoader(
+                ODD, batch_size=8, drop_last=True, sampler=DistributedSampler(ODD, 2, 0)
+            ),
+            r"drop_last=True on the DataLoader drops each replica's last partial batch",
+        ),
+        (
+            lambda: DataLoader(ODD, batch_size=8, sampler=Every2ndReplica(ODD, 2, 0)),
+            r"its sampler, Every2ndReplica, is a DistributedSampler subclass",
+        ),
+    ],
+)
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_distributed_sampler_that_cannot_be_reproduced_is_refused(make_loader, message, world_size):
+    with pytest.raises(EvaluationError, match=r"task 0 \('a'\), test dataloader 0: " + message):
+        shard_dataloader(make_loader(), 0, world_size, task=0, task_name="a")
+
+
+class Every2ndReplica(DistributedSampler):
+    def __iter__(self):
+        return iter(list(super().__iter__())[::2])
