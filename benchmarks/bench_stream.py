@@ -1,22 +1,35 @@
-"""Benchmark: score a one-million-step reward stream, vectorised vs a plain Python loop.
+"""Benchmark: read and score a one-million-step reward stream.
 
-    PYTHONPATH=src python benchmarks/bench_stream.py [--steps 1000000] [--repeats 5]
+    PYTHONPATH=src python benchmarks/bench_stream.py [--part score|read|all] [--steps 1000000]
 
-Prints the median wall time of ``compute_all_metrics`` (vectorised) and of a plain-loop
-reference computing the same core metrics, side by side with their ratio, and checks that both
-agree. Target: the vectorised scoring of 1M steps takes under 2 s.
+``score``: the median wall time of ``compute_all_metrics`` (vectorised) and of a plain-loop
+reference computing the same core metrics, side by side with their ratio, checking both agree.
+Target: scoring 1M steps under 2 s.
+
+``read``: writes the trace as a JSON-lines file (about 60 bytes a line) and reads it back with
+``read_jsonl`` (msgspec, typed schema, columnar) and with the previous stdlib reader
+(``json.loads`` per line into ``EpisodeStep`` objects), each repeat in a fresh process so its
+peak RSS is its own; prints median read time, median read+score time, peak RSS and the growth of
+RSS over the imports, with ratios, and checks both readers give the same columns. Target: read
+and score 1M lines under 2 s, memory O(columns).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from continual_eval.stream import EpisodeTrace, compute_all_metrics
+from continual_eval.stream import EpisodeStep, EpisodeTrace, compute_all_metrics, read_jsonl
 
 
 def make_trace(n_steps: int, n_intervals: int, seed: int = 0) -> EpisodeTrace:
@@ -110,17 +123,142 @@ def median_time(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def write_trace_file(trace: EpisodeTrace, path: Path) -> int:
+    """Write the trace as JSON lines (step, reward, label, alias origin); returns the bytes."""
+    names = trace.regime_names
+    origin = trace.origin_of
+    tails = [
+        f', "regime_id": "{z}"' + (f', "regime_origin": "{origin[z]}"}}' if z in origin else "}")
+        for z in names
+    ]
+    rows = zip(trace.step.tolist(), trace.reward.tolist(), trace.regime_code.tolist(), strict=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for step, reward, code in rows:
+            fh.write(f'{{"step": {step}, "reward": {reward!r}{tails[code]}\n')
+    return path.stat().st_size
+
+
+def stdlib_read_jsonl(path: Path) -> EpisodeTrace:
+    """The previous reader: ``json.loads`` per line, one ``EpisodeStep`` object per line."""
+    steps = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                r = json.loads(line)
+                steps.append(
+                    EpisodeStep(
+                        step=int(r["step"]),
+                        reward=float(r["reward"]),
+                        regime_id=str(r["regime_id"]),
+                        regime_origin=r.get("regime_origin"),
+                        components=r.get("components"),
+                        invalid_action=r.get("invalid_action"),
+                        effective_rank=r.get("effective_rank"),
+                        episode_end=bool(r.get("episode_end", False)),
+                    )
+                )
+    return EpisodeTrace(steps=steps)
+
+
+READERS = {"msgspec": read_jsonl, "stdlib": stdlib_read_jsonl}
+
+
+def current_rss() -> int:
+    """Resident memory now, in bytes (Linux ``/proc``; elsewhere the peak so far)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * resource.getpagesize()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def read_child(reader: str, path: Path) -> None:
+    """Run in a fresh process: read (and score) once, print timings and RSS as one JSON line."""
+    base = current_rss()
+    t0 = time.perf_counter()
+    trace = READERS[reader](path)
+    t1 = time.perf_counter()
+    peak_read = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    compute_all_metrics(trace)
+    t2 = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    digest = [
+        float(trace.reward.sum()),
+        int(trace.step.sum()),
+        list(trace.regime_names),
+        trace.regime_code.tolist()[:: max(1, len(trace) // 1000)],
+        trace.origin_of,
+    ]
+    out = {"read": t1 - t0, "score": t2 - t1, "peak": peak, "base": base, "peak_read": peak_read}
+    out["digest"] = digest
+    print(json.dumps(out))
+
+
+def bench_read(trace: EpisodeTrace, repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        size = write_trace_file(trace, path)
+        print(f"\nfile: {len(trace):,} lines, {size / 1e6:.1f} MB")
+        results: dict[str, list[dict]] = {name: [] for name in READERS}
+        for _ in range(repeats):  # interleaved, so both readers see the same machine load
+            for name in READERS:
+                cmd = [sys.executable, __file__, "--read-child", name, str(path)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                results[name].append(json.loads(proc.stdout.splitlines()[-1]))
+        digests = {json.dumps(r["digest"]) for rs in results.values() for r in rs}
+        assert len(digests) == 1, "the readers disagree"
+
+        def med(name: str, key: str) -> float:
+            return statistics.median(
+                r["read"] + r["score"] if key == "total" else r[key] for r in results[name]
+            )
+
+        print(
+            f"{'reader':<10}{'read [s]':>10}{'read+score [s]':>16}{'peak RSS [MB]':>15}"
+            f"{'read RSS growth [MB]':>22}{'repeats':>9}"
+        )
+        grown = {
+            name: statistics.median(r["peak_read"] - r["base"] for r in results[name])
+            for name in READERS
+        }
+        for name in READERS:
+            growth = grown[name]
+            print(
+                f"{name:<10}{med(name, 'read'):>10.3f}{med(name, 'total'):>16.3f}"
+                f"{med(name, 'peak') / 1e6:>15.0f}{growth / 1e6:>22.0f}{repeats:>9}"
+            )
+        new, old = "msgspec", "stdlib"
+        print(
+            f"ratios stdlib/msgspec: read {med(old, 'read') / med(new, 'read'):.1f}x, "
+            f"read+score {med(old, 'total') / med(new, 'total'):.1f}x, "
+            f"peak RSS {med(old, 'peak') / med(new, 'peak'):.1f}x, "
+            f"read RSS growth {grown[old] / grown[new]:.1f}x; readers agree"
+        )
+        status = "OK" if med(new, "total") < 2.0 else "MISSED"
+        print(f"target (< 2 s to read and score {len(trace):,} lines): {status}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("score", "read", "all"), default="all")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--intervals", type=int, default=2_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--loop-repeats", type=int, default=3)
+    ap.add_argument("--read-repeats", type=int, default=3)
+    ap.add_argument("--read-child", nargs=2, metavar=("READER", "FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.read_child:
+        read_child(args.read_child[0], Path(args.read_child[1]))
+        return
 
     t0 = time.perf_counter()
     trace = make_trace(args.steps, args.intervals)
     build = time.perf_counter() - t0
+    if args.part in ("read", "all"):
+        bench_read(trace, args.read_repeats)
+    if args.part == "read":
+        return
     kwargs = {"solve_component": "solved"}
     vec_t, vec = median_time(lambda: compute_all_metrics(trace, **kwargs), args.repeats)
     loop_t, ref = median_time(lambda: loop_reference(trace), args.loop_repeats)

@@ -1,16 +1,29 @@
-"""continual-eval: continual-learning evaluation for PyTorch Lightning and torchmetrics."""
+"""continual-eval: continual-learning evaluation for PyTorch Lightning and torchmetrics.
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
-from continual_eval.functional import continual_metrics, continual_metrics_curve
-from continual_eval.metric import ContinualMetrics
-from continual_eval.plotting import (
-    plot_accuracy_curves,
-    plot_accuracy_matrix,
-    plot_task_trajectories,
-)
-from continual_eval.results import load_results, results_to_curves
+The public names are imported on first use (PEP 562), so ``import continual_eval`` and the
+``continual-eval`` command do not pay for torch and Lightning until a name needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "ContinualEvalCallback": "continual_eval.callback",
+    "fit_tasks": "continual_eval.callback",
+    "scheduled_task": "continual_eval.callback",
+    "continual_metrics": "continual_eval.functional",
+    "continual_metrics_curve": "continual_eval.functional",
+    "ContinualMetrics": "continual_eval.metric",
+    "plot_accuracy_curves": "continual_eval.plotting",
+    "plot_accuracy_matrix": "continual_eval.plotting",
+    "plot_task_trajectories": "continual_eval.plotting",
+    "load_results": "continual_eval.results",
+    "results_to_curves": "continual_eval.results",
+}
 
 __all__ = [
     "ContinualEvalCallback",
@@ -26,3 +39,27 @@ __all__ = [
     "results_to_curves",
     "scheduled_task",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+    from continual_eval.functional import continual_metrics, continual_metrics_curve
+    from continual_eval.metric import ContinualMetrics
+    from continual_eval.plotting import (
+        plot_accuracy_curves,
+        plot_accuracy_matrix,
+        plot_task_trajectories,
+    )
+    from continual_eval.results import load_results, results_to_curves
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'continual_eval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

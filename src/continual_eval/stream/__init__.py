@@ -6,6 +6,8 @@ rule (an unavailable metric is ``None``; tables print ``--``) and aggregation ac
 configurations and seeds. See docs/stream.md.
 """
 
+from typing import Any
+
 from continual_eval.stream.aggregate import aggregate_seeds, relative_adaptation_advantage
 from continual_eval.stream.intervals import Intervals, configuration_intervals
 from continual_eval.stream.metrics import (
@@ -25,9 +27,16 @@ from continual_eval.stream.rewards import (
     analytic_upper_bound,
     data_relative_upper_bound,
     numeric_upper_bound,
+    read_ceiling_file,
 )
 from continual_eval.stream.table import format_markdown, format_seed_table, format_table
-from continual_eval.stream.trace import EpisodeStep, EpisodeTrace, read_jsonl, write_jsonl
+from continual_eval.stream.trace import (
+    EpisodeStep,
+    EpisodeTrace,
+    StepRecord,
+    read_jsonl,
+    write_jsonl,
+)
 
 __all__ = [
     "METRIC_NAMES",
@@ -36,6 +45,8 @@ __all__ = [
     "Intervals",
     "RewardComponent",
     "RewardSpec",
+    "RewardStreamCallback",
+    "StepRecord",
     "UpperBound",
     "adaptation_speed",
     "aggregate_seeds",
@@ -50,9 +61,20 @@ __all__ = [
     "interval_variance",
     "numeric_upper_bound",
     "pooled_variance",
+    "read_ceiling_file",
     "read_jsonl",
+    "record",
     "recovery_time",
     "relative_adaptation_advantage",
     "tail_means",
     "write_jsonl",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the Lightning callback is imported on first use: the metrics and the CLI need no Lightning
+    if name in ("RewardStreamCallback", "record"):
+        from continual_eval.stream import callback
+
+        return getattr(callback, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,24 +5,83 @@ given, in which case each file is one seed and the table shows mean ± spread ac
 ``--ceiling`` takes a number (explicit), ``data`` (data-relative bound from the traces), or a JSON
 file holding either a reward specification (``{"components": [...]}``, analytic bound) or a bound
 (``{"per_step": p, "final_step": f}``).
+
+Every number is validated by argparse (finite, inside its documented range); a bad value, a
+malformed trace line or ceiling file is a one-line error naming the option, or the file, line and
+field, with exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from continual_eval.stream.aggregate import aggregate_seeds
 from continual_eval.stream.metrics import compute_all_metrics
-from continual_eval.stream.rewards import RewardSpec, UpperBound, data_relative_upper_bound
+from continual_eval.stream.rewards import data_relative_upper_bound, read_ceiling_file
 from continual_eval.stream.table import format_seed_table, format_table
 from continual_eval.stream.trace import EpisodeTrace, read_jsonl
 
 __all__ = ["build_parser", "main"]
+
+
+def real_in(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse ``type=``: a finite float in ``[low, high]`` (``(`` / ``)`` where open)."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        if not (math.isfinite(value) and above and below):
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number in {interval}, got {text!r}"
+            )
+        return value
+
+    parse.__name__ = f"number in {interval}"
+    return parse
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type=``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def ceiling_arg(text: str) -> float | str | Path:
+    """An argparse ``type=`` for ``--ceiling``: a finite number, ``data``, or an existing file."""
+    if text == "data":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        path = Path(text)
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number, 'data' or a JSON file, got {text!r} (no such file)"
+            ) from None
+        return path
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number, 'data' or a JSON file, got {text!r}"
+        )
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,20 +91,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("traces", nargs="+", type=Path, metavar="TRACE.jsonl")
     p.add_argument("--anchor", choices=("segment", "ceiling"), default="segment")
-    p.add_argument("--alpha", type=float, default=None, help="default 0.9 segment, 0.5 ceiling")
+    fraction = real_in(0.0, 1.0, low_open=True)
+    non_negative = real_in(0.0, math.inf, high_open=True)
+    p.add_argument(
+        "--alpha", type=fraction, default=None, help="in (0, 1]; default 0.9 segment, 0.5 ceiling"
+    )
     p.add_argument(
         "--eps",
-        type=float,
+        type=non_negative,
         default=None,
-        help="recovery tolerance: fraction (segment, default 0.30) or absolute (ceiling, "
+        help="recovery tolerance >= 0: fraction (segment, default 0.30) or absolute (ceiling, "
         "default 0.5*|R_ub|)",
     )
-    p.add_argument("--floor", type=float, default=0.005, help="recovery band floor")
-    p.add_argument("--tail-fraction", type=float, default=0.2)
-    p.add_argument("--zero-shot-window", type=int, default=10)
-    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--floor", type=non_negative, default=0.005, help="recovery band floor, >= 0")
+    p.add_argument("--tail-fraction", type=fraction, default=0.2, help="in (0, 1]")
+    p.add_argument("--zero-shot-window", type=positive_int, default=10, help="steps, >= 1")
+    p.add_argument("--gamma", type=fraction, default=0.99, help="discount in (0, 1]")
     p.add_argument(
         "--ceiling",
+        type=ceiling_arg,
         default=None,
         help="a number, 'data', or a JSON file with a reward spec or {per_step, final_step}",
     )
@@ -69,29 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _ceiling(value: str | None, traces: list[EpisodeTrace]) -> Any:
-    if value is None:
-        return None
+def _ceiling(value: float | str | Path | None, traces: list[EpisodeTrace]) -> Any:
     if value == "data":
         return data_relative_upper_bound(traces)
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    path = Path(value)
-    if not path.is_file():
-        raise ValueError(f"--ceiling {value!r} is neither a number, 'data', nor a JSON file")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if "components" in data:
-        return RewardSpec.from_dict(data)
-    if "per_step" in data:
-        return UpperBound(
-            per_step=float(data["per_step"]),
-            final_step=float(data.get("final_step", data["per_step"])),
-            derivation=str(data.get("derivation", "explicit")),
-            details={"file": str(path)},
-        )
-    raise ValueError(f"{path}: expected a reward spec ('components') or a bound ('per_step')")
+    if isinstance(value, Path):
+        return read_ceiling_file(value)
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

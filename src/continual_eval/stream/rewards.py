@@ -17,18 +17,24 @@ and paying either on every step (``per_step``) or only on an episode's final ste
 Every :class:`UpperBound` records its ``derivation``. A configuration interval of ``L`` steps is
 measured against :meth:`UpperBound.for_interval`: ``((L - 1) * per_step + final_step) / L`` when
 it holds an episode's final step, else ``per_step``.
+
+Specifications and bounds read from JSON (:meth:`RewardSpec.from_json`, :func:`read_ceiling_file`)
+are checked against a strict typed schema: a wrong type, a missing or an unknown field is an error
+naming the file and the field. A ``null`` clip bound means unbounded on that side.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import numpy as np
+
+from continual_eval.stream.trace import schema_error_message
 
 __all__ = [
     "RewardComponent",
@@ -37,9 +43,36 @@ __all__ = [
     "analytic_upper_bound",
     "data_relative_upper_bound",
     "numeric_upper_bound",
+    "read_ceiling_file",
 ]
 
 Pays = Literal["per_step", "episode_end"]
+
+
+class _ComponentRecord(msgspec.Struct, forbid_unknown_fields=True):
+    """JSON schema of one component; a ``null`` clip bound is unbounded on that side."""
+
+    name: str
+    weight: float = 1.0
+    clip: tuple[float | None, float | None] | None = None
+    pays: Pays = "per_step"
+
+
+class _SpecRecord(msgspec.Struct, forbid_unknown_fields=True):
+    """JSON schema of a reward specification: ``{"name": ..., "components": [...]}``."""
+
+    components: list[_ComponentRecord]
+    name: str = ""
+
+
+class _CeilingRecord(msgspec.Struct, forbid_unknown_fields=True):
+    """A ``--ceiling`` file: a reward specification, or a bound ``{per_step, final_step}``."""
+
+    components: list[_ComponentRecord] | msgspec.UnsetType = msgspec.UNSET
+    name: str | msgspec.UnsetType = msgspec.UNSET
+    per_step: float | msgspec.UnsetType = msgspec.UNSET
+    final_step: float | msgspec.UnsetType = msgspec.UNSET
+    derivation: str | msgspec.UnsetType = msgspec.UNSET
 
 
 @dataclass(frozen=True)
@@ -137,7 +170,9 @@ class RewardSpec:
                 {
                     "name": c.name,
                     "weight": c.weight,
-                    "clip": None if c.clip is None else list(c.clip),
+                    "clip": None
+                    if c.clip is None
+                    else [v if math.isfinite(v) else None for v in c.clip],
                     "pays": c.pays,
                 }
                 for c in self.components
@@ -146,23 +181,40 @@ class RewardSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RewardSpec:
-        comps = []
-        for raw in data.get("components", []):
-            clip = raw.get("clip")
-            comps.append(
-                RewardComponent(
-                    name=str(raw["name"]),
-                    weight=float(raw.get("weight", 1.0)),
-                    clip=None if clip is None else (float(clip[0]), float(clip[1])),
-                    pays=raw.get("pays", "per_step"),
-                )
+        """The inverse of :meth:`to_dict`, validated (no coercion; unknown fields are errors)."""
+        try:
+            record = msgspec.convert(
+                dict(data) if isinstance(data, Mapping) else data, _SpecRecord, strict=True
             )
-        return cls(components=tuple(comps), name=str(data.get("name", "")))
+        except msgspec.ValidationError as err:
+            raise ValueError(f"reward spec: {schema_error_message(err, 'a reward spec')}") from None
+        return cls._from_records(record.components, record.name)
 
     @classmethod
     def from_json(cls, path: str | Path) -> RewardSpec:
-        with open(path, encoding="utf-8") as fh:
-            return cls.from_dict(json.load(fh))
+        """Read a specification from a JSON file; errors name the file and the field."""
+        try:
+            with open(path, "rb") as fh:
+                record = msgspec.json.decode(fh.read(), type=_SpecRecord)
+            return cls._from_records(record.components, record.name)
+        except msgspec.DecodeError as err:
+            raise ValueError(f"{path}: {schema_error_message(err, 'a reward spec')}") from None
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+    @classmethod
+    def _from_records(cls, components: Sequence[_ComponentRecord], name: str) -> RewardSpec:
+        comps = []
+        for i, c in enumerate(components):
+            clip = None
+            if c.clip is not None:
+                lo, hi = c.clip
+                clip = (-math.inf if lo is None else lo, math.inf if hi is None else hi)
+            try:
+                comps.append(RewardComponent(c.name, weight=c.weight, clip=clip, pays=c.pays))
+            except ValueError as err:
+                raise ValueError(f"components[{i}]: {err}") from None
+        return cls(components=tuple(comps), name=name)
 
 
 @dataclass(frozen=True)
@@ -201,6 +253,41 @@ class UpperBound:
             "final_step": self.final_step,
             **({"details": dict(self.details)} if self.details else {}),
         }
+
+
+def read_ceiling_file(path: str | Path) -> RewardSpec | UpperBound:
+    """A ceiling from a JSON file: a reward specification (``{"components": [...]}``, bounded
+    analytically later) or a bound ``{"per_step": p, "final_step": f, "derivation": d}`` (``f``
+    defaults to ``p``, ``d`` to ``"explicit"``). Errors name the file and the field."""
+    try:
+        with open(path, "rb") as fh:
+            rec = msgspec.json.decode(fh.read(), type=_CeilingRecord)
+    except msgspec.DecodeError as err:
+        raise ValueError(f"{path}: {schema_error_message(err, 'a ceiling file')}") from None
+    is_spec = rec.components is not msgspec.UNSET
+    is_bound = rec.per_step is not msgspec.UNSET
+    if is_spec == is_bound:
+        raise ValueError(
+            f"{path}: a ceiling file holds either a reward spec ('components') or a bound "
+            f"('per_step'), {'not both' if is_spec else 'found neither'}"
+        )
+    if is_spec:
+        extra = [k for k in ("final_step", "derivation") if getattr(rec, k) is not msgspec.UNSET]
+        if extra:
+            raise ValueError(f"{path}: field(s) {extra} do not belong in a reward spec")
+        try:
+            return RewardSpec._from_records(rec.components, rec.name or "")
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+    if rec.name is not msgspec.UNSET:
+        raise ValueError(f"{path}: field `name` belongs to a reward spec, not a bound")
+    final = rec.per_step if rec.final_step is msgspec.UNSET else rec.final_step
+    return UpperBound(
+        per_step=float(rec.per_step),
+        final_step=float(final),
+        derivation="explicit" if rec.derivation is msgspec.UNSET else rec.derivation,
+        details={"file": str(path)},
+    )
 
 
 def analytic_upper_bound(spec: RewardSpec) -> UpperBound:

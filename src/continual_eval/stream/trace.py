@@ -7,20 +7,115 @@ invalid-action flag, the policy's effective rank and whether the step ended an e
 
 Validation happens once, here: a non-finite reward, a step number that does not increase, or an
 alias whose origin never occurs in the trace is an error naming the step or the label.
+
+JSON lines are decoded against a strict typed schema (:class:`StepRecord`, msgspec): a value of the
+wrong type is an error naming ``file:line`` and the field, never coerced (``"false"`` is not a
+boolean, ``7`` is not a label, ``1.7`` is not a step). :func:`read_jsonl` decodes the file a block
+at a time straight into column arrays, so no per-line Python object outlives its block.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Annotated, Any
 
+import msgspec
 import numpy as np
 
-__all__ = ["EpisodeStep", "EpisodeTrace", "read_jsonl", "write_jsonl"]
+__all__ = ["EpisodeStep", "EpisodeTrace", "StepRecord", "read_jsonl", "write_jsonl"]
+
+_INT64 = np.iinfo(np.int64)
+
+
+class StepRecord(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """The schema of one JSON-lines trace record (one step).
+
+    ``step``: a JSON integer in the signed 64-bit range (``1.0``, ``1e23`` and ``"1"`` are errors).
+    ``reward``: a JSON number (integers are read as floats; booleans, strings and ``null`` are
+    errors; JSON has no NaN or infinity). ``regime_id`` and ``regime_origin``: strings (``7`` is not
+    the label ``"7"``). ``components``: an object mapping names to numbers. ``invalid_action`` and
+    ``episode_end``: ``true``/``false``. ``effective_rank``: a number. ``null`` means "not
+    recorded" for the optional ``regime_origin``, ``components``, ``invalid_action`` and
+    ``effective_rank``; an omitted ``episode_end`` is ``false`` and ``null`` there is an error.
+    Any other field is an error (a misspelt ``episode_end`` would otherwise be ignored).
+    """
+
+    step: Annotated[int, msgspec.Meta(ge=int(_INT64.min), le=int(_INT64.max))]
+    reward: float
+    regime_id: str
+    regime_origin: str | None = None
+    components: dict[str, float] | None = None
+    invalid_action: bool | None = None
+    effective_rank: float | None = None
+    episode_end: bool = False
+
+
+_STEP_DECODER = msgspec.json.Decoder(StepRecord)
+_GET = {name: operator.attrgetter(name) for name in StepRecord.__struct_fields__}
+
+
+def _column(recs: list[StepRecord], field: str, dtype: Any) -> np.ndarray:
+    """One field of every record as an array (``map``/``fromiter``: no Python loop per record)."""
+    return np.fromiter(map(_GET[field], recs), dtype=dtype, count=len(recs))
+
+
+_SCHEMA_MESSAGE = re.compile(r"(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.DOTALL)
+
+
+def schema_error_message(err: msgspec.DecodeError, what: str = "a trace line") -> str:
+    """A readable message for a msgspec decode/validation error: which field, what was wrong."""
+    text = str(err)
+    if not isinstance(err, msgspec.ValidationError):
+        return f"not valid JSON ({text.removeprefix('JSON is malformed: ')})"
+    match = _SCHEMA_MESSAGE.fullmatch(text)
+    msg, path = (match["msg"], match["path"]) if match else (text, None)
+    msg = msg[:1].lower() + msg[1:]
+    if path:
+        field = path.lstrip(".")
+        if field.endswith("[...]"):  # a value inside an object, e.g. one of `components`
+            return f"a value in field `{field[:-5]}`: {msg}"
+        return f"field `{field}`: {msg}"
+    if msg.startswith("expected `object`"):
+        return f"{what} must be a JSON object, {msg.split(', ', 1)[-1]}"
+    return msg.removeprefix("object ")
+
+
+class _NonFinite:
+    """Stands in for the ``NaN``/``Infinity`` literals Python's ``json`` writes (not JSON)."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _explain_line(raw: bytes, err: msgspec.DecodeError) -> str:
+    """Why one line failed to decode; names a NaN/Infinity field (and its step) when that is why."""
+    if not isinstance(err, msgspec.ValidationError) and (b"NaN" in raw or b"Infinity" in raw):
+        try:
+            value = json.loads(raw, parse_constant=_NonFinite)
+        except (ValueError, RecursionError):
+            value = None
+        if isinstance(value, dict):
+            comps = value.get("components")
+            bad = [(k, v) for k, v in value.items() if isinstance(v, _NonFinite)]
+            if isinstance(comps, dict):
+                bad += [
+                    (f"components.{k}", v) for k, v in comps.items() if isinstance(v, _NonFinite)
+                ]
+            if bad:
+                field, lit = bad[0]
+                step = value.get("step")
+                at = f" at step {step}" if isinstance(step, int) else ""
+                return (
+                    f"field `{field}`{at} is {lit.literal}, which is not a JSON number; "
+                    "values must be finite"
+                )
+    return schema_error_message(err)
 
 
 @dataclass(frozen=True)
@@ -62,19 +157,31 @@ class EpisodeStep:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> EpisodeStep:
-        """Inverse of :meth:`to_dict`; ``step``, ``reward`` and ``regime_id`` are required."""
-        missing = [k for k in ("step", "reward", "regime_id") if k not in record]
-        if missing:
-            raise ValueError(f"trace record {dict(record)!r} lacks required key(s) {missing}")
+        """Inverse of :meth:`to_dict`, validated against :class:`StepRecord` (no coercion)."""
+        data = dict(record) if isinstance(record, Mapping) else record
+        try:
+            rec = msgspec.convert(data, StepRecord, strict=True)
+        except msgspec.ValidationError as err:
+            raise ValueError(f"trace record: {schema_error_message(err, 'a record')}") from None
+        return cls.from_record(rec)
+
+    @classmethod
+    def from_record(cls, rec: StepRecord) -> EpisodeStep:
+        """The step a decoded :class:`StepRecord` describes; a non-finite number is an error."""
+        numbers = {"reward": rec.reward, "effective_rank": rec.effective_rank}
+        numbers.update({f"components.{k}": v for k, v in (rec.components or {}).items()})
+        for field, value in numbers.items():
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"field `{field}` at step {rec.step} is {value}; must be finite")
         return cls(
-            step=int(record["step"]),
-            reward=float(record["reward"]),
-            regime_id=str(record["regime_id"]),
-            regime_origin=record.get("regime_origin"),
-            components=record.get("components"),
-            invalid_action=record.get("invalid_action"),
-            effective_rank=record.get("effective_rank"),
-            episode_end=bool(record.get("episode_end", False)),
+            step=rec.step,
+            reward=rec.reward,
+            regime_id=rec.regime_id,
+            regime_origin=rec.regime_origin,
+            components=rec.components,
+            invalid_action=rec.invalid_action,
+            effective_rank=rec.effective_rank,
+            episode_end=rec.episode_end,
         )
 
 
@@ -365,24 +472,182 @@ def _columns_from_steps(steps: list[EpisodeStep]) -> dict[str, Any]:
     }
 
 
-def read_jsonl(path: str | Path) -> EpisodeTrace:
-    """Read one trace from a JSON-lines file (one :meth:`EpisodeStep.to_dict` record per line)."""
-    steps = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
+def _blocks(fh: IO[bytes], block_size: int) -> Iterator[bytes]:
+    """Whole lines, about ``block_size`` bytes at a time (the last may lack its newline)."""
+    pending: list[bytes] = []
+    while data := fh.read(block_size):
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            pending.append(data)
+            continue
+        yield b"".join([*pending, data[:cut]]) if pending else data[:cut]
+        pending = [data[cut:]] if cut < len(data) else []
+    if pending:
+        yield b"".join(pending)
+
+
+class _ColumnReader:
+    """Decodes JSON-lines blocks into column arrays; keeps no per-line Python objects."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = path
+        self.n = 0
+        self.next_line = 1  # the number of the first line of the next block
+        self.names: dict[str, int] = {}
+        self.origin_of: dict[str, tuple[str, int]] = {}  # label -> (origin, line declaring it)
+        self.last_step: int | None = None
+        self.columns: dict[str, list[np.ndarray]] = {
+            "step": [],
+            "reward": [],
+            "code": [],
+            "end": [],
+        }
+        self.optional: dict[str, list[tuple[int, np.ndarray]]] = {}  # name -> (offset, values)
+        self.components: dict[str, list[tuple[int, np.ndarray]]] = {}
+
+    def error(self, line: int, message: str) -> ValueError:
+        return ValueError(f"{self.path}:{line}: {message}")
+
+    def decode_skipping_blanks(
+        self, raw_lines: list[bytes], first_line: int
+    ) -> tuple[list[StepRecord], list[int]]:
+        """Line by line: the records and their line numbers; the first bad line is an error."""
+        recs, lines = [], []
+        for i, raw in enumerate(raw_lines):
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-            try:
-                steps.append(EpisodeStep.from_dict(record))
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{path}:{lineno}: {err}") from err
-    if not steps:
-        raise ValueError(f"{path}: no trace records")
-    return EpisodeTrace(steps=steps)
+                recs.append(_STEP_DECODER.decode(raw))
+            except msgspec.DecodeError as err:
+                raise self.error(first_line + i, _explain_line(raw, err)) from None
+            except RecursionError:
+                raise self.error(first_line + i, "JSON nested too deeply") from None
+            lines.append(first_line + i)
+        return recs, lines
+
+    def add(self, block: bytes) -> None:
+        """Decode one block of whole lines, exactly one JSON object per non-blank line."""
+        raw_lines = (block[:-1] if block.endswith(b"\n") else block).split(b"\n")
+        first_line = self.next_line
+        self.next_line += len(raw_lines)
+        try:  # the fast path: no blank lines, no errors
+            recs = list(map(_STEP_DECODER.decode, raw_lines))
+            record_lines = range(first_line, first_line + len(recs))
+        except (msgspec.DecodeError, RecursionError):
+            recs, record_lines = self.decode_skipping_blanks(raw_lines, first_line)
+        del raw_lines
+        n = len(recs)
+        if n == 0:
+            return
+        step = _column(recs, "step", np.int64)
+        bad = np.flatnonzero(np.diff(step) <= 0) + 1
+        if self.last_step is not None and step[0] <= self.last_step:
+            bad = np.zeros(1, dtype=np.int64)
+        if bad.size:
+            i = int(bad[0])
+            before = self.last_step if i == 0 else int(step[i - 1])
+            raise self.error(
+                record_lines[i],
+                f"step {int(step[i])} follows step {before}; step numbers must increase",
+            )
+        self.last_step = int(step[-1])
+        labels = list(map(_GET["regime_id"], recs))
+        names = self.names
+        for label in dict.fromkeys(labels):  # new labels, in order of first appearance
+            names.setdefault(label, len(names))
+        code = np.fromiter(map(names.__getitem__, labels), dtype=np.int64, count=n)
+        # Optional fields: a block whose bytes never name one cannot hold it (a fast C search).
+        if b'"regime_origin"' in block:
+            origins = list(map(_GET["regime_origin"], recs))
+            self.add_origins(labels, origins, record_lines)
+        self.columns["step"].append(step)
+        self.columns["reward"].append(_column(recs, "reward", np.float64))
+        self.columns["code"].append(code)
+        self.columns["end"].append(
+            _column(recs, "episode_end", bool)
+            if b'"episode_end"' in block
+            else np.zeros(n, dtype=bool)
+        )
+        for key in ("invalid_action", "effective_rank"):
+            if f'"{key}"'.encode() not in block:
+                continue
+            values = list(map(_GET[key], recs))
+            if values.count(None) != n:
+                col = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+                self.optional.setdefault(key, []).append((self.n, col))
+        comps = list(map(_GET["components"], recs)) if b'"components"' in block else []
+        if comps and comps.count(None) != n:
+            for name in dict.fromkeys(k for c in comps if c for k in c):
+                col = np.array(
+                    [math.nan if c is None else c.get(name, math.nan) for c in comps],
+                    dtype=np.float64,
+                )
+                self.components.setdefault(name, []).append((self.n, col))
+        self.n += n
+
+    def add_origins(
+        self, labels: list[str], origins: list[str | None], record_lines: Sequence[int]
+    ) -> None:
+        """Record each alias's declared origin; a label given two different origins is an error."""
+        for label, origin in dict.fromkeys(zip(labels, origins, strict=True)):  # distinct pairs
+            known = self.origin_of.get(label)
+            if origin is None or origin == label or (known is not None and known[0] == origin):
+                continue
+            i = list(zip(labels, origins, strict=True)).index((label, origin))
+            line = record_lines[i]
+            if known is None:
+                self.origin_of[label] = (origin, line)
+                continue
+            raise self.error(
+                line,
+                f"regime label {label!r} has origin {origin!r}, but line {known[1]} gave "
+                f"{known[0]!r}",
+            )
+
+    def finish(self) -> EpisodeTrace:
+        if self.n == 0:
+            raise ValueError(f"{self.path}: no trace records")
+
+        def spread(parts: list[tuple[int, np.ndarray]]) -> np.ndarray:
+            out = np.full(self.n, math.nan)
+            for offset, values in parts:
+                out[offset : offset + len(values)] = values
+            return out
+
+        cols = {
+            "step": np.concatenate(self.columns.pop("step")),
+            "reward": np.concatenate(self.columns.pop("reward")),
+            "regime_code": np.concatenate(self.columns.pop("code")),
+            "regime_names": list(self.names),
+            "origin_of": {label: origin for label, (origin, _) in self.origin_of.items()},
+            "components": {name: spread(parts) for name, parts in self.components.items()},
+            "invalid_action": spread(self.optional["invalid_action"])
+            if "invalid_action" in self.optional
+            else None,
+            "effective_rank": spread(self.optional["effective_rank"])
+            if "effective_rank" in self.optional
+            else None,
+            "episode_end": np.concatenate(self.columns.pop("end")),
+        }
+        try:
+            return EpisodeTrace(_columns=cols)
+        except ValueError as err:
+            raise ValueError(f"{self.path}: {err}") from None
+
+
+def read_jsonl(path: str | Path, *, block_size: int = 1 << 22) -> EpisodeTrace:
+    """Read one trace from a JSON-lines file (one :class:`StepRecord` per line; blank lines skip).
+
+    The file is decoded ``block_size`` bytes at a time straight into columns, so memory is the
+    columns plus one block. Every error names ``file:line`` and the field.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    reader = _ColumnReader(path)
+    with open(path, "rb") as fh:
+        for block in _blocks(fh, block_size):
+            reader.add(block)
+    return reader.finish()
 
 
 def write_jsonl(trace: EpisodeTrace | Iterable[EpisodeStep], path: str | Path) -> Path:
