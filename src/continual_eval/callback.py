@@ -263,8 +263,31 @@ class ContinualEvalCallback(Callback):
         self._cache = BatchCache(cache_max_bytes)
         self._cache_safe: list[bool] = []
         self._cache_logged = False
+        self._loaders_given = test_dataloaders is not None
         if test_dataloaders is not None:
             self._set_loaders(test_dataloaders)
+
+    def reset(self) -> None:
+        """Forget everything recorded and start a new run (a new ``run_id``): for re-running a
+        notebook cell with the same callback. The files of the previous run stay where they are;
+        the new run needs its own results directory (or ``overwrite=True``)."""
+        self.metrics = None
+        self._pending_state = None
+        self._baseline_done = False
+        self._results_dir = None
+        self._dir_checked = False
+        self._restored = False
+        self._steps_done = 0
+        self._fit_step_base = self._fit_steps_before = self._stage_start_step = 0
+        self._curve_step, self._curve_stage, self._curve_scores, self._curve_full = [], [], [], []
+        self._cache.clear()
+        self._cache_logged = False
+        self._warned_unsharded = False
+        self.run_id = uuid.uuid4().hex
+        if self._loaders is not None and self._loaders_given:
+            self._set_loaders(self._loaders)
+        else:
+            self._loaders, self.task_names = None, None
 
     # ------------------------------------------------------------------ public views
     @property
@@ -825,6 +848,24 @@ class ContinualEvalCallback(Callback):
                 f"stages of epochs_per_task={k} epochs, but there are only {T} tasks (test "
                 "dataloaders)"
             )
+        if k is not None:
+            stages = T if trainer.max_epochs in (None, -1) else math.ceil(trainer.max_epochs / k)
+            reload = trainer.reload_dataloaders_every_n_epochs
+            if stages > 1 and (reload < 1 or k % reload):
+                raise ValueError(
+                    f"ContinualEvalCallback(epochs_per_task={k}): the training data must switch "
+                    f"to the next task every {k} epochs, but Trainer("
+                    f"reload_dataloaders_every_n_epochs={reload}) "
+                    + (
+                        "never reloads the train dataloader"
+                        if reload < 1
+                        else "does not reload it at every stage boundary"
+                    )
+                    + ", so the first task's data would train every stage. Use Trainer("
+                    "reload_dataloaders_every_n_epochs=1) with a train_dataloader() returning "
+                    f"loaders[continual_eval.scheduled_task(self.trainer, {k})]; nothing was "
+                    "trained"
+                )
         if k is None and self.stages_completed >= T:
             raise _too_many_stages(self.stages_completed, T)
         if k is None and _fit_already_done(trainer):
@@ -1163,9 +1204,20 @@ def fit_tasks(
             )
         start = done.pop()
         current = first if current is not None else None
+    prebuilt = None
+    if factory is not None and callbacks is None and start < len(train_dataloaders):
+        prebuilt = factory(start)  # its callbacks tell the number of test loaders before training
+    known = current if current is not None else prebuilt
+    for cb in callbacks or (_find_callbacks(known) if known is not None else []):
+        if cb.num_tasks is not None and cb.num_tasks < len(train_dataloaders):
+            raise ValueError(
+                f"fit_tasks: {len(train_dataloaders)} train dataloaders (tasks) but the "
+                f"ContinualEvalCallback has {cb.num_tasks} test dataloaders; every task needs "
+                "one test loader (index = task id). Nothing was trained"
+            )
     for task in range(start, len(train_dataloaders)):
         if factory is not None:
-            current = factory(task)
+            current = prebuilt if task == start and prebuilt is not None else factory(task)
         assert current is not None
         found = _find_callbacks(current)
         if callbacks is not None and [id(cb) for cb in found] != [id(cb) for cb in callbacks]:
