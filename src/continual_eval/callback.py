@@ -68,6 +68,7 @@ from continual_eval.results import (
     remove_stale_temporaries,
     write_results,
 )
+from continual_eval.results_schema import MAX_NAME_LENGTH, MAX_TASKS
 
 __all__ = ["ContinualEvalCallback", "fit_tasks", "scheduled_task"]
 
@@ -204,6 +205,13 @@ class ContinualEvalCallback(Callback):
             isinstance(task_names, str) or not all(isinstance(n, str) for n in task_names)
         ):
             raise TypeError(f"task_names must be a list of strings, got {task_names!r}")
+        if task_names is not None:
+            for j, name in enumerate(task_names):
+                if not name or len(name) > MAX_NAME_LENGTH:
+                    raise ValueError(
+                        f"task_names[{j}] has {len(name)} characters; a task name must have 1 to "
+                        f"{MAX_NAME_LENGTH} (the results.json limit readers enforce)"
+                    )
         if test_dataloaders is not None:
             test_dataloaders = _as_loader_list(test_dataloaders, "test_dataloaders")
         self._given_names = list(task_names) if task_names is not None else None
@@ -394,6 +402,8 @@ class ContinualEvalCallback(Callback):
     # ------------------------------------------------------------------ setup
     def _set_loaders(self, loaders: list[Any]) -> None:
         T = len(loaders)
+        if T > MAX_TASKS:
+            raise ValueError(f"{T} test dataloaders; results.json holds at most {MAX_TASKS} tasks")
         if T == 0:
             raise ValueError(
                 "ContinualEvalCallback needs at least one test dataloader (one per task)"
@@ -753,19 +763,24 @@ class ContinualEvalCallback(Callback):
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
 
-    def _add_curve_row(self, step: int, stage: int, row: Tensor, full: bool) -> None:
+    def _add_curve_row(self, step: int, stage: int, row: Tensor, full: bool) -> Tensor | None:
+        """Append a curve row (tasks ``<= stage``); returns the row a stage-end evaluation
+        replaced (a per-step evaluation at the same step), else ``None``."""
         row = row.clone()
         row[stage + 1 :] = math.nan  # curves hold the tasks seen so far and the current one
+        replaced = None
         if self._curve_step and self._curve_step[-1] == step and self._curve_stage[-1] == stage:
             # the stage-end evaluation at the step of a per-step one replaces it
             self._curve_step.pop()
             self._curve_stage.pop()
-            self._curve_scores.pop()
-            self._curve_full.pop()
+            replaced = self._curve_scores.pop()
+            if not self._curve_full.pop():
+                replaced = None  # a subset's value: the full one is logged under its own key
         self._curve_step.append(step)
         self._curve_stage.append(stage)
         self._curve_scores.append(row)
         self._curve_full.append(full)
+        return replaced
 
     def _record_step(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         assert self.task_names is not None
@@ -774,7 +789,7 @@ class ContinualEvalCallback(Callback):
         row = self._evaluate(trainer, pl_module, range(stage + 1), subset=subset)
         self._add_curve_row(step, stage, row, full=not subset)
         if trainer.is_global_zero:
-            log_step(trainer.loggers, self.task_names, row, step, prefix=self.prefix)
+            log_step(trainer.loggers, self.task_names, row, step, prefix=self.prefix, subset=subset)
 
     def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
         assert self.metrics is not None
@@ -802,7 +817,17 @@ class ContinualEvalCallback(Callback):
         self.metrics.compute()  # every rank: checks that all ranks hold the same R
         if self.eval_every_n_steps is not None:
             self._steps_done = self._current_step(trainer)
-            self._add_curve_row(self._steps_done, stage, row, full=True)
+            replaced = self._add_curve_row(self._steps_done, stage, row, full=True)
+            if trainer.is_global_zero and replaced is None:
+                # the whole-test-set point of the curve at this step, under the full-set key
+                curve_row = self._curve_scores[-1]
+                log_step(
+                    trainer.loggers,
+                    self.task_names,
+                    curve_row,
+                    self._steps_done,
+                    prefix=self.prefix,
+                )
         if trainer.is_global_zero:
             results = self._write(trainer)
             log_stage(

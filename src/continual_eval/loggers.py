@@ -13,10 +13,12 @@ CSV               --                                   ``scores.csv`` in the log
 ================  ===================================  ==========================================
 
 With per-step evaluation (``eval_every_n_steps``), :func:`log_step` sends ``{prefix}step/{task}``
-at the callback's cumulative step, and every stage also logs ``{prefix}min_acc``,
-``{prefix}wc_acc`` and the stability gap of the task before it (``{prefix}gap_depth/{task}``,
-``{prefix}gap_recovery_steps/{task}``) at step = stage; the per-task curves figure goes where the
-heatmap goes and to ``accuracy_curves.png`` in the results directory.
+at the callback's cumulative step (whole test sets: the per-step evaluations and every stage end,
+one value per step, as in ``results.json``'s curves; with ``step_eval_subset`` the per-step
+evaluations go to ``{prefix}step_subset/{task}`` instead), and every stage also logs
+``{prefix}min_acc``, ``{prefix}wc_acc`` and the stability gap of the task before it
+(``{prefix}gap_depth/{task}``, ``{prefix}gap_recovery_steps/{task}``) at step = stage; the per-task
+curves figure goes where the heatmap goes and to ``accuracy_curves.png`` in the results directory.
 
 Call these on global rank 0 only (Lightning's logger methods are rank-zero-only anyway).
 """
@@ -118,11 +120,17 @@ def stage_scalars(
 
 
 def step_scalars(
-    task_names: Sequence[str], row: torch.Tensor, *, prefix: str = "continual/"
+    task_names: Sequence[str],
+    row: torch.Tensor,
+    *,
+    prefix: str = "continual/",
+    subset: bool = False,
 ) -> dict[str, float]:
-    """``{prefix}step/{task}`` for the tasks scored at a per-step evaluation (NaN left out)."""
+    """``{prefix}step/{task}`` (whole test sets) or ``{prefix}step_subset/{task}`` (the fixed
+    ``step_eval_subset``) for the tasks scored at an evaluation during training (NaN left out)."""
+    key = "step_subset" if subset else "step"
     return {
-        f"{prefix}step/{name}": float(v)
+        f"{prefix}{key}/{name}": float(v)
         for name, v in zip(task_names, row.tolist(), strict=True)
         if math.isfinite(v)
     }
@@ -135,9 +143,10 @@ def log_step(
     step: int,
     *,
     prefix: str = "continual/",
+    subset: bool = False,
 ) -> None:
-    """Log a per-step evaluation at ``step`` (no ``save()``: the stage end flushes)."""
-    scalars = step_scalars(task_names, row, prefix=prefix)
+    """Log an evaluation during training at ``step`` (no ``save()``: the stage end flushes)."""
+    scalars = step_scalars(task_names, row, prefix=prefix, subset=subset)
     if scalars:
         for logger in loggers:
             logger.log_metrics(scalars, step=step)

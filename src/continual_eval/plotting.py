@@ -2,10 +2,15 @@
 
 matplotlib is an optional dependency (``pip install continual-eval[plot]``); it is imported on
 first use and the Agg backend is used when no display backend was chosen.
+
+Figures grow with the number of tasks up to :data:`MAX_FIGURE_INCHES` a side; beyond
+:data:`MAX_TICK_LABELS` tasks or stages only evenly spaced tick labels are drawn, and the legend is
+left out beyond :data:`MAX_LEGEND_ENTRIES` tasks, so a large ``T`` costs a bounded picture.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+#: largest side of a figure these functions create (inches)
+MAX_FIGURE_INCHES = 16.0
+#: most tick labels on one axis (evenly spaced ones beyond)
+MAX_TICK_LABELS = 40
+#: most legend entries (no legend beyond)
+MAX_LEGEND_ENTRIES = 20
 
 
 def _pyplot() -> Any:
@@ -42,6 +54,11 @@ def _task_labels(num_tasks: int, task_names: Sequence[str] | None) -> list[str]:
     if len(task_names) != num_tasks:
         raise ValueError(f"task_names has {len(task_names)} names for {num_tasks} tasks")
     return list(task_names)
+
+
+def _ticks(count: int) -> list[int]:
+    """Positions of at most :data:`MAX_TICK_LABELS` evenly spaced labels among ``count``."""
+    return list(range(0, count, max(1, math.ceil(count / MAX_TICK_LABELS))))
 
 
 def _new_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
@@ -76,20 +93,22 @@ def plot_accuracy_matrix(
         b = _as_matrix([list(baseline.tolist() if isinstance(baseline, Tensor) else baseline)])
         R = torch.cat([b, R])
         row_labels = ["untrained", *row_labels]
-    size = max(3.5, 0.6 * num_tasks + 2.0)
-    fig, ax = _new_axes(ax, (size + 1.2, max(3.0, 0.5 * R.shape[0] + 1.6)))
+    width = min(max(3.5, 0.6 * num_tasks + 2.0) + 1.2, MAX_FIGURE_INCHES)
+    fig, ax = _new_axes(ax, (width, min(max(3.0, 0.5 * R.shape[0] + 1.6), MAX_FIGURE_INCHES)))
     plt = _pyplot()
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")
     masked = np.ma.masked_invalid(R.numpy())
     image = ax.imshow(masked, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     fig.colorbar(image, ax=ax, label="accuracy")
+    slanted = num_tasks > 6 or max(map(len, labels), default=0) > 12
+    columns, rows = _ticks(num_tasks), _ticks(R.shape[0])
     ax.set_xticks(
-        range(num_tasks),
-        labels,
-        rotation=45 if num_tasks > 6 else 0,
-        ha="right" if num_tasks > 6 else "center",
+        columns,
+        [labels[j] for j in columns],
+        rotation=45 if slanted else 0,
+        ha="right" if slanted else "center",
     )
-    ax.set_yticks(range(R.shape[0]), row_labels)
+    ax.set_yticks(rows, [row_labels[i] for i in rows])
     ax.set_xlabel("evaluated task j")
     ax.set_ylabel("training stage i")
     if baseline is not None:
@@ -130,14 +149,16 @@ def plot_task_trajectories(
     for j in range(min(num_tasks, num_stages)):
         ys = [R[i, j].item() if i >= j else float("nan") for i in stages]
         ax.plot(stages, ys, marker="o", label=labels[j])
+    shown = _ticks(num_stages)
     ax.set_xticks(
-        stages, [f"after {labels[i]}" for i in stages], rotation=30 if num_stages > 4 else 0
+        shown, [f"after {labels[i]}" for i in shown], rotation=30 if num_stages > 4 else 0
     )
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("training stage")
     ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8, ncols=1 + num_tasks // 10)
+    if num_tasks <= MAX_LEGEND_ENTRIES:
+        ax.legend(loc="best", fontsize=8, ncols=1 + num_tasks // 10)
     if title:
         ax.set_title(title)
     return fig, ax
@@ -178,7 +199,7 @@ def plot_accuracy_curves(
     ax.set_xlabel("training step (cumulative over tasks)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if num_tasks:
+    if 0 < num_tasks <= MAX_LEGEND_ENTRIES:
         ax.legend(loc="best", fontsize=8, ncols=1 + num_tasks // 10)
     if title:
         ax.set_title(title)

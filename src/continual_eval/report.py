@@ -8,16 +8,26 @@ mean ± spread. Everything goes into ``--out`` as PNGs, ``summary.csv`` and ``re
 Intransigence needs the joint-training reference accuracy of each task; ``continual-eval fit``
 stores it as ``results.json["metadata"]["reference"]`` (a list, one value per task). Runs without it
 show no intransigence.
+
+The files read may come from anywhere: each is validated
+(:func:`continual_eval.results_schema.read_results_json`: size, nesting and name-length limits,
+types and shapes of every field) before anything is drawn, and an invalid one stops the command
+with exit code 2 and a one-line message naming the file and the field. Names and metadata from
+the files are escaped for Markdown and HTML in ``report.md`` and shown as plain text (no
+mathtext) in the pictures.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import html
 import math
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +36,14 @@ from typing import Any
 import torch
 
 from continual_eval.functional import intransigence
-from continual_eval.results import RESULTS_FILE, load_results, results_to_tensors
+from continual_eval.results import RESULTS_FILE, results_to_tensors
+from continual_eval.results_schema import InvalidResultsError, printable, read_results_json
 
 __all__ = [
     "REPORT_METRICS",
     "MethodSummary",
     "Run",
+    "escape_markdown",
     "find_runs",
     "main",
     "run_metrics",
@@ -48,6 +60,58 @@ REPORT_METRICS: dict[str, str] = {
     "intransigence": "Intransigence",
 }
 JOINT_REFERENCE_DIR = "joint_reference"
+#: longest run label used in a picture's file name (longer ones are cut and given a hash)
+MAX_LABEL_LENGTH = 80
+_HTML_SPECIAL = frozenset("&<>\"'")
+#: escaped everywhere: inline markup (code, emphasis, links and images), GFM tables and
+#: strikethrough, math ($), heading closers (#) and URL autolinks (:)
+_MARKDOWN_INLINE = frozenset("\\`*_[]|~$#:")
+#: a line that starts with one of these, or with digits and one of ".)", is a list item or an
+#: underline; escaped at the start of the text
+_LINE_START = re.compile(r"[-+=]|\d{1,9}[.)]")
+_INVISIBLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+def escape_markdown(text: str) -> str:
+    """``text`` as literal Markdown text on one line (CommonMark/GFM): HTML specials as entities
+    (``<`` -> ``&lt;``), inline markup characters backslash-escaped (``` ` ``` ``*`` ``_`` ``[``
+    ``]`` ``|`` ``~`` ``$`` ``#`` ``:`` ``\\``), a leading list or underline marker escaped,
+    and line breaks, control and format characters (bidi overrides, zero-width) written as
+    ``\\uXXXX``-style escapes. It renders as the original text, never as markup."""
+    out = []
+    for ch in text:
+        if ch in _HTML_SPECIAL:
+            out.append(html.escape(ch, quote=True))
+        elif ch in _MARKDOWN_INLINE:
+            out.append("\\" + ch)
+        elif unicodedata.category(ch) in _INVISIBLE:
+            out.append("\\" + ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    escaped = "".join(out)
+    marker = _LINE_START.match(escaped)
+    if marker is not None:
+        end = marker.end() - 1
+        escaped = f"{escaped[:end]}\\{escaped[end:]}"
+    return escaped
+
+
+def _code_span(text: str) -> str:
+    """``text`` as a Markdown code span (literal, HTML not interpreted) on one line: a fence
+    longer than any run of backticks inside, control characters as escapes."""
+    shown = printable(text, len(text))
+    longest = max((len(run) for run in re.findall(r"`+", shown)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
+
+def _plain_for_plot(text: str, limit: int = 40) -> str:
+    """``text`` for a matplotlib label: cut to ``limit`` characters (``…`` marks a cut) and every
+    ``$`` escaped, so nothing is parsed as mathtext."""
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text.replace("$", r"\$")
 
 
 @dataclass
@@ -84,10 +148,15 @@ class Run:
 
     @property
     def label(self) -> str:
-        """File-name-safe label, unique among runs of one method when their seeds differ."""
+        """File-name-safe label (``[A-Za-z0-9_.-]``, at most :data:`MAX_LABEL_LENGTH`
+        characters), unique among runs of one method when their seeds differ."""
         seed = self.seed
         tail = f"seed{seed}" if seed is not None else self.path.name
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.group}_{tail}")
+        label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.group}_{tail}")
+        if len(label) <= MAX_LABEL_LENGTH:
+            return label
+        digest = hashlib.sha256(label.encode("utf-8")).hexdigest()[:12]
+        return f"{label[: MAX_LABEL_LENGTH - 13]}_{digest}"
 
 
 @dataclass
@@ -102,7 +171,10 @@ class MethodSummary:
 
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Runs in ``paths``: each path is a run directory (or its results.json) or a folder searched
-    recursively for ``results.json`` (joint-reference sub-runs excluded). Sorted by path."""
+    recursively for ``results.json`` (joint-reference sub-runs excluded). Sorted by path.
+
+    Every file is validated; the first invalid one raises
+    :class:`~continual_eval.results_schema.InvalidResultsError`."""
     found: dict[Path, Run] = {}
     for raw in paths:
         path = Path(raw)
@@ -117,7 +189,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
             if not candidates:
                 raise FileNotFoundError(f"no {RESULTS_FILE} in {path}")
         for file in candidates:
-            found[file.parent.resolve()] = Run(file.parent, load_results(file))
+            found[file.parent.resolve()] = Run(file.parent, read_results_json(file))
     return [found[k] for k in sorted(found)]
 
 
@@ -172,12 +244,14 @@ def _seeds(summary: MethodSummary) -> str:
 
 
 def markdown_table(summaries: Sequence[MethodSummary]) -> str:
-    """``| method | runs | seeds | ACC | ... |`` with mean ± sample std (mean alone for one run)."""
+    """``| method | runs | seeds | ACC | ... |`` with mean ± sample std (mean alone for one run);
+    method names and seeds escaped (:func:`escape_markdown`)."""
     header = ["method", "runs", "seeds", *REPORT_METRICS.values()]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
         cells = [_cell(s.mean[k], s.std[k]) for k in REPORT_METRICS]
-        lines.append("| " + " | ".join([s.method, str(len(s.runs)), _seeds(s), *cells]) + " |")
+        row = [escape_markdown(s.method), str(len(s.runs)), escape_markdown(_seeds(s)), *cells]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -193,7 +267,7 @@ def _plot_metric_bars(summaries: Sequence[MethodSummary], path: Path) -> None:
         means = [math.nan if s.mean[k] is None else s.mean[k] for k in keys]
         errs = [0.0 if s.std[k] is None else s.std[k] for k in keys]
         has_spread = any(s.std[k] is not None for k in keys)
-        label = f"{s.method} (n={len(s.runs)})"
+        label = f"{_plain_for_plot(s.method)} (n={len(s.runs)})"
         ax.bar(xs, means, width * 0.95, label=label)
         if has_spread:
             ax.errorbar(xs, means, yerr=errs, fmt="none", ecolor="black", capsize=3, linewidth=1)
@@ -260,8 +334,9 @@ def _plot_run(run: Run, out_dir: Path) -> tuple[Path, Path]:
 
     plt = _pyplot()
     scores, baseline = results_to_tensors(run.results)
-    names = run.results.get("task_names")
-    title = f"{run.group}, seed {run.seed}" if run.seed is not None else run.group
+    names = [_plain_for_plot(name) for name in run.results["task_names"]]
+    title = _plain_for_plot(run.group)
+    title = f"{title}, seed {_plain_for_plot(str(run.seed))}" if run.seed is not None else title
     matrix_path = out_dir / f"{run.label}_matrix.png"
     fig, _ = plot_accuracy_matrix(scores, baseline, task_names=names, title=f"R[i, j]: {title}")
     fig.savefig(matrix_path, dpi=120)
@@ -314,8 +389,9 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path) -> Path:
     for run in runs:
         matrix_path, traj_path = _plot_run(run, out)
         stages = f"{run.results['stages_completed']}/{run.results['num_tasks']} stages"
-        lines += [f"## {run.group}, seed {run.seed} ({stages})", "", f"`{run.path}`", ""]
-        lines += [format_matrix_table(run.results, markdown=True), ""]
+        heading = escape_markdown(f"{run.group}, seed {run.seed} ({stages})")
+        lines += [f"## {heading}", "", _code_span(str(run.path)), ""]
+        lines += [format_matrix_table(_escaped_names(run.results), markdown=True), ""]
         extra = run_metrics(run.results)["intransigence"]
         if extra is not None:
             lines += [f"intransigence={extra:.4f}", ""]
@@ -323,6 +399,15 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path) -> Path:
     report = out / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return report
+
+
+def _escaped_names(results: dict[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``results`` whose task names and score name are Markdown-escaped."""
+    conventions = dict(results.get("conventions") or {})
+    if "score" in conventions:
+        conventions["score"] = escape_markdown(conventions["score"])
+    names = [escape_markdown(name) for name in results["task_names"]]
+    return {**results, "task_names": names, "conventions": conventions}
 
 
 def _default_out(paths: Sequence[str]) -> Path:
@@ -348,8 +433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else _default_out(args.runs)
     try:
         report = write_report(args.runs, out)
-    except (FileNotFoundError, ValueError) as err:
+    except InvalidResultsError as err:  # a file that is not a valid results.json
         print(f"continual-eval report: {err}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as err:  # nothing found, unreadable, output not writable
+        print(f"continual-eval report: {printable(str(err), 500)}", file=sys.stderr)
         return 1
     print(report.read_text(encoding="utf-8").split("\n## ")[0])
     print(f"report written to {report}")

@@ -38,6 +38,7 @@ from continual_eval.functional.stability import (
     stability_gap,
     worst_case_accuracy,
 )
+from continual_eval.results_schema import FORMAT_VERSION, read_results_json
 
 __all__ = [
     "FORMAT_VERSION",
@@ -56,7 +57,6 @@ __all__ = [
     "write_scores_csv",
 ]
 
-FORMAT_VERSION = 1
 RESULTS_FILE = "results.json"
 SCORES_FILE = "scores.csv"
 METRIC_KEYS = ("acc", "bwt", "fwt", "forgetting")
@@ -360,8 +360,9 @@ def read_run_id(dirpath: str | os.PathLike) -> tuple[bool, str | None, int | Non
 
 
 def _read_document(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    """Parse and validate (:mod:`continual_eval.results_schema`): a malformed or hostile file
+    raises :class:`~continual_eval.results_schema.InvalidResultsError` naming the field."""
+    return read_results_json(path)
 
 
 def load_results(path: str | os.PathLike) -> dict[str, Any]:
@@ -370,6 +371,11 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     Returns the document as written (``None`` for cells that were not evaluated or metrics that are
     undefined), without the write bookkeeping (``files``, see :func:`check_results_files`). Use
     :func:`results_to_tensors` for ``(scores, baseline)`` tensors with NaN.
+
+    Raises:
+        FileNotFoundError: no ``results.json`` there.
+        InvalidResultsError: (a ``ValueError``) the file is not a valid results document; the
+            message names the file and the field (e.g. ``scores[2][1]``).
     """
     path = Path(path)
     if path.is_dir():
@@ -377,14 +383,6 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no {RESULTS_FILE} at {path}")
     results = _read_document(path)
-    version = results.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: unsupported format_version {version!r} (expected {FORMAT_VERSION})"
-        )
-    missing = {"num_tasks", "scores", "baseline", "stages_completed"} - results.keys()
-    if missing:
-        raise ValueError(f"{path}: missing keys {sorted(missing)}")
     results.pop("files", None)
     return results
 

@@ -225,6 +225,7 @@ def test_subset_at_steps_full_sets_at_stage_ends(tasks, tmp_path):
     cb, _ = run_per_task(
         tasks,
         tmp_path,
+        logger=CSVLogger(tmp_path, name="csv"),
         eval_every_n_steps=K,
         step_eval_subset=n,
         step_eval_subset_seed=seed,
@@ -234,6 +235,17 @@ def test_subset_at_steps_full_sets_at_stage_ends(tasks, tmp_path):
     assert got[0].tolist() == steps and got[1].tolist() == stages and same(got[2], rows)
     results = load_results(tmp_path / "out")
     assert results["curves"]["full"] == full == [False, True, False, True, False, True]
+    # one key, one kind of value: whole test sets under step/, the subset under step_subset/
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as fh:
+        logged = list(csv.DictReader(fh))
+    whole = [
+        (int(r["step"]), float(r["continual/step/task_0"]))
+        for r in logged
+        if r.get("continual/step/task_0")
+    ]
+    part = [int(r["step"]) for r in logged if r.get("continual/step_subset/task_0")]
+    assert whole == [(st, got[2][i, 0].item()) for i, st in enumerate(steps) if full[i]]
+    assert part == [4, 8, 12, 16]  # every per-step evaluation, 12 included
     assert results["curves"]["subset"]["samples_per_task"] == [n] * 3
     assert results["curves"]["subset"]["seed"] == seed
     # stage-end rows are the full-test-set rows of R
@@ -386,12 +398,11 @@ def test_logged_against_the_step_and_per_stage(tasks, tmp_path):
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as fh:
         logged = list(csv.DictReader(fh))
     per_step = [r for r in logged if r.get("continual/step/task_0")]
-    # per-step rows at steps 4, 8, 16 (12's per-step row was logged too, before the stage end)
-    assert [int(r["step"]) for r in per_step] == [4, 8, 12, 16]
-    for r in per_step:
-        n = steps.tolist().index(int(r["step"])) if int(r["step"]) != 12 else None
-        if n is not None:
-            assert float(r["continual/step/task_0"]) == rows[n, 0].item()
+    # one value per step, the curve's: per-step evaluations (4, 8, 12, 16) and the stage ends
+    # (6, 12, 18; at 12 the two are the same evaluation of the same weights)
+    assert [int(r["step"]) for r in per_step] == steps.tolist() == [4, 6, 8, 12, 16, 18]
+    for n, r in enumerate(per_step):
+        assert float(r["continual/step/task_0"]) == rows[n, 0].item()
     results = cb.results()
     per_stage = [r for r in logged if r.get("continual/wc_acc")]
     assert [int(r["step"]) for r in per_stage] == [0, 1, 2]
@@ -506,7 +517,7 @@ def test_tensorboard_wandb_mlflow_get_steps_and_curves_figure(tasks, tmp_path, m
     acc = EventAccumulator(str(tb.log_dir), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
     events = acc.Scalars("continual/step/task_0")
-    assert [e.step for e in events] == [4, 8, 12, 16]
+    assert [e.step for e in events] == [4, 6, 8, 12, 16, 18]
     assert events[0].value == pytest.approx(rows[0, 0].item(), abs=1e-6)
     assert [e.step for e in acc.Scalars("continual/wc_acc")] == [0, 1, 2]
     images = acc.Images("continual/accuracy_curves")
@@ -515,12 +526,12 @@ def test_tensorboard_wandb_mlflow_get_steps_and_curves_figure(tasks, tmp_path, m
 
     history = _wandb_history(run_dir)
     per_step = [h for h in history if "continual/step/task_0" in h]
-    assert [int(h["trainer/global_step"]) for h in per_step] == [4, 8, 12, 16]
+    assert [int(h["trainer/global_step"]) for h in per_step] == [4, 6, 8, 12, 16, 18]
     staged = [h for h in history if "continual/acc" in h]
     assert json.loads(staged[-1]["continual/accuracy_curves/_type"]) == "image-file"
 
     client = MlflowClient(tracking_uri=uri)
     history = client.get_metric_history(ml.run_id, "continual/step/task_1")
-    assert sorted(m.step for m in history) == [8, 12, 16]
+    assert sorted(m.step for m in history) == [8, 12, 16, 18]
     artifacts = {a.path for a in client.list_artifacts(ml.run_id, "continual")}
     assert "continual/accuracy_curves_stage_002.png" in artifacts

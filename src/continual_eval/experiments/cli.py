@@ -12,11 +12,20 @@ plus two sections of this command:
 same Trainer (``fit_loop.max_epochs`` is raised before each). Without a logger in the config the
 run writes CSV and TensorBoard files to ``runs/<experiment>[/<method>]/version_N``;
 results.json, scores.csv and the report (``report/``) go to the same directory, which is printed.
+
+``stream.experiment`` and ``stream.method`` become directory names, so they are checked, not
+rewritten: a name is refused (exit code 2, a one-line message naming the option) when it is empty,
+``.`` or ``..``, longer than :data:`MAX_RUN_NAME_LENGTH` characters, has leading or trailing
+whitespace, or holds a path separator (``/`` or ``\\``, on every platform) or a control, format
+or line-separator character. The resolved run directory must also lie inside ``stream.save_dir``
+(a symbolic link inside it that points elsewhere is refused too).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import unicodedata
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +40,60 @@ from continual_eval.callback import ContinualEvalCallback
 from continual_eval.experiments.stream import TaskStreamDataModule, fit_stream, progress, run_dir_of
 from continual_eval.report import run_metrics, write_report
 
-__all__ = ["StreamCLI", "StreamOptions", "main"]
+__all__ = [
+    "MAX_RUN_NAME_LENGTH",
+    "RunNameError",
+    "StreamCLI",
+    "StreamOptions",
+    "check_run_name",
+    "main",
+]
+
+#: longest ``stream.experiment`` / ``stream.method`` (one directory name each)
+MAX_RUN_NAME_LENGTH = 100
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+class RunNameError(ValueError):
+    """A run name that cannot be used as one directory of the run path, or a run directory that
+    resolves outside ``save_dir``."""
+
+
+def check_run_name(value: object, option: str) -> str:
+    """``value`` when it can be one directory name of a run path, else :class:`RunNameError`
+    naming ``option``: a non-empty string of at most :data:`MAX_RUN_NAME_LENGTH` characters, not
+    ``.`` or ``..``, without ``/``, ``\\``, control, format or line-separator characters and
+    without leading or trailing whitespace."""
+    shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:60]}..."
+    if not isinstance(value, str):
+        raise RunNameError(f"{option}: expected a string, found {shown}")
+    problem = None
+    if not value:
+        problem = "it is empty"
+    elif value in {".", ".."}:
+        problem = "it names the current or the parent directory"
+    elif len(value) > MAX_RUN_NAME_LENGTH:
+        problem = f"it has {len(value)} characters (at most {MAX_RUN_NAME_LENGTH})"
+    elif "/" in value or "\\" in value or (os.altsep and os.altsep in value):
+        problem = "it holds a path separator"
+    elif any(unicodedata.category(ch) in _UNSAFE_CATEGORIES for ch in value):
+        problem = "it holds a control, format or line-separator character"
+    elif value != value.strip():
+        problem = "it has leading or trailing whitespace"
+    if problem is not None:
+        raise RunNameError(f"{option}: {shown} cannot be a directory name: {problem}")
+    return value
+
+
+def _check_inside(run_dir: Path, save_dir: Path) -> None:
+    """:class:`RunNameError` unless ``run_dir`` resolves (symbolic links followed) inside
+    ``save_dir``."""
+    root, resolved = save_dir.resolve(), run_dir.resolve()
+    if not resolved.is_relative_to(root):
+        raise RunNameError(
+            f"stream: the run directory {run_dir} resolves to {resolved}, outside "
+            f"stream.save_dir {root} (a symbolic link?)"
+        )
 
 
 @dataclass
@@ -41,8 +103,9 @@ class StreamOptions:
     Args:
         experiment: experiment name; runs go to ``<save_dir>/<experiment>/<method>/version_N``
             (``<save_dir>/<experiment>/version_N`` without a method) unless a logger is set.
+            Must be a safe directory name (:func:`check_run_name`).
         method: method label, stored in the metadata (default: the model's ``method``
-            attribute, else its class name).
+            attribute, else its class name); a safe directory name when set.
         seeds: run the whole stream once per seed (each in its own run directory); empty = once,
             with ``seed_everything``.
         joint_reference: also train a fresh copy of the model on all tasks' training data at once
@@ -58,6 +121,11 @@ class StreamOptions:
     joint_reference: bool = False
     report: bool = True
     save_dir: str = "runs"
+
+    def __post_init__(self) -> None:
+        check_run_name(self.experiment, "stream.experiment")
+        if self.method is not None:
+            check_run_name(self.method, "stream.method")
 
 
 class StreamCLI(LightningCLI):
@@ -110,6 +178,7 @@ def _run(cli: StreamCLI) -> Path:
     if config["trainer"].get("logger") in (None, True):
         name = f"{options.experiment}/{options.method}" if options.method else options.experiment
         trainer.loggers = _default_loggers(options.save_dir, name)
+        _check_inside(Path(trainer.loggers[0].log_dir), Path(options.save_dir))
     run_dir = run_dir_of(trainer, callback_kwargs)
     progress(f"run directory: {run_dir}")
     seed = config.get("seed_everything")
@@ -144,11 +213,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     cli = _build_cli(args)
-    seeds = [int(s) for s in cli.config["stream"]["seeds"] or []]
-    if not seeds:
-        _run(cli)
-        return 0
-    run_dirs = [_run(_build_cli([*args, f"--seed_everything={seed}"])) for seed in seeds]
+    try:
+        StreamOptions(**cli.config["stream"].as_dict())
+        seeds = [int(s) for s in cli.config["stream"]["seeds"] or []]
+        if not seeds:
+            _run(cli)
+            return 0
+        run_dirs = [_run(_build_cli([*args, f"--seed_everything={seed}"])) for seed in seeds]
+    except RunNameError as err:
+        print(f"continual-eval fit: {err}", file=sys.stderr)
+        return 2
     progress(f"runs: {' '.join(str(d) for d in run_dirs)}")
     if cli.config["stream"]["report"]:
         written = write_report(run_dirs, run_dirs[0].parent / "report")

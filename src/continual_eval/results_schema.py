@@ -1,0 +1,419 @@
+"""Validation of a ``results.json`` document read from a file that may not be trustworthy.
+
+:func:`read_results_json` reads, parses and validates a file; :func:`validate_results` checks an
+already parsed document. Either raises :class:`InvalidResultsError` (a ``ValueError``) naming the
+file and the offending field as a JSON path (``scores[2][1]``, ``metadata.reference[0]``) with the
+expected and the found type, so no reader meets a ``KeyError``, ``TypeError`` or
+``RecursionError`` later.
+
+Schema (``format_version`` 1; ``T = num_tasks``, ``s = stages_completed``, "cell" = a finite
+number or ``null``):
+
+* required: ``format_version`` (1), ``num_tasks`` (integer, ``1..MAX_TASKS``), ``task_names``
+  (``T`` strings), ``stages_completed`` (integer, ``0..T``), ``scores`` (``s`` rows of ``T``
+  cells), ``baseline`` (``T`` cells), ``metrics`` (object of cells);
+* optional, checked when present: ``metrics_per_stage`` (object of ``s`` cells each),
+  ``per_task`` (object of ``max(s - 1, 0)`` cells each), ``conventions`` (object of strings),
+  ``metadata`` (free-form object; ``experiment``, ``method`` and ``seed`` each a string, a number,
+  a boolean or null; ``reference`` ``T`` cells or null), ``curves`` and ``stability`` (per-step
+  evaluation, see :func:`continual_eval.results.build_curves`), ``run_id`` (string), ``files``
+  (object of objects; ``files["scores.csv"]`` holds ``sha256`` and ``stages``);
+* unknown top-level keys are accepted (forward compatibility), within the nesting bound.
+
+Limits on what an untrusted file may hold (a file beyond them is refused, not truncated):
+:data:`MAX_FILE_BYTES` bytes, :data:`MAX_TASKS` tasks, :data:`MAX_NAME_LENGTH` characters per
+name (task names, experiment, method, seed, score, convention strings, ``run_id``),
+:data:`MAX_TEXT_LENGTH` characters per descriptive string (``curves.step_counter``,
+``stability.source``) and :data:`MAX_DEPTH` levels of nested arrays and objects. The JSON
+constants ``NaN`` and ``Infinity`` are refused (the writer stores ``null``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import unicodedata
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_NAME_LENGTH",
+    "MAX_TASKS",
+    "MAX_TEXT_LENGTH",
+    "InvalidResultsError",
+    "parse_results_json",
+    "printable",
+    "read_results_json",
+    "validate_results",
+]
+
+#: the ``format_version`` this reader understands (``continual_eval.results`` writes it)
+FORMAT_VERSION = 1
+#: largest ``results.json`` read (bytes); T = 2000 with full curves fits comfortably
+MAX_FILE_BYTES = 256 * 1024 * 1024
+#: most tasks a document may hold (``num_tasks``)
+MAX_TASKS = 2000
+#: longest task name, experiment, method, seed string, score name, convention or ``run_id``
+MAX_NAME_LENGTH = 200
+#: longest descriptive string (``curves.step_counter``, ``stability.source``)
+MAX_TEXT_LENGTH = 1000
+#: deepest nesting of arrays and objects, the document itself counting as level 1
+MAX_DEPTH = 32
+
+_MAX_EXACT_INT = 2**53  # integers beyond this are not exact as float64 cells
+_MAX_INT64 = 2**63 - 1
+_SHOWN_CHARS = 40  # characters of a found string or a key quoted in a message
+_SCORES_CSV = "scores.csv"
+_UNPRINTABLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+class InvalidResultsError(ValueError):
+    """A ``results.json`` that does not follow the schema.
+
+    ``source`` is the file, ``field`` the JSON path of the offending value (``""`` when the file as
+    a whole is at fault), ``problem`` what is wrong; ``str(err)`` is one line naming all three.
+    """
+
+    def __init__(self, source: str | os.PathLike, field: str, problem: str) -> None:
+        self.source = str(source)
+        self.field = field
+        self.problem = problem
+        where = f"{printable(self.source, 300)}: " + (f"{field}: " if field else "")
+        super().__init__(where + problem)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.source, self.field, self.problem)
+
+
+def printable(text: str, limit: int = _SHOWN_CHARS) -> str:
+    """``text`` on one line: control, format and line-separator characters as ``\\uXXXX``-style
+    escapes, cut to ``limit`` characters with ``...`` and the full length when longer."""
+    shown = text if len(text) <= limit else text[:limit]
+    out = "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in _UNPRINTABLE
+        else ch
+        for ch in shown
+    )
+    return out if len(text) <= limit else f"{out}... ({len(text)} characters)"
+
+
+def _describe(value: Any) -> str:
+    """The JSON type of ``value`` and, when short, the value itself."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, int):
+        text = str(value)
+        return f"integer {text}" if len(text) <= 24 else f"integer of {len(text)} digits"
+    if isinstance(value, float):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        if len(value) > _SHOWN_CHARS:
+            return f"string of {len(value)} characters"
+        return f"string {printable(json.dumps(value, ensure_ascii=False))}"
+    if isinstance(value, list):
+        return f"array of {len(value)} items"
+    if isinstance(value, dict):
+        return f"object with {len(value)} keys"
+    return type(value).__name__  # pragma: no cover - json never produces anything else
+
+
+def _key_path(parent: str, key: str) -> str:
+    if key.isidentifier():
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{printable(json.dumps(key), _SHOWN_CHARS)}]"
+
+
+def _is_cell(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(value)
+    return value is None or (kind is int and -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT)
+
+
+class _Checker:
+    """Checks of one document; every failure raises :class:`InvalidResultsError`."""
+
+    def __init__(self, source: str | os.PathLike) -> None:
+        self.source = source
+
+    def fail(self, field: str, expected: str, value: Any) -> NoReturn:
+        raise InvalidResultsError(
+            self.source, field, f"expected {expected}, found {_describe(value)}"
+        )
+
+    def mapping(self, value: Any, field: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(field, "an object", value)
+        return value
+
+    def array(
+        self, value: Any, field: str, length: int | None = None, most: int | None = None
+    ) -> list[Any]:
+        if not isinstance(value, list):
+            self.fail(field, "an array", value)
+        if length is not None and len(value) != length:
+            self.fail(field, f"an array of {length} items", value)
+        if most is not None and len(value) > most:
+            self.fail(field, f"an array of at most {most} items", value)
+        return value
+
+    def integer(self, value: Any, field: str, low: int = 0, high: int = _MAX_INT64) -> int:
+        if type(value) is not int or not low <= value <= high:
+            if high != _MAX_INT64:
+                expected = f"an integer in [{low}, {high}]"
+            else:
+                expected = "an integer" if low < 0 else f"an integer >= {low}"
+            self.fail(field, expected, value)
+        return value
+
+    def string(self, value: Any, field: str, most: int = MAX_NAME_LENGTH) -> str:
+        if not isinstance(value, str) or len(value) > most:
+            self.fail(field, f"a string of at most {most} characters", value)
+        return value
+
+    def number(self, value: Any, field: str) -> None:
+        if value is None or not _is_cell(value):
+            self.fail(field, "a finite number", value)
+
+    def cells(
+        self, value: Any, field: str, length: int | None = None, most: int | None = None
+    ) -> None:
+        """An array of finite numbers or nulls (the fast path of large matrices)."""
+        values = self.array(value, field, length, most)
+        if not all(map(_is_cell, values)):
+            i = next(i for i, v in enumerate(values) if not _is_cell(v))
+            self.fail(f"{field}[{i}]", "a finite number or null", values[i])
+
+    def matrix(self, value: Any, field: str, rows: int | None, columns: int) -> None:
+        for i, row in enumerate(self.array(value, field, rows)):
+            self.cells(row, f"{field}[{i}]", columns)
+
+    def cell_table(
+        self, value: Any, field: str, length: int | None, most: int | None = None
+    ) -> None:
+        """An object whose every value is an array of cells."""
+        for key, column in self.mapping(value, field).items():
+            self.cells(column, _key_path(field, key), length, most)
+
+    def nesting(self, value: Any, field: str, depth: int) -> None:
+        """Free-form JSON: at most :data:`MAX_DEPTH` levels (``depth`` = level of ``value``)."""
+        stack = [(value, field, depth)]
+        while stack:
+            item, path, level = stack.pop()
+            if not isinstance(item, (list, dict)):
+                continue
+            if level > MAX_DEPTH:
+                raise InvalidResultsError(
+                    self.source, path, f"nested deeper than {MAX_DEPTH} levels of arrays/objects"
+                )
+            nested = enumerate(item) if isinstance(item, list) else item.items()
+            for key, child in nested:
+                if isinstance(child, (list, dict)):
+                    child_path = f"{path}[{key}]" if isinstance(key, int) else _key_path(path, key)
+                    stack.append((child, child_path, level + 1))
+
+
+def _check_metadata(check: _Checker, metadata: Any, T: int) -> None:
+    metadata = check.mapping(metadata, "metadata")
+    for key in ("experiment", "method", "seed"):  # shown by the report as text
+        value = metadata.get(key)
+        if isinstance(value, str) and len(value) <= MAX_NAME_LENGTH:
+            continue
+        if value is not None and not isinstance(value, bool) and not _is_cell(value):
+            check.fail(
+                f"metadata.{key}",
+                f"a string of at most {MAX_NAME_LENGTH} characters, a number, a boolean or null",
+                value,
+            )
+    if metadata.get("reference") is not None:
+        check.cells(metadata["reference"], "metadata.reference", T)
+    check.nesting(metadata, "metadata", 2)
+
+
+def _check_curves(check: _Checker, curves: Any, T: int) -> None:
+    curves = check.mapping(curves, "curves")
+    for key in ("step", "stage", "accuracy"):
+        if key not in curves:
+            raise InvalidResultsError(check.source, f"curves.{key}", "missing")
+    steps = check.array(curves["step"], "curves.step")
+    N = len(steps)
+    for n, step in enumerate(steps):
+        check.integer(step, f"curves.step[{n}]")
+    for n, stage in enumerate(check.array(curves["stage"], "curves.stage", N)):
+        check.integer(stage, f"curves.stage[{n}]", 0, T - 1)
+    check.matrix(curves["accuracy"], "curves.accuracy", N, T)
+    if "full" in curves:
+        for n, full in enumerate(check.array(curves["full"], "curves.full", N)):
+            if not isinstance(full, bool):
+                check.fail(f"curves.full[{n}]", "a boolean", full)
+    if "score" in curves:
+        check.string(curves["score"], "curves.score")
+    if "step_counter" in curves:
+        check.string(curves["step_counter"], "curves.step_counter", MAX_TEXT_LENGTH)
+    if curves.get("subset") is not None:
+        subset = check.mapping(curves["subset"], "curves.subset")
+        if "size" in subset:
+            check.integer(subset["size"], "curves.subset.size")
+        if "seed" in subset:
+            check.integer(subset["seed"], "curves.subset.seed", -_MAX_INT64 - 1)
+        if "samples_per_task" in subset:
+            sizes = check.array(subset["samples_per_task"], "curves.subset.samples_per_task", T)
+            for j, size in enumerate(sizes):
+                check.integer(size, f"curves.subset.samples_per_task[{j}]")
+        check.nesting(subset, "curves.subset", 3)
+
+
+def _check_stability(check: _Checker, stability: Any, T: int) -> None:
+    stability = check.mapping(stability, "stability")
+    for key in ("min_acc", "wc_acc"):
+        if key in stability:
+            check.cells(stability[key], f"stability.{key}", most=T)
+    if "per_task" in stability:
+        check.cell_table(stability["per_task"], "stability.per_task", None, most=T)
+    if "tolerance" in stability:
+        check.number(stability["tolerance"], "stability.tolerance")
+    if "source" in stability:
+        check.string(stability["source"], "stability.source", MAX_TEXT_LENGTH)
+
+
+def _check_files(check: _Checker, files: Any, T: int) -> None:
+    files = check.mapping(files, "files")
+    for name, entry in files.items():
+        check.mapping(entry, _key_path("files", name))
+    if _SCORES_CSV in files:
+        entry, field = files[_SCORES_CSV], _key_path("files", _SCORES_CSV)
+        for key in ("sha256", "stages"):
+            if key not in entry:
+                raise InvalidResultsError(check.source, f"{field}.{key}", "missing")
+        digest = entry["sha256"]
+        if not (isinstance(digest, str) and len(digest) == 64 and digest.isascii()) or any(
+            c not in "0123456789abcdef" for c in digest
+        ):
+            check.fail(f"{field}.sha256", "64 lowercase hexadecimal digits", digest)
+        check.integer(entry["stages"], f"{field}.stages", 0, T)
+    check.nesting(files, "files", 2)
+
+
+_REQUIRED = (
+    "format_version",
+    "num_tasks",
+    "task_names",
+    "stages_completed",
+    "scores",
+    "baseline",
+    "metrics",
+)
+
+
+def validate_results(document: Any, source: str | os.PathLike = "results.json") -> dict[str, Any]:
+    """Check a parsed ``results.json`` document against the schema of this module's docstring.
+
+    Returns the document unchanged; raises :class:`InvalidResultsError` naming ``source`` and the
+    first offending field. Linear in the size of the document (about 0.1 s for T = 500 with
+    curves).
+    """
+    check = _Checker(source)
+    doc = check.mapping(document, "")
+    for key in _REQUIRED:
+        if key not in doc:
+            raise InvalidResultsError(source, key, "missing")
+    version = doc["format_version"]
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise InvalidResultsError(
+            source,
+            "format_version",
+            f"unsupported format_version: expected {FORMAT_VERSION}, found {_describe(version)}",
+        )
+    T = check.integer(doc["num_tasks"], "num_tasks", 1, MAX_TASKS)
+    for j, name in enumerate(check.array(doc["task_names"], "task_names", T)):
+        check.string(name, f"task_names[{j}]")
+    s = check.integer(doc["stages_completed"], "stages_completed", 0, T)
+    check.matrix(doc["scores"], "scores", s, T)
+    check.cells(doc["baseline"], "baseline", T)
+    for key, value in check.mapping(doc["metrics"], "metrics").items():
+        if not _is_cell(value):
+            check.fail(_key_path("metrics", key), "a finite number or null", value)
+    if "metrics_per_stage" in doc:
+        check.cell_table(doc["metrics_per_stage"], "metrics_per_stage", s)
+    if "per_task" in doc:
+        check.cell_table(doc["per_task"], "per_task", max(s - 1, 0))
+    if "conventions" in doc:
+        for key, value in check.mapping(doc["conventions"], "conventions").items():
+            check.string(value, _key_path("conventions", key))
+    if "metadata" in doc:
+        _check_metadata(check, doc["metadata"], T)
+    if doc.get("curves") is not None:
+        _check_curves(check, doc["curves"], T)
+    if doc.get("stability") is not None:
+        _check_stability(check, doc["stability"], T)
+    if "run_id" in doc:
+        check.string(doc["run_id"], "run_id")
+    if "files" in doc:
+        _check_files(check, doc["files"], T)
+    known = {*_REQUIRED, "metrics_per_stage", "per_task", "conventions", "metadata"}
+    known |= {"curves", "stability", "run_id", "files"}
+    for key, value in doc.items():
+        if key not in known:
+            check.nesting(value, _key_path("", key), 2)
+    return doc
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"the non-standard constant {name} (not JSON; the writer stores null)")
+
+
+def parse_results_json(text: str, source: str | os.PathLike = "results.json") -> Any:
+    """``json.loads(text)`` with every failure as :class:`InvalidResultsError`: syntax errors (with
+    line and column), ``NaN``/``Infinity``, integers too long to convert, and nesting too deep for
+    the parser (``RecursionError``)."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as err:
+        raise InvalidResultsError(
+            source, "", f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
+    except RecursionError:
+        raise InvalidResultsError(
+            source, "", f"nested too deeply to parse (limit {MAX_DEPTH} levels)"
+        ) from None
+    except ValueError as err:  # NaN/Infinity, integers beyond sys.get_int_max_str_digits()
+        raise InvalidResultsError(
+            source, "", f"not valid JSON: {printable(str(err), 160)}"
+        ) from None
+
+
+def read_results_json(
+    path: str | os.PathLike, *, max_bytes: int = MAX_FILE_BYTES
+) -> dict[str, Any]:
+    """Read, parse and validate the ``results.json`` at ``path`` (a file).
+
+    Refuses (:class:`InvalidResultsError`) anything but a regular file of at most ``max_bytes``
+    bytes of UTF-8 JSON following the schema; ``FileNotFoundError``/``OSError`` pass through.
+    """
+    path = Path(path)
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidResultsError(path, "", "not a regular file")
+    if info.st_size > max_bytes:
+        raise InvalidResultsError(
+            path, "", f"file of {info.st_size} bytes exceeds the limit of {max_bytes} bytes"
+        )
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew since stat
+        raise InvalidResultsError(path, "", f"file exceeds the limit of {max_bytes} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidResultsError(
+            path, "", f"not UTF-8 text (invalid byte at offset {err.start})"
+        ) from None
+    return validate_results(parse_results_json(text, path), path)
