@@ -245,6 +245,7 @@ class ContinualEvalCallback(Callback):
         atexit.register(_remove_file, self._mailbox)
         self._restored = False
         self._dir_checked = False
+        self._recorded_results_dir: str | None = None
 
         self.metrics: ContinualMetrics | None = None
         self.task_names: list[str] | None = None
@@ -283,6 +284,7 @@ class ContinualEvalCallback(Callback):
         self._pending_state = None
         self._baseline_done = False
         self._results_dir = None
+        self._recorded_results_dir = None
         self._dir_checked = False
         self._restored = False
         self._steps_done = 0
@@ -492,7 +494,18 @@ class ContinualEvalCallback(Callback):
                 stacklevel=2,
             )
         if trainer.is_global_zero and self._results_dir is None:
-            self._results_dir = default_results_dir(trainer, self.dirpath)
+            self._results_dir = self._resumed_results_dir() or default_results_dir(
+                trainer, self.dirpath
+            )
+
+    def _resumed_results_dir(self) -> Path | None:
+        """A resumed run keeps writing where it wrote before (without ``dirpath``, a new process
+        would otherwise pick a new directory), if that directory still holds this run."""
+        recorded = self._recorded_results_dir
+        if self.dirpath is not None or recorded is None or not Path(recorded).is_dir():
+            return None
+        exists, run_id, _ = read_run_id(recorded)
+        return Path(recorded) if not exists or run_id == self.run_id else None
 
     def _claim_results_dir(self, trainer: Trainer) -> None:
         """Before anything is written: refuse a results directory holding another run's results
@@ -517,6 +530,11 @@ class ContinualEvalCallback(Callback):
             raise FileExistsError(problem)
         self._dir_checked = True
         if trainer.is_global_zero and self._results_dir is not None:
+            if self.verbose:
+                rank_zero_info(
+                    f"[continual-eval] run {self.run_id}: results.json and scores.csv go to "
+                    f"{self._results_dir}"
+                )
             remove_stale_temporaries(self._results_dir)
             if self._restored and self.metrics is not None and self._baseline_done:
                 self._write()
@@ -545,6 +563,8 @@ class ContinualEvalCallback(Callback):
                 "curve_scores": [row.clone() for row in self._curve_scores],
                 "curve_full": list(self._curve_full),
             }
+        if self._results_dir is not None:
+            state["results_dir"] = str(self._results_dir)
         if self.restore_rng_states:
             state["rng_states"] = _collect_rng_states()
         return state
@@ -562,6 +582,7 @@ class ContinualEvalCallback(Callback):
         rng_states = state.pop("rng_states", None)
         if "run_id" in state:
             self.run_id = str(state["run_id"])
+        self._recorded_results_dir = state.get("results_dir")
         self._restored = True
         self._pending_state = state
         if self._loaders is not None:

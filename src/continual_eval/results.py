@@ -49,6 +49,7 @@ __all__ = [
     "check_results_files",
     "default_results_dir",
     "load_results",
+    "new_version_dir",
     "read_run_id",
     "remove_stale_temporaries",
     "results_to_curves",
@@ -64,17 +65,51 @@ PER_TASK_KEYS = ("bwt", "fwt", "forgetting")
 
 
 def default_results_dir(trainer: Any, dirpath: str | os.PathLike | None = None) -> Path:
-    """Where a run's ``results.json`` goes: ``dirpath`` when given, else the first logger's
-    ``log_dir`` (TensorBoard, CSV), else its ``save_dir`` (W&B, MLflow), else
-    ``trainer.default_root_dir``; as ``Trainer.log_dir`` decides, without its broadcast."""
+    """Where a run's ``results.json`` goes; every run gets its own directory.
+
+    ``dirpath`` when given; else, by the Trainer's first logger: its ``log_dir`` (TensorBoard,
+    CSV: already one ``version_N`` per run), the W&B run's own files directory
+    (``experiment.dir``, uploaded with the run), or ``default_root_dir/continual_eval/<run id>``
+    for other loggers with a run id (MLflow); without a logger a new
+    ``default_root_dir/continual_eval/version_N``, numbered as Lightning numbers its logs.
+    """
     if dirpath is not None:
         return Path(dirpath)
+    root = Path(trainer.default_root_dir)
     for logger in trainer.loggers[:1]:
-        for attr in ("log_dir", "save_dir"):
-            path = getattr(logger, attr, None)
-            if path:
-                return Path(path)
-    return Path(trainer.default_root_dir)
+        log_dir = getattr(logger, "log_dir", None)
+        if log_dir:
+            return Path(log_dir)
+        if type(logger).__name__ == "WandbLogger":
+            return Path(logger.experiment.dir)
+        version = getattr(logger, "version", None)
+        if version is not None and str(version):
+            return root / "continual_eval" / str(version)
+        save_dir = getattr(logger, "save_dir", None)
+        if save_dir:
+            return new_version_dir(Path(save_dir) / "continual_eval")
+    return new_version_dir(root / "continual_eval")
+
+
+def new_version_dir(parent: str | os.PathLike) -> Path:
+    """Create and return ``parent/version_N`` with ``N`` one more than the highest existing
+    (0 for the first); the directory is claimed with an exclusive ``mkdir``, so two runs starting
+    together never share one."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    existing = [
+        int(p.name.removeprefix("version_"))
+        for p in parent.iterdir()
+        if p.is_dir() and p.name.startswith("version_") and p.name[8:].isdigit()
+    ]
+    version = max(existing, default=-1) + 1
+    while True:
+        path = parent / f"version_{version}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            version += 1
 
 
 def _float_or_none(value: float) -> float | None:

@@ -73,7 +73,7 @@ def test_reset_starts_a_new_run(tasks, tmp_path):
     pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path / "a", max_epochs=1)).fit(
         model, train_loaders(tasks)[0]
     )
-    first_id, first_scores = cb.run_id, cb.scores
+    first_id, first_scores, first_dir = cb.run_id, cb.scores, cb.results_dir
     cb.reset()
     assert cb.stages_completed == 0 and cb.run_id != first_id
     model = Classifier(make_net())
@@ -81,5 +81,60 @@ def test_reset_starts_a_new_run(tasks, tmp_path):
         model, train_loaders(tasks)[0]
     )
     assert torch.equal(cb.scores, first_scores)  # same model, same data: the same first row
-    assert load_results(tmp_path / "a")["run_id"] == first_id
-    assert load_results(tmp_path / "b")["run_id"] == cb.run_id
+    assert cb.results_dir != first_dir
+    assert load_results(first_dir)["run_id"] == first_id
+    assert load_results(cb.results_dir)["run_id"] == cb.run_id
+
+
+def test_every_run_gets_its_own_directory_without_logger_or_dirpath(tasks, tmp_path, caplog):
+    import logging
+
+    runs = []
+    for _ in range(2):
+        cb = ContinualEvalCallback(eval_loaders(tasks), verbose=True)
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+            pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(
+                Classifier(make_net()), train_loaders(tasks)[0]
+            )
+        runs.append(cb)
+    dirs = [cb.results_dir for cb in runs]
+    assert dirs == [tmp_path / "continual_eval" / f"version_{n}" for n in (0, 1)]
+    for cb in runs:
+        assert load_results(cb.results_dir)["run_id"] == cb.run_id
+        assert f"results.json and scores.csv go to {cb.results_dir}" in caplog.text
+    assert not (tmp_path / "results.json").exists()
+
+    # a resumed run (a new callback from the checkpointed state, no dirpath) keeps its directory
+    resumed = ContinualEvalCallback(eval_loaders(tasks), verbose=False)
+    resumed.load_state_dict(runs[0].state_dict())
+    pl.Trainer(callbacks=[resumed], **trainer_kwargs(tmp_path, max_epochs=1)).fit(
+        Classifier(make_net()), train_loaders(tasks)[1]
+    )
+    assert resumed.results_dir == dirs[0]
+    assert load_results(dirs[0])["stages_completed"] == 2
+
+
+def test_two_wandb_runs_under_one_save_dir_keep_two_results(tasks, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    runs = []
+    for _ in range(2):
+        logger = WandbLogger(project="continual-eval-test", save_dir=str(tmp_path), offline=True)
+        cb = ContinualEvalCallback(eval_loaders(tasks), verbose=False)
+        try:
+            pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1, logger=logger)).fit(
+                Classifier(make_net()), train_loaders(tasks)[0]
+            )
+            files_dir = logger.experiment.dir  # the W&B run's own files (uploaded with it)
+        finally:
+            wandb.finish()
+        runs.append((cb, files_dir))
+    assert runs[0][1] != runs[1][1]
+    for cb, files_dir in runs:
+        assert str(cb.results_dir) == files_dir
+        assert load_results(files_dir)["run_id"] == cb.run_id

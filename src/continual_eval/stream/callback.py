@@ -246,11 +246,29 @@ class RewardStreamCallback(pl.Callback):
     """Record ``(reward, regime label, origin, ...)`` per training step; score when training ends.
 
     Args:
-        reward_key, regime_key, origin_key, components_key, invalid_key, effective_rank_key,
-            episode_end_key: where to find each reading in the returned dict, the batch and the
-            logged values (see the module docstring).
-        anchor, alpha, eps, recovery_floor, tail_fraction, zero_shot_window, gamma,
-            episode_end_components, solve_component: passed to ``compute_all_metrics``.
+        reward_key: the key of the reward (looked up in the returned dict, the
+            batch and the logged values; see the module docstring).
+        regime_key: the key of the regime label (looked up in the returned dict, the
+            batch and the logged values; see the module docstring).
+        origin_key: the key of the regime origin (alias) (looked up in the returned dict, the
+            batch and the logged values; see the module docstring).
+        components_key: the key of the reward components (looked up in the returned dict, the
+            batch and the logged values; see the module docstring).
+        invalid_key: the key of the invalid-action flag (looked up in the returned dict, the
+            batch and the logged values; see the module docstring).
+        effective_rank_key: the key of the effective rank (looked up in the returned dict, the
+            batch and the logged values; see the module docstring).
+        episode_end_key: the key of the episode-end flag (looked up in the returned dict, the
+            batch and the logged values; see the module docstring).
+        anchor: passed to ``compute_all_metrics``.
+        alpha: passed to ``compute_all_metrics``.
+        eps: passed to ``compute_all_metrics``.
+        recovery_floor: passed to ``compute_all_metrics``.
+        tail_fraction: passed to ``compute_all_metrics``.
+        zero_shot_window: passed to ``compute_all_metrics``.
+        gamma: passed to ``compute_all_metrics``.
+        episode_end_components: passed to ``compute_all_metrics``.
+        solve_component: passed to ``compute_all_metrics``.
         ceiling: an explicit ceiling ``R_ub`` (a number), or ``None``.
         reward_spec: a reward specification as a dict (``RewardSpec.to_dict`` form); its analytic
             bound is the ceiling. Give at most one of ``ceiling`` and ``reward_spec``.
