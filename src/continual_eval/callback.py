@@ -83,6 +83,31 @@ STEP_COUNTER = (
 class ContinualEvalCallback(Callback):
     r"""Score every task after every training stage; record ``R``, the baseline and the metrics.
 
+    ``R[i, j]`` is the score on task ``j``'s test set after training stage ``i``; ``b[j]`` the
+    untrained model's, measured once before the first training step.
+
+    Stages. Either one ``fit`` per task (a new Trainer per task with this same callback, or one
+    Trainer driven by :func:`fit_tasks`, which also saves ``task_{i}.ckpt`` after every task with
+    ``checkpoint_dir=``, so the model after any stage can be reloaded), or one ``fit`` over a
+    schedule with ``epochs_per_task=k``: that needs ``Trainer(reload_dataloaders_every_n_epochs=1)``
+    and a ``train_dataloader()`` returning ``loaders[scheduled_task(self.trainer, k)]`` (without the
+    reload the first task's data would train every stage: refused before training).
+
+    Batches. Each test batch is scored as follows:
+
+    * ``continual_eval_step(self, batch, task_id) -> (preds, target)`` when the LightningModule
+      defines it (task-incremental heads, dict batches, anything custom);
+    * ``(x, y)``: ``preds = module(x)``;
+    * ``(x, y, t)``: ``preds = module(x, t)`` (multi-head models that pick the head per sample).
+
+    ``preds`` are class scores ``[N, C, ...]`` (argmax over dim 1) or labels shaped like
+    ``target``; ``target`` holds integer labels, or one-hot/probability rows shaped like ``preds``.
+    Non-finite scores, labels outside ``[0, C)`` and outputs of the wrong structure are errors
+    naming the task, the test dataloader and the batch.
+
+    Files. ``results.json`` and ``scores.csv`` go to the run's own directory (see ``dirpath``),
+    printed once at the start; a directory holding another run's results is never written to.
+
     Args:
         test_dataloaders: one test loader per task (index = task id). When ``None``, the
             datamodule's (else the module's) ``test_dataloader()`` must return such a list.
@@ -94,9 +119,11 @@ class ContinualEvalCallback(Callback):
         metric: a torchmetrics ``Metric`` (instance or factory) replacing accuracy; it receives
             ``(preds, target)`` per batch and is reset per task.
         prefix: prefix of every logged key.
-        dirpath: where ``results.json``/``scores.csv`` go (default: the first logger's ``log_dir``
-            (TensorBoard, CSV), else its ``save_dir`` (W&B, MLflow), else
-            ``trainer.default_root_dir``; as ``Trainer.log_dir`` decides, without its broadcast).
+        dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, from
+            the first logger: its ``log_dir`` (TensorBoard, CSV), the W&B run's files directory,
+            ``default_root_dir/continual_eval/<run id>`` (MLflow), or without a logger a new
+            ``default_root_dir/continual_eval/version_N``
+            (:func:`~continual_eval.results.default_results_dir`).
         metadata: free-form JSON-serialisable dict stored in ``results.json``.
         forgetting: forgetting convention, ``"peak"`` or ``"chaudhry"``.
         log_images: also log the matrix as a heatmap where the logger supports images.

@@ -94,10 +94,15 @@ def stage_scalars(
 ) -> dict[str, float]:
     """Scalars of ``stage``: the four metrics and the per-task scores of row ``stage``.
 
-    Undefined values (not evaluated, NaN) are left out rather than logged as 0.
+    The metrics of an accuracy matrix are ``{prefix}acc|bwt|fwt|forgetting``; those of another
+    score (``metric=``, e.g. ``MulticlassF1Score``) carry its name,
+    ``{prefix}{score}/acc|bwt|fwt|forgetting``, so an F1 average is never logged as accuracy.
+    Per-task scores are ``{prefix}{score}/{task}``. Undefined values (not evaluated, NaN) are left
+    out rather than logged as 0.
     """
     score = results["conventions"]["score"]
-    scalars = {f"{prefix}{k}": v for k, v in results["metrics"].items() if v is not None}
+    base = prefix if score == "accuracy" else f"{prefix}{score}/"
+    scalars = {f"{base}{k}": v for k, v in results["metrics"].items() if v is not None}
     row = results["scores"][stage]
     for name, value in zip(results["task_names"], row, strict=True):
         if value is not None:

@@ -138,3 +138,31 @@ def test_two_wandb_runs_under_one_save_dir_keep_two_results(tasks, tmp_path, mon
     for cb, files_dir in runs:
         assert str(cb.results_dir) == files_dir
         assert load_results(files_dir)["run_id"] == cb.run_id
+
+
+def test_metrics_of_another_score_are_logged_under_its_name(tasks, tmp_path):
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+    from torchmetrics.classification import MulticlassF1Score
+
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks), metric=MulticlassF1Score(num_classes=3), verbose=False
+    )
+    logger = CSVLogger(tmp_path, name="csv")
+    model = Classifier(make_net())
+    for dl in train_loaders(tasks)[:2]:
+        pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1, logger=logger)).fit(
+            model, dl
+        )
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    keys = set().union(*(r for r in rows if any(r.values())))
+    assert "continual/acc" not in keys and "continual/bwt" not in keys
+    logged = [
+        float(r["continual/MulticlassF1Score/acc"])
+        for r in rows
+        if r.get("continual/MulticlassF1Score/acc")
+    ]
+    assert logged == pytest.approx(cb.results()["metrics_per_stage"]["acc"], abs=1e-12)
+    assert "continual/MulticlassF1Score/task_0" in keys
