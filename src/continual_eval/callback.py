@@ -30,11 +30,10 @@ import io
 import json
 import math
 import os
-import random
 import tempfile
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
+from typing_extensions import override
 
 from continual_eval.evaluation import (
     AccuracyScorer,
@@ -69,6 +69,9 @@ from continual_eval.results import (
     write_results,
 )
 from continual_eval.results_schema import MAX_NAME_LENGTH, MAX_TASKS
+from continual_eval.rng import collect_rng_states, set_rng_states
+from continual_eval.step_curves import StepCurves
+from continual_eval.training import fit_already_done, fit_tasks, scheduled_task
 
 __all__ = ["ContinualEvalCallback", "fit_tasks", "scheduled_task"]
 
@@ -289,10 +292,7 @@ class ContinualEvalCallback(Callback):
         self._steps_done = 0  # cumulative optimizer steps at the last observation
         self._fit_step_base = 0  # trainer.global_step when this fit's training started
         self._fit_steps_before = 0  # self._steps_done at that moment
-        self._curve_step: list[int] = []
-        self._curve_stage: list[int] = []
-        self._curve_scores: list[Tensor] = []
-        self._curve_full: list[bool] = []
+        self._curves = StepCurves()
         self._subset_loaders: list[Any] | None = None
         self._subset_sizes: list[int] = []
         self._rank_subset_loaders: list[Any] = []
@@ -316,7 +316,7 @@ class ContinualEvalCallback(Callback):
         self._restored = False
         self._steps_done = 0
         self._fit_step_base = self._fit_steps_before = self._stage_start_step = 0
-        self._curve_step, self._curve_stage, self._curve_scores, self._curve_full = [], [], [], []
+        self._curves.clear()
         self._cache.clear()
         self._cache_logged = False
         self._warned_unsharded = False
@@ -328,6 +328,7 @@ class ContinualEvalCallback(Callback):
 
     # ------------------------------------------------------------------ public views
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(prefix=self.prefix)
 
@@ -393,17 +394,7 @@ class ContinualEvalCallback(Callback):
         """``(step [N], stage [N], scores [N, T])`` of the evaluations inside and at the end of
         the stages (NaN = not evaluated); empty unless ``eval_every_n_steps`` is set."""
         self._sync_from_child()
-        T = self.num_tasks or 0
-        scores = (
-            torch.stack(self._curve_scores)
-            if self._curve_scores
-            else torch.zeros(0, T, dtype=torch.float64)
-        )
-        return (
-            torch.tensor(self._curve_step, dtype=torch.int64),
-            torch.tensor(self._curve_stage, dtype=torch.int64),
-            scores,
-        )
+        return self._curves.tensors(self.num_tasks or 0)
 
     def _curves_section(self) -> dict[str, Any] | None:
         if self.eval_every_n_steps is None:
@@ -422,7 +413,7 @@ class ContinualEvalCallback(Callback):
             stage,
             scores,
             stages_completed=self.stages_completed,
-            full=self._curve_full,
+            full=self._curves.full,
             step_counter=STEP_COUNTER,
             score_name=self.scorer.name,
             subset=subset,
@@ -567,6 +558,7 @@ class ContinualEvalCallback(Callback):
                 self._write()
 
     # ------------------------------------------------------------------ state
+    @override
     def state_dict(self) -> dict[str, Any]:
         if self.metrics is None:
             state = dict(self._pending_state or {})
@@ -585,17 +577,15 @@ class ContinualEvalCallback(Callback):
                 "step_eval_subset": self.step_eval_subset,
                 "step_eval_subset_seed": self.step_eval_subset_seed,
                 "steps_done": self._steps_done,
-                "curve_step": list(self._curve_step),
-                "curve_stage": list(self._curve_stage),
-                "curve_scores": [row.clone() for row in self._curve_scores],
-                "curve_full": list(self._curve_full),
+                **self._curves.state_dict(),
             }
         if self._results_dir is not None:
             state["results_dir"] = str(self._results_dir)
         if self.restore_rng_states:
-            state["rng_states"] = _collect_rng_states()
+            state["rng_states"] = collect_rng_states()
         return state
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
@@ -616,7 +606,7 @@ class ContinualEvalCallback(Callback):
             self.metrics = None  # rebuilt from the loaded rows
             self._set_loaders(self._loaders)
         if self.restore_rng_states and rng_states is not None:
-            _set_rng_states(rng_states)
+            set_rng_states(rng_states)
 
     def _check_same_run(self, state: Mapping[str, Any]) -> None:
         """Refuse a state recorded under settings that would relabel or mix its rows."""
@@ -661,10 +651,7 @@ class ContinualEvalCallback(Callback):
             self.metrics.update(row.double())
         self._baseline_done = bool(state["baseline_done"])
         self._steps_done = int(state.get("steps_done", 0))
-        self._curve_step = list(state.get("curve_step", []))
-        self._curve_stage = list(state.get("curve_stage", []))
-        self._curve_scores = [row.double() for row in state.get("curve_scores", [])]
-        self._curve_full = list(state.get("curve_full", [True] * len(self._curve_step)))
+        self._curves.load_state_dict(state)
 
     # ------------------------------------------------------------------ spawned processes
     def __getstate__(self) -> dict[str, Any]:
@@ -811,31 +798,12 @@ class ContinualEvalCallback(Callback):
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
 
-    def _add_curve_row(self, step: int, stage: int, row: Tensor, full: bool) -> Tensor | None:
-        """Append a curve row (tasks ``<= stage``); returns the row a stage-end evaluation
-        replaced (a per-step evaluation at the same step), else ``None``."""
-        row = row.clone()
-        row[stage + 1 :] = math.nan  # curves hold the tasks seen so far and the current one
-        replaced = None
-        if self._curve_step and self._curve_step[-1] == step and self._curve_stage[-1] == stage:
-            # the stage-end evaluation at the step of a per-step one replaces it
-            self._curve_step.pop()
-            self._curve_stage.pop()
-            replaced = self._curve_scores.pop()
-            if not self._curve_full.pop():
-                replaced = None  # a subset's value: the full one is logged under its own key
-        self._curve_step.append(step)
-        self._curve_stage.append(stage)
-        self._curve_scores.append(row)
-        self._curve_full.append(full)
-        return replaced
-
     def _record_step(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         assert self.task_names is not None
         stage = self.stages_completed
         subset = self._subset_loaders is not None
         row = self._evaluate(trainer, pl_module, range(stage + 1), subset=subset)
-        self._add_curve_row(step, stage, row, full=not subset)
+        self._curves.add(step, stage, row, full=not subset)
         if trainer.is_global_zero:
             log_step(trainer.loggers, self.task_names, row, step, prefix=self.prefix, subset=subset)
 
@@ -865,10 +833,10 @@ class ContinualEvalCallback(Callback):
         self.metrics.compute()  # every rank: checks that all ranks hold the same R
         if self.eval_every_n_steps is not None:
             self._steps_done = self._current_step(trainer)
-            replaced = self._add_curve_row(self._steps_done, stage, row, full=True)
+            replaced = self._curves.add(self._steps_done, stage, row, full=True)
             if trainer.is_global_zero and replaced is None:
                 # the whole-test-set point of the curve at this step, under the full-set key
-                curve_row = self._curve_scores[-1]
+                curve_row = self._curves.scores[-1]
                 log_step(
                     trainer.loggers,
                     self.task_names,
@@ -902,13 +870,16 @@ class ContinualEvalCallback(Callback):
         return results
 
     # ------------------------------------------------------------------ hooks
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._detach_from_owner()
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.metrics is not None:
             self._publish_to_owner(trainer)
 
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._prepare_fit(trainer, pl_module)
         self._trained_this_fit = False
@@ -941,7 +912,7 @@ class ContinualEvalCallback(Callback):
                 )
         if k is None and self.stages_completed >= T:
             raise _too_many_stages(self.stages_completed, T)
-        if k is None and _fit_already_done(trainer):
+        if k is None and fit_already_done(trainer):
             raise ValueError(
                 f"ContinualEvalCallback: this fit (stage {self.stages_completed}) would train "
                 f"nothing: the Trainer already reached max_epochs={trainer.max_epochs} / "
@@ -955,6 +926,7 @@ class ContinualEvalCallback(Callback):
         if not self._baseline_done:
             self._record_baseline(trainer, pl_module)
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._stage_start_step = trainer.global_step
         self._fit_step_base = trainer.global_step
@@ -968,6 +940,7 @@ class ContinualEvalCallback(Callback):
         if epochs_done % k == 0 and self.stages_completed == epochs_done // k - 1:
             self._record_stage(trainer, pl_module, epochs_done // k - 1)
 
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         k = self.epochs_per_task
         if k is None:
@@ -979,6 +952,7 @@ class ContinualEvalCallback(Callback):
         if trainer.current_epoch % k == 0:
             self._stage_start_step = trainer.global_step
 
+    @override
     def on_train_batch_end(
         self,
         trainer: Trainer,
@@ -995,6 +969,7 @@ class ContinualEvalCallback(Callback):
         if k is not None and step % k == 0:
             self._record_step(trainer, pl_module, step)
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         k = self.epochs_per_task
         if k is None or (trainer.current_epoch + 1) % k:
@@ -1011,6 +986,7 @@ class ContinualEvalCallback(Callback):
                 )
             self._record_stage(trainer, pl_module, stage)
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._trained_this_fit = True
         k = self.epochs_per_task
@@ -1040,6 +1016,7 @@ class ContinualEvalCallback(Callback):
                 stacklevel=2,
             )
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.epochs_per_task is None and not self._trained_this_fit:
             stage = self.stages_completed
@@ -1060,30 +1037,6 @@ class ContinualEvalCallback(Callback):
             and self.stages_completed
         ):
             rank_zero_info(format_matrix_table(self.results()))
-
-
-def scheduled_task(trainer: Trainer, epochs_per_task: int) -> int:
-    """The task whose training data the epoch about to run should use: ``epoch // epochs_per_task``.
-
-    Call it from ``train_dataloader`` with ``Trainer(reload_dataloaders_every_n_epochs=1)``. It
-    counts epochs already started, so it is also right while a resumed fit reloads its data (when
-    ``trainer.current_epoch`` still shows the last finished epoch).
-    """
-    return trainer.fit_loop.epoch_progress.current.processed // epochs_per_task
-
-
-def _fit_already_done(trainer: Trainer) -> bool:
-    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
-    if max_steps is not None and max_steps != -1 and trainer.global_step >= max_steps:
-        return True
-    return max_epochs is not None and max_epochs != -1 and trainer.current_epoch >= max_epochs
-
-
-def _spawns_processes(trainer: Trainer) -> bool:
-    """Whether ``trainer``'s strategy runs the fit in child processes (``ddp_spawn``, notebooks)."""
-    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-
-    return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
 
 
 def _too_many_stages(stage: int, num_tasks: int) -> ValueError:
@@ -1155,160 +1108,6 @@ def _check_metadata(metadata: Mapping[str, Any] | None) -> None:
     json.dumps(metadata, allow_nan=False)
 
 
-def _collect_rng_states() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and (initialised) CUDA random states, as plain Python values and
-    tensors (loadable by ``torch.load(weights_only=True)``, as Lightning loads checkpoints)."""
-    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        states["numpy"] = (
-            str(kind),
-            torch.from_numpy(keys.astype(np.int64)),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        )
-    except ImportError:  # pragma: no cover
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["torch.cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _set_rng_states(states: Mapping[str, Any]) -> None:
-    random.setstate(states["python"])
-    torch.set_rng_state(states["torch"])
-    if "numpy" in states:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = states["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    cuda = states.get("torch.cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-
-
 def _remove_file(path: str) -> None:
     with contextlib.suppress(OSError):
         os.remove(path)
-
-
-def _find_callbacks(trainer: Trainer) -> list[ContinualEvalCallback]:
-    found = [cb for cb in trainer.callbacks if isinstance(cb, ContinualEvalCallback)]
-    if not found:
-        raise ValueError("fit_tasks needs a ContinualEvalCallback in trainer.callbacks, found none")
-    return found
-
-
-def fit_tasks(
-    trainer: Trainer | Callable[[int], Trainer],
-    model: LightningModule,
-    train_dataloaders: Sequence[Any],
-    *,
-    val_dataloaders: Sequence[Any] | None = None,
-    ckpt_path: str | os.PathLike | None = None,
-    checkpoint_dir: str | os.PathLike | None = None,
-    seed: int | None = None,
-) -> ContinualEvalCallback:
-    """Train ``model`` on ``train_dataloaders[i]`` for ``i = 0, 1, ...``, one ``fit`` per task.
-
-    Args:
-        trainer: one Trainer for the whole sequence (each task trains for the Trainer's
-            ``max_epochs``; ``fit_loop.max_epochs`` is raised before every fit), or a factory
-            ``task_id -> Trainer`` for a new Trainer per task. The Trainer(s) must hold at least
-            one :class:`ContinualEvalCallback` (the same instances across a factory's Trainers).
-        model: the LightningModule, trained in place.
-        train_dataloaders: one training loader per task.
-        val_dataloaders: optional, one validation loader per task.
-        ckpt_path: resume from a checkpoint written by ``checkpoint_dir`` (``task_{i}.ckpt``):
-            the model weights and the callback's recorded stages are restored and training
-            continues with the first unrecorded task.
-        checkpoint_dir: after each task, save ``task_{i}.ckpt`` there (weights, callback state).
-        seed: if given, ``seed_everything(seed + i)`` before task ``i``, so a resumed sequence
-            draws the same random numbers as an uninterrupted one.
-
-    Returns:
-        The (first) :class:`ContinualEvalCallback` (``.scores``, ``.baseline``, ``.results()``).
-
-    Raises:
-        ValueError: no callback, a Trainer without a positive ``max_epochs``, or more tasks than
-            test dataloaders.
-    """
-    from lightning.pytorch import seed_everything
-
-    factory = None if isinstance(trainer, Trainer) else trainer
-    current = trainer if isinstance(trainer, Trainer) else None
-    epochs = None
-    if current is not None:
-        epochs = current.fit_loop.max_epochs
-        if epochs is None or epochs < 1 or current.fit_loop.max_steps != -1:
-            raise ValueError(
-                "fit_tasks on one Trainer needs Trainer(max_epochs=E) with E >= 1 epochs per task "
-                "and no max_steps; pass a factory (task_id -> Trainer) for other stopping rules"
-            )
-    if current is not None and _spawns_processes(current) and len(train_dataloaders) > 1:
-        raise ValueError(
-            f"fit_tasks on one Trainer cannot run under strategy "
-            f"{type(current.strategy).__name__} with a spawn-based launcher: Lightning refuses a "
-            "second fit on such a Trainer. Pass a factory (task_id -> Trainer) for a new Trainer "
-            "per task"
-        )
-    if val_dataloaders is not None and len(val_dataloaders) != len(train_dataloaders):
-        raise ValueError(
-            f"{len(val_dataloaders)} val_dataloaders for {len(train_dataloaders)} train_dataloaders"
-        )
-    start = 0
-    callbacks: list[ContinualEvalCallback] | None = None
-    if ckpt_path is not None:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        model.load_state_dict(checkpoint["state_dict"])
-        first = current if current is not None else factory(0)  # type: ignore[misc]
-        callbacks = _find_callbacks(first)
-        for cb in callbacks:
-            if cb.state_key not in checkpoint.get("callbacks", {}):
-                raise ValueError(f"{ckpt_path} holds no state for {cb.state_key}")
-            cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
-        done = {cb.stages_completed for cb in callbacks}
-        if len(done) != 1:
-            raise ValueError(
-                f"{ckpt_path}: the callbacks recorded different numbers of stages {done}"
-            )
-        start = done.pop()
-        current = first if current is not None else None
-    prebuilt = None
-    if factory is not None and callbacks is None and start < len(train_dataloaders):
-        prebuilt = factory(start)  # its callbacks tell the number of test loaders before training
-    known = current if current is not None else prebuilt
-    for cb in callbacks or (_find_callbacks(known) if known is not None else []):
-        if cb.num_tasks is not None and cb.num_tasks < len(train_dataloaders):
-            raise ValueError(
-                f"fit_tasks: {len(train_dataloaders)} train dataloaders (tasks) but the "
-                f"ContinualEvalCallback has {cb.num_tasks} test dataloaders; every task needs "
-                "one test loader (index = task id). Nothing was trained"
-            )
-    for task in range(start, len(train_dataloaders)):
-        if factory is not None:
-            current = prebuilt if task == start and prebuilt is not None else factory(task)
-        assert current is not None
-        found = _find_callbacks(current)
-        if callbacks is not None and [id(cb) for cb in found] != [id(cb) for cb in callbacks]:
-            raise ValueError(
-                "the factory's Trainers must share the same ContinualEvalCallback instances"
-            )
-        callbacks = found
-        if epochs is not None:
-            current.fit_loop.max_epochs = current.current_epoch + epochs
-        if seed is not None:
-            seed_everything(seed + task, verbose=False)
-        current.fit(
-            model,
-            train_dataloaders=train_dataloaders[task],
-            val_dataloaders=None if val_dataloaders is None else val_dataloaders[task],
-        )
-        if checkpoint_dir is not None:
-            current.save_checkpoint(os.path.join(checkpoint_dir, f"task_{task}.ckpt"))
-    if callbacks is None:
-        callbacks = _find_callbacks(current if current is not None else factory(0))  # type: ignore[misc]
-    return callbacks[0]
