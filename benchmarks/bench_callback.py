@@ -12,6 +12,9 @@ per-step evaluation runs) with ``cache_test_batches=True`` and ``False``.
     python benchmarks/bench_callback.py                  # T=20 tasks x 10k test samples
     python benchmarks/bench_callback.py --tasks 5 --test-size 2000 --repeats 3   # quick
     python benchmarks/bench_callback.py --section step --step-test-size 10000    # bigger
+    python benchmarks/bench_callback.py --section eval       # stage eval, cached run vs floor
+    python benchmarks/bench_callback.py --section workers    # num_workers=2: one pool vs per task
+    python benchmarks/bench_callback.py --quick              # every section, short
 
 Prints medians and ratios (targets: per-stage ratio <= 1.15; per-step evaluation with caching
 <= 1.5x the compute floor, without caching <= 1.15x the plain DataLoader loop).
@@ -30,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from continual_eval import evaluation
 from continual_eval.callback import ContinualEvalCallback, fit_tasks
 
 FEATURES, CLASSES = 64, 10
@@ -137,9 +141,12 @@ def run_step_section(args: argparse.Namespace) -> None:
         pl.seed_everything(0, verbose=False)
         model = MLP()
         common = dict(eval_every_n_steps=10**9, verbose=False, log_images=False)
-        cached = ContinualEvalCallback(test, cache_test_batches=True, prefix="c/", **common)
-        uncached = ContinualEvalCallback(test, cache_test_batches=False, prefix="u/", **common)
-        cached.dirpath = uncached.dirpath = None
+        cached = ContinualEvalCallback(
+            test, cache_test_batches=True, prefix="c/", dirpath=f"{root}/c", **common
+        )
+        uncached = ContinualEvalCallback(
+            test, cache_test_batches=False, prefix="u/", dirpath=f"{root}/u", **common
+        )
         tr = trainer(root, [cached, uncached])
         tr.fit(model, train[0])  # one training step: sets the callbacks up on this Trainer
         device = tr.strategy.root_device
@@ -182,6 +189,158 @@ def run_step_section(args: argparse.Namespace) -> None:
         f"plain loop / floor: {paired(plain, floor):.2f}; not cached / cached: "
         f"{paired(uncached_name, cached_name):.2f}  (medians of per-repeat ratios)"
     )
+
+
+class Shifted(torch.utils.data.Dataset):
+    """A test set with a per-sample (deterministic) transform: read through its DataLoader."""
+
+    def __init__(self, dataset: TensorDataset) -> None:
+        self.x, self.y = dataset.tensors
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        return self.x[i] * 1.0 + 0.0, self.y[i]
+
+
+def set_up(root: str, callbacks: list[ContinualEvalCallback], train) -> pl.Trainer:
+    """A Trainer that ran one training step with ``callbacks`` (which sets them up on it)."""
+    tr = trainer(root, callbacks)
+    tr.fit(MLP(), train[0])
+    return tr
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over repeats of the ratio of two measurements taken next to each other."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+
+def measure(variants: dict, repeats: int) -> dict[str, list[float]]:
+    """Each variant once per repeat, the order alternating so that no side is always first."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            times[name].append(variants[name]())
+    for name, t in times.items():
+        print(f"  {name:44s} median {statistics.median(t) * 1e3:9.1f} ms")
+    return times
+
+
+def run_eval_section(args: argparse.Namespace) -> None:
+    """A stage's evaluation with default settings (TensorDataset test sets, no cache) against the
+    compute floor, with the fast path on and off; and a whole run's evaluations with the cache
+    (T + 1 evaluations from an empty cache, first pass included) against T + 1 floor passes."""
+    warnings.filterwarnings("ignore")
+    T = args.tasks
+    train, test = make_data(T, args.step_test_size, args.batch_size, args.batch_size)
+    print(
+        f"\nstage evaluation and cached run: T={T} tasks x {args.step_test_size} test samples, "
+        f"batch {args.batch_size}, {args.step_repeats} repeats"
+    )
+    with tempfile.TemporaryDirectory() as root:
+        pl.seed_everything(0, verbose=False)
+        common = dict(verbose=False, log_images=False, cache_test_batches=False)
+        default = ContinualEvalCallback(test, dirpath=f"{root}/d", **common)
+        tr = set_up(root, [default], train)
+        model = tr.lightning_module
+        device = tr.strategy.root_device
+        batches = [[(x.to(device), y.to(device)) for x, y in dl] for dl in test]
+        tasks = range(T)
+
+        def stage(fast: bool) -> float:
+            evaluation.FAST_PATH = fast
+            start = time.perf_counter()
+            default._evaluate(tr, model, tasks)
+            elapsed = time.perf_counter() - start
+            evaluation.FAST_PATH = True
+            return elapsed
+
+        def cached_run() -> float:
+            default._cache.clear()  # a new run: the first pass fills the cache
+            default.cache_test_batches = True
+            start = time.perf_counter()
+            for _ in range(T + 1):
+                default._evaluate(tr, model, tasks)
+            elapsed = time.perf_counter() - start
+            default.cache_test_batches = False
+            return elapsed
+
+        def floor_run() -> float:
+            return sum(floor_pass(model, batches) for _ in range(T + 1))
+
+        stage_fast, stage_plain = stage(True), stage(False)
+        evaluation.FAST_PATH = False
+        plain_row = default._evaluate(tr, model, tasks)
+        evaluation.FAST_PATH = True
+        assert torch.equal(default._evaluate(tr, model, tasks), plain_row)
+        del stage_fast, stage_plain  # warm-up
+        times = measure(
+            {
+                "floor (pre-collated batches)": lambda: floor_pass(model, batches),
+                "plain DataLoader loop": lambda: floor_pass(model, test),
+                "stage evaluation, fast path": lambda: stage(True),
+                "stage evaluation, FAST_PATH=False": lambda: stage(False),
+            },
+            args.step_repeats,
+        )
+        run_times = measure(
+            {"floor, T + 1 passes": floor_run, "cached, T + 1 evaluations": cached_run},
+            max(3, args.step_repeats // 3),
+        )
+    floor = "floor (pre-collated batches)"
+    print(
+        f"stage evaluation / floor: {paired_ratio(times, 'stage evaluation, fast path', floor):.2f}"
+        f" (target <= 1.5; FAST_PATH=False: "
+        f"{paired_ratio(times, 'stage evaluation, FAST_PATH=False', floor):.2f}; plain loop: "
+        f"{paired_ratio(times, 'plain DataLoader loop', floor):.2f})"
+    )
+    print(
+        "cached whole run / floor: "
+        f"{paired_ratio(run_times, 'cached, T + 1 evaluations', 'floor, T + 1 passes'):.2f} "
+        "(target <= 1.5)"
+    )
+
+
+def run_workers_section(args: argparse.Namespace) -> None:
+    """A run's T + 1 evaluations of test sets with a per-sample transform read by loaders with
+    ``num_workers=2``: one persistent worker pool against a pool per loader per evaluation."""
+    warnings.filterwarnings("ignore")
+    T, size = args.worker_tasks, args.worker_test_size
+    train, tensor_test = make_data(T, size, args.batch_size, args.batch_size)
+    test = [
+        DataLoader(Shifted(dl.dataset), batch_size=args.batch_size, num_workers=2)
+        for dl in tensor_test
+    ]
+    print(f"\nworker loaders: T={T} tasks x {size} samples, num_workers=2, T + 1 evaluations")
+    with tempfile.TemporaryDirectory() as root:
+        pl.seed_everything(0, verbose=False)
+        cb = ContinualEvalCallback(test, dirpath=f"{root}/w", verbose=False, log_images=False)
+        tr = set_up(root, [cb], train)
+        model = tr.lightning_module
+        rows: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+
+        def whole_run(pooled: bool) -> float:
+            evaluation.POOLED_LOADERS = pooled
+            start = time.perf_counter()
+            rows[pooled] = [cb._evaluate(tr, model, range(T)) for _ in range(T + 1)]
+            elapsed = time.perf_counter() - start
+            evaluation.POOLED_LOADERS = True
+            while evaluation._POOLS:  # a new run starts its own pool
+                evaluation._POOLS.pop().close()
+            return elapsed
+
+        times = measure(
+            {
+                "per-task loaders (POOLED_LOADERS=False)": lambda: whole_run(False),
+                "one worker pool": lambda: whole_run(True),
+            },
+            args.worker_repeats,
+        )
+        assert all(torch.equal(a, b) for a, b in zip(rows[True], rows[False], strict=True))
+    ratio = paired_ratio(times, "per-task loaders (POOLED_LOADERS=False)", "one worker pool")
+    print(f"per-task loaders / one pool: {ratio:.2f} (target >= 3), equal R")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -238,15 +397,30 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--section", choices=("stage", "step", "all"), default="all")
-    parser.add_argument("--step-test-size", type=int, default=2_000, help="per-step section")
-    parser.add_argument("--step-repeats", type=int, default=15, help="per-step section")
+    parser.add_argument(
+        "--section", choices=("stage", "step", "eval", "workers", "all"), default="all"
+    )
+    parser.add_argument("--step-test-size", type=int, default=2_000, help="step/eval sections")
+    parser.add_argument("--step-repeats", type=int, default=15, help="step/eval sections")
+    parser.add_argument("--worker-tasks", type=int, default=20, help="workers section")
+    parser.add_argument("--worker-test-size", type=int, default=500, help="workers section")
+    parser.add_argument("--worker-repeats", type=int, default=3, help="workers section")
+    parser.add_argument(
+        "--quick", action="store_true", help="a short run: T=5 tasks, fewer samples and repeats"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.test_size, args.repeats = 5, 2_000, 1
+        args.step_repeats, args.worker_tasks, args.worker_repeats = 5, 5, 2
     torch.set_num_threads(args.threads)
     if args.section in ("stage", "all"):
         run(args)
     if args.section in ("step", "all"):
         run_step_section(args)
+    if args.section in ("eval", "all"):
+        run_eval_section(args)
+    if args.section in ("workers", "all"):
+        run_workers_section(args)
 
 
 if __name__ == "__main__":

@@ -857,7 +857,8 @@ class ContinualEvalCallback(Callback):
             if self.verbose:
                 m = results["metrics"]
                 rank_zero_info(
-                    f"[continual-eval] stage {stage} ({self.task_names[stage]}): "
+                    f"[continual-eval] stage {stage + 1}/{T} ({self.task_names[stage]}; row "
+                    f"{stage} of R): "
                     + "  ".join(f"{k}={v:.4f}" for k, v in m.items() if v is not None)
                 )
 

@@ -11,12 +11,25 @@ per call. Under data parallelism each map-style test set is sharded *without pad
 loader over a ``DistributedSampler`` means its whole dataset, and a loader whose samples cannot be
 split exactly (a random ``drop_last`` tail) is refused. Non-finite predictions and targets that are
 not labels are counted on the device and reported after each task, naming it.
+
+Reading the batches (exact: the scores are identical with either switch off): tensor-backed test
+sets are sliced a batch at a time instead of fetched and collated sample by sample
+(:func:`fast_loader`; ``FAST_PATH = False`` turns it off). Test loaders with worker processes
+that :func:`fast_loader` cannot read share one persistent worker pool per group of equal settings
+(``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``, ``multiprocessing_context``,
+``prefetch_factor``; batch sizes may differ; no ``worker_init_fn``, which may read
+``get_worker_info().dataset``): one DataLoader over the concatenated test sets whose batch sampler
+yields each task's batches as its own loader makes them, never mixing two tasks. The pool is kept
+for the next evaluation while its loaders and datasets are the same objects (a dataset edited in
+place after the workers started is not seen: replace the loader), and shut down when they are gone
+or more than two pools are kept. ``POOLED_LOADERS = False`` gives each loader its own workers.
 """
 
 from __future__ import annotations
 
 import inspect
 import random
+import weakref
 from collections.abc import (
     Callable,
     Collection,
@@ -50,6 +63,8 @@ from torch.utils.data._utils.collate import default_collate
 
 __all__ = [
     "DETERMINISTIC_ATTR",
+    "FAST_PATH",
+    "POOLED_LOADERS",
     "AccuracyScorer",
     "BatchCache",
     "EvaluationError",
@@ -59,6 +74,7 @@ __all__ = [
     "cache_safety",
     "default_batch_step",
     "evaluate_tasks",
+    "fast_loader",
     "preserve_rng_state",
     "preserve_training_flags",
     "shard_dataloader",
@@ -154,13 +170,16 @@ class AccuracyScorer:
     )
 
     def start(self, device: torch.device) -> None:
-        self._correct = torch.zeros((), dtype=torch.int64, device=device)
+        self._device = device
         self._total = 0  # host int: batch sizes are known without a device sync
-        self._lowest = torch.zeros((), dtype=torch.int64, device=device)
-        self._highest = torch.zeros((), dtype=torch.int64, device=device)
-        self._not_whole = torch.zeros((), dtype=torch.int64, device=device)
-        self._not_distribution = torch.zeros((), dtype=torch.int64, device=device)
+        # per batch, device scalars reduced once in local_counts (no accumulation op per batch)
+        self._hits: list[Tensor] = []
+        self._ranges: list[tuple[Tensor, Tensor]] = []  # aminmax of the integer labels
+        self._not_whole: list[Tensor] = []
+        self._not_distribution: list[Tensor] = []
         self._num_classes: int | None = None
+        self._checked: tuple[Any, ...] | None = None  # (shapes[1:], dtypes) last checked
+        self._mode = ""
 
     def _check_num_classes(self, num_classes: int) -> None:
         if self._num_classes is None:
@@ -170,7 +189,8 @@ class AccuracyScorer:
                 f"the model returned {num_classes} classes after {self._num_classes}"
             )
 
-    def update(self, preds: Tensor, target: Tensor) -> None:
+    def _check(self, preds: Tensor, target: Tensor) -> str:
+        """The checks that depend only on shapes and dtypes; returns how to score the batch."""
         problem = _class_dim_problem(preds, target)
         if problem is not None:
             raise EvaluationError(problem)
@@ -179,44 +199,67 @@ class AccuracyScorer:
             and preds.ndim >= 2
             and preds.shape == target.shape
         ):
-            # one-hot (float or integer) / probability targets: a distribution over dim 1
             self._check_num_classes(preds.shape[1])
-            sums = target.sum(dim=1, dtype=torch.float64)
-            eps = torch.finfo(target.dtype).eps if target.is_floating_point() else 0.0
-            tolerance = max(1e-4, 2 * target.shape[1] * eps)
-            valid = (target >= 0).all(dim=1) & ((sums - 1).abs() <= tolerance)
-            self._not_distribution += (~valid).sum()
-            preds, target = preds.argmax(dim=1), target.argmax(dim=1)
-        elif preds.ndim == target.ndim + 1:
+            return "distribution"  # one-hot (float or integer) / probability targets
+        if preds.ndim == target.ndim + 1:
             self._check_num_classes(preds.shape[1])
-            if target.is_floating_point():
-                self._not_whole += (target.frac() != 0).sum()  # NaN and inf included
-                target = target.nan_to_num(nan=-1.0, posinf=-1.0, neginf=-1.0).long()
-            if target.numel():
-                lowest, highest = torch.aminmax(target)
-                self._lowest = torch.minimum(self._lowest, lowest)
-                self._highest = torch.maximum(self._highest, highest)
-            preds = preds.argmax(dim=1)
-        elif preds.is_floating_point():
+            return "float_labels" if target.is_floating_point() else "labels"
+        if preds.is_floating_point():
             raise EvaluationError(
                 f"the model returned floating scores of shape {tuple(preds.shape)}, the targets' "
                 "shape, so there is no class dimension to take the argmax of; return class logits "
                 "[N, C] (for one binary logit z: torch.stack([-z, z], 1) / 2), integer labels, "
                 "or define `continual_eval_step` returning them"
             )
-        elif target.is_floating_point():
-            self._not_whole += (target.frac() != 0).sum()
-        self._correct += (preds == target).sum()
+        return "float_same" if target.is_floating_point() else "same"
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        # shape/dtype checks once per task (and again whenever the batch's layout changes)
+        signature = (preds.shape[1:], preds.dtype, target.shape[1:], target.dtype)
+        if signature != self._checked or preds.shape[0] != target.shape[0]:
+            self._mode = self._check(preds, target)
+            self._checked = signature
+        mode = self._mode
+        if mode == "distribution":
+            sums = target.sum(dim=1, dtype=torch.float64)
+            eps = torch.finfo(target.dtype).eps if target.is_floating_point() else 0.0
+            tolerance = max(1e-4, 2 * target.shape[1] * eps)
+            valid = (target >= 0).all(dim=1) & ((sums - 1).abs() <= tolerance)
+            self._not_distribution.append((~valid).sum())
+            preds, target = preds.argmax(dim=1), target.argmax(dim=1)
+        elif mode in ("labels", "float_labels"):
+            if mode == "float_labels":
+                self._not_whole.append((target.frac() != 0).sum())  # NaN and inf included
+                target = target.nan_to_num(nan=-1.0, posinf=-1.0, neginf=-1.0).long()
+            if target.numel():
+                self._ranges.append(torch.aminmax(target))
+            preds = preds.argmax(dim=1)
+        elif mode == "float_same":
+            self._not_whole.append((target.frac() != 0).sum())
+        self._hits.append((preds == target).sum())
         self._total += target.numel()
+
+    def _sum(self, values: list[Tensor]) -> Tensor:
+        if not values:
+            return torch.zeros((), dtype=torch.int64, device=self._device)
+        return torch.stack(values).sum().to(torch.int64)
 
     def local_counts(self) -> Tensor:
         """``[correct, total, out_of_range, not_whole, not_distribution]`` (int64)."""
-        out_of_range = torch.zeros((), dtype=torch.int64, device=self._correct.device)
-        if self._num_classes is not None:
-            out_of_range = ((self._lowest < 0) | (self._highest >= self._num_classes)).long()
-        total = torch.tensor(self._total, dtype=torch.int64, device=self._correct.device)
+        out_of_range = torch.zeros((), dtype=torch.int64, device=self._device)
+        if self._num_classes is not None and self._ranges:
+            lowest = torch.stack([low for low, _ in self._ranges]).min()
+            highest = torch.stack([high for _, high in self._ranges]).max()
+            out_of_range = ((lowest < 0) | (highest >= self._num_classes)).long()
+        total = torch.tensor(self._total, dtype=torch.int64, device=self._device)
         return torch.stack(
-            [self._correct, total, out_of_range, self._not_whole, self._not_distribution]
+            [
+                self._sum(self._hits),
+                total,
+                out_of_range,
+                self._sum(self._not_whole),
+                self._sum(self._not_distribution),
+            ]
         )
 
     def result(self, reduced_counts: Tensor) -> Tensor:
@@ -680,6 +723,422 @@ def cache_safety(loader: Any) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------------------- fast loading
+#: Read tensor-backed test sets without the DataLoader (see :func:`fast_loader`). Set to ``False``
+#: (``continual_eval.evaluation.FAST_PATH = False``) to read every test set through its DataLoader;
+#: the batches, and so the scores, are identical either way.
+FAST_PATH = True
+
+#: Evaluate test loaders with worker processes through one persistent worker pool per group of
+#: equal DataLoader settings (see :func:`evaluate_tasks`). ``False``: each loader starts its own
+#: workers, as a plain ``for batch in loader`` does; the scores are identical either way.
+POOLED_LOADERS = True
+
+#: Pools kept alive between evaluations (most recently used last); older ones are shut down.
+_MAX_POOLS = 2
+_POOLS: list[_WorkerPool] = []
+#: Persistent-worker loaders whose first ``iter()`` (the only one that draws a seed) was mimicked.
+_SEEDED_PERSISTENT: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+
+
+def _draw_base_seed(loader: DataLoader) -> None:
+    """Draw the base seed ``iter(loader)`` draws from ``loader.generator`` (the global torch
+    generator when ``None``), so that a model that draws random numbers in its forward sees the
+    same global RNG state when its batches come from the fast path or a worker pool."""
+    if loader.num_workers > 0 and loader.persistent_workers:
+        # only the first iter() of a persistent-worker loader creates an iterator and draws
+        if loader._iterator is not None or loader in _SEEDED_PERSISTENT:
+            return
+        _SEEDED_PERSISTENT.add(loader)
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+
+
+def _read_order(loader: Any) -> tuple[Sequence[int], int, bool] | None:
+    """``(indices, batch_size, drop_last)`` of a plain DataLoader over a map-style dataset read in
+    a fixed order (a ``SequentialSampler`` or one of our shards in a plain ``BatchSampler``), else
+    ``None``."""
+    if type(loader) is not DataLoader or isinstance(loader.dataset, IterableDataset):
+        return None
+    batch_sampler, sampler = loader.batch_sampler, loader.sampler
+    if type(batch_sampler) is not BatchSampler or batch_sampler.sampler is not sampler:
+        return None
+    if type(sampler) is SequentialSampler:
+        indices: Sequence[int] = range(len(sampler))
+    elif type(sampler) is _ShardSampler:
+        indices = sampler.indices
+    else:
+        return None
+    return indices, batch_sampler.batch_size, batch_sampler.drop_last
+
+
+def _batch_slices(num_indices: int, batch_size: int, drop_last: bool) -> range:
+    """Start offsets of the batches a ``BatchSampler`` makes of ``num_indices`` indices."""
+    end = num_indices - num_indices % batch_size if drop_last else num_indices
+    return range(0, end, batch_size)
+
+
+def _index_tensor(indices: Any) -> Tensor | None:
+    """``indices`` (a list, range, array or tensor of integers) as a 1-D int64 tensor."""
+    try:
+        t = torch.as_tensor(list(indices) if isinstance(indices, range) else indices)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        return None
+    return t.to(device="cpu", dtype=torch.int64)
+
+
+def _tensor_rows(dataset: Any, order: Sequence[int]) -> tuple[tuple[Tensor, ...], Any] | None:
+    """``(tensors, rows)``: the ``TensorDataset`` under ``dataset`` (itself or a chain of
+    ``Subset``) and the rows of its tensors that ``dataset[i]`` for ``i`` in ``order`` reads (a
+    ``range`` when they are consecutive), or ``None``.
+
+    Exact types only: a subclass may override ``__getitem__`` (a transform, a side effect).
+    """
+    rows: Any = order
+    while type(dataset) is Subset:
+        mapping = _index_tensor(dataset.indices)
+        if mapping is None:
+            return None
+        rows = mapping[_index_tensor(rows)]  # type: ignore[index]
+        dataset = dataset.dataset
+    if type(dataset) is not TensorDataset or not dataset.tensors:
+        return None
+    tensors = tuple(dataset.tensors)
+    n = tensors[0].shape[0] if tensors[0].ndim else -1
+    if any(
+        not isinstance(t, Tensor)
+        or t.layout != torch.strided
+        or not t.is_contiguous()
+        or t.ndim == 0
+        or t.shape[0] != n
+        for t in tensors
+    ):
+        return None
+    if isinstance(rows, range):
+        return tensors, rows
+    rows = _index_tensor(rows)
+    if rows is None or (rows.numel() and (int(rows.min()) < -n or int(rows.max()) >= n)):
+        return None  # the DataLoader raises its own IndexError
+    rows = torch.where(rows < 0, rows + n, rows)
+    if rows.numel() and bool((rows == torch.arange(int(rows[0]), int(rows[0]) + len(rows))).all()):
+        return tensors, range(int(rows[0]), int(rows[0]) + len(rows))
+    return tensors, rows
+
+
+def _batched_fetch(dataset: Any) -> bool:
+    """Whether the DataLoader reads ``dataset`` with its own ``__getitems__`` (a ``Subset`` only
+    when the dataset under it has one: else ``Subset.__getitems__`` reads sample by sample)."""
+    while type(dataset) is Subset:
+        dataset = dataset.dataset
+    return callable(getattr(type(dataset), "__getitems__", None)) and bool(
+        getattr(dataset, "__getitems__", None)
+    )
+
+
+class _FastBatches:
+    """The batches of a DataLoader over tensors read by slicing/indexing them a batch at a time
+    (or by the dataset's own ``__getitems__``), equal to the DataLoader's: same order, sizes, last
+    batch, dtype, a fresh contiguous tensor per element, in a list as ``default_collate`` returns
+    for a ``TensorDataset``'s tuples."""
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        order: Sequence[int],
+        batch_size: int,
+        drop_last: bool,
+        tensor_rows: tuple[tuple[Tensor, ...], Any] | None,
+        pin_memory: bool,
+    ) -> None:
+        self.loader, self.order, self.batch_size = loader, order, batch_size
+        self.starts = _batch_slices(len(order), batch_size, drop_last)
+        self.tensor_rows, self.pin_memory = tensor_rows, pin_memory
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def _take(self, t: Tensor, rows: Any, start: int, stop: int) -> Tensor:
+        if isinstance(rows, range):
+            part = t[rows.start + start : rows.start + stop]
+        else:
+            part = t.index_select(0, rows[start:stop].to(t.device))
+        if self.pin_memory and t.device.type == "cpu":
+            out = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
+            return out.copy_(part)
+        if isinstance(rows, range):
+            return part.clone(memory_format=torch.contiguous_format)
+        return part
+
+    def __iter__(self) -> Iterator[Any]:
+        _draw_base_seed(self.loader)
+        size, n = self.batch_size, len(self.order)
+        if self.tensor_rows is not None:
+            tensors, rows = self.tensor_rows
+            for start in self.starts:
+                stop = min(start + size, n)
+                yield [self._take(t, rows, start, stop) for t in tensors]
+            return
+        dataset = self.loader.dataset
+        for start in self.starts:
+            batch = default_collate(dataset.__getitems__(list(self.order[start : start + size])))
+            yield _pin(batch) if self.pin_memory else batch
+
+
+def _pin(batch: Any) -> Any:
+    from lightning.fabric.utilities.apply_func import apply_to_collection
+
+    return apply_to_collection(
+        batch, Tensor, lambda t: t.pin_memory() if t.device.type == "cpu" else t
+    )
+
+
+def fast_loader(loader: Any, *, pin_memory: bool = False) -> Iterable[Any]:
+    """``loader``'s batches without the DataLoader's per-sample fetch and collate, when that is
+    exact; else ``loader`` itself.
+
+    The fast path takes a torch ``DataLoader`` (exactly, not a subclass) read in order (a
+    ``SequentialSampler``, or a shard of :func:`shard_dataloader`, in a plain ``BatchSampler``)
+    with the default collate function over
+
+    * a ``TensorDataset`` (exactly), or a ``Subset`` (chain) of one: each batch is a slice of the
+      tensors, or one ``index_select`` for scattered indices, copied to a fresh contiguous tensor;
+    * a dataset defining ``__getitems__`` (or a ``Subset`` of one), read with ``num_workers=0``:
+      ``default_collate(dataset.__getitems__(batch_indices))``, what the DataLoader does.
+
+    The batches equal the DataLoader's (order, batch size, last partial batch, ``drop_last``,
+    dtype, the list structure of ``default_collate``), and the global RNG advances as
+    ``iter(loader)`` advances it. Anything else (a custom sampler, batch sampler or collate
+    function, a dataset whose ``__getitem__`` may transform samples, a DataLoader subclass) keeps
+    the DataLoader. ``pin_memory``: copy each batch to page-locked memory (for a non-blocking copy
+    to an accelerator). ``FAST_PATH = False`` turns it off.
+    """
+    if not FAST_PATH:
+        return loader
+    read = _read_order(loader)
+    if read is None or loader.collate_fn is not default_collate:
+        return loader
+    order, batch_size, drop_last = read
+    tensor_rows = _tensor_rows(loader.dataset, order)
+    if tensor_rows is None and not (loader.num_workers == 0 and _batched_fetch(loader.dataset)):
+        return loader
+    return _FastBatches(loader, order, batch_size, drop_last, tensor_rows, pin_memory)
+
+
+class _TaskConcat(torch.utils.data.Dataset):
+    """Several tasks' datasets end to end; a batch (never across two datasets) is fetched as its
+    own task's DataLoader fetches it (``__getitems__`` when the dataset has one)."""
+
+    def __init__(self, datasets: Sequence[Any]) -> None:
+        self.datasets = list(datasets)
+        self.offsets = [0]
+        for d in self.datasets:
+            self.offsets.append(self.offsets[-1] + len(d))
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def _locate(self, index: int) -> tuple[Any, int]:
+        import bisect
+
+        k = bisect.bisect_right(self.offsets, index) - 1
+        return self.datasets[k], index - self.offsets[k]
+
+    def __getitem__(self, index: int) -> Any:
+        dataset, local = self._locate(index)
+        return dataset[local]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        dataset, first = self._locate(indices[0])
+        local = [first + i - indices[0] for i in indices]
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems:
+            return getitems(local)
+        return [dataset[i] for i in local]
+
+
+class _TaskBatchSampler(Sampler[list[int]]):
+    """The batches of the selected tasks, each task's as its own loader makes them."""
+
+    def __init__(self, task_batches: Sequence[list[list[int]]]) -> None:
+        self.task_batches = task_batches
+        self.selected: list[int] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for k in self.selected:
+            yield from self.task_batches[k]
+
+    def __len__(self) -> int:
+        return sum(len(self.task_batches[k]) for k in self.selected)
+
+
+def _pool_settings(loader: Any) -> Hashable | None:
+    """What must be equal for two loaders to share a worker pool, or ``None`` (not poolable)."""
+    if not POOLED_LOADERS or _read_order(loader) is None or loader.num_workers == 0:
+        return None
+    if loader.worker_init_fn is not None:
+        return None  # it may read get_worker_info().dataset, which a pool replaces
+    return (
+        loader.num_workers,
+        loader.collate_fn,
+        loader.pin_memory,
+        loader.pin_memory_device,
+        loader.timeout,
+        loader.multiprocessing_context,
+        loader.prefetch_factor,
+        getattr(loader, "in_order", True),
+    )
+
+
+class _WorkerPool:
+    """One persistent-worker DataLoader reading the batches of several test loaders."""
+
+    def __init__(self, loaders: Sequence[DataLoader]) -> None:
+        self._members = [weakref.ref(dl) for dl in loaders]
+        self._datasets = [weakref.ref(dl.dataset) for dl in loaders]
+        self._lengths = [len(dl.dataset) for dl in loaders]  # type: ignore[arg-type]
+        concat = _TaskConcat([dl.dataset for dl in loaders])
+        task_batches = []
+        for dl, offset in zip(loaders, concat.offsets, strict=False):
+            order, size, drop_last = _read_order(dl)  # type: ignore[misc]
+            task_batches.append(
+                [
+                    [offset + int(i) for i in order[s : s + size]]
+                    for s in _batch_slices(len(order), size, drop_last)
+                ]
+            )
+        self.sampler = _TaskBatchSampler(task_batches)
+        first = loaders[0]
+        self.loader = DataLoader(
+            concat,
+            batch_sampler=self.sampler,
+            num_workers=first.num_workers,
+            collate_fn=first.collate_fn,
+            pin_memory=first.pin_memory,
+            timeout=first.timeout,
+            multiprocessing_context=first.multiprocessing_context,
+            generator=torch.Generator(),  # its seed draws leave the global generator alone
+            prefetch_factor=first.prefetch_factor,
+            persistent_workers=True,
+            pin_memory_device=first.pin_memory_device,
+        )
+        self._iterator: Iterator[Any] | None = None
+
+    def serves(self, loaders: Sequence[DataLoader]) -> bool:
+        """Whether this pool reads exactly ``loaders``, over unchanged datasets."""
+        return (
+            len(loaders) == len(self._members)
+            and all(ref() is dl for ref, dl in zip(self._members, loaders, strict=True))
+            and all(
+                ref() is dl.dataset and len(dl.dataset) == n  # type: ignore[arg-type]
+                for ref, dl, n in zip(self._datasets, loaders, self._lengths, strict=True)
+            )
+        )
+
+    def alive(self) -> bool:
+        return all(ref() is not None for ref in self._members)
+
+    def start(self, selected: list[int]) -> None:
+        """Begin a pass over the batches of the members at positions ``selected``, in order."""
+        self.sampler.selected = selected
+        self._iterator = iter(self.loader)
+
+    def view(self, position: int) -> _PoolView:
+        return _PoolView(self, position)
+
+    def close(self) -> None:
+        iterator = self.loader._iterator
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        self.loader._iterator = None
+        self._iterator = None
+
+
+class _PoolView:
+    """One task's batches, taken from its pool's current pass."""
+
+    def __init__(self, pool: _WorkerPool, position: int) -> None:
+        self.pool, self.position = pool, position
+
+    def __len__(self) -> int:
+        return len(self.pool.sampler.task_batches[self.position])
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self.pool._members[self.position]()
+        assert loader is not None and self.pool._iterator is not None
+        _draw_base_seed(loader)
+        iterator = self.pool._iterator
+        for _ in range(len(self)):
+            yield next(iterator)
+
+
+def _worker_pool(loaders: Sequence[DataLoader]) -> _WorkerPool:
+    """The kept pool reading ``loaders``, else a new one (shutting down the least recently used
+    pool past :data:`_MAX_POOLS` and pools whose loaders are gone)."""
+    for pool in list(_POOLS):
+        if not pool.alive():
+            _POOLS.remove(pool)
+            pool.close()
+    for pool in _POOLS:
+        if pool.serves(loaders):
+            _POOLS.remove(pool)
+            _POOLS.append(pool)
+            return pool
+    pool = _WorkerPool(loaders)
+    _POOLS.append(pool)
+    while len(_POOLS) > _MAX_POOLS:
+        _POOLS.pop(0).close()
+    return pool
+
+
+def _batch_sources(
+    dataloaders: Sequence[Any], tasks: Sequence[int], device: torch.device
+) -> dict[int, tuple[Iterable[Any], bool]]:
+    """For each of ``tasks``: ``(iterable of its batches, batches already on device)``.
+
+    A cached loader that holds its batches yields them as they are; other loaders go through
+    :func:`fast_loader`, else a worker pool shared by the loaders (of all tasks, so the pool
+    outlives evaluations of different task sets) with equal worker settings, else as given.
+    """
+    pin = device.type not in ("cpu", "mps", "meta") and torch.accelerator.is_available()
+    sources: dict[int, tuple[Iterable[Any], bool]] = {}
+    groups: dict[Hashable, list[int]] = {}
+    for k, dl in enumerate(dataloaders):
+        raw = dl.loader if isinstance(dl, _CachedLoader) else dl
+        if fast_loader(raw) is raw and _pool_settings(raw) is not None:
+            groups.setdefault(_pool_settings(raw), []).append(k)
+    pooled: dict[int, tuple[_WorkerPool, int]] = {}
+    for members in groups.values():
+        raws = [
+            dataloaders[k].loader if isinstance(dataloaders[k], _CachedLoader) else dataloaders[k]
+            for k in members
+        ]
+        pool = _worker_pool(raws)
+        for position, k in enumerate(members):
+            pooled[k] = (pool, position)
+    selections: dict[int, tuple[_WorkerPool, list[int]]] = {}
+    for j in tasks:
+        dl = dataloaders[j]
+        cached = isinstance(dl, _CachedLoader)
+        if cached and dl.cache.cached(dl.slot):
+            sources[j] = (dl, True)
+            continue
+        raw = dl.loader if cached else dl
+        source: Iterable[Any]
+        if j in pooled:
+            pool, position = pooled[j]
+            selections.setdefault(id(pool), (pool, []))[1].append(position)
+            source = pool.view(position)
+        else:
+            source = fast_loader(raw, pin_memory=pin)
+        on_device = cached and dl.slot not in dl.cache._refused
+        sources[j] = (dl.fill_from(source) if cached else source, on_device)
+    for pool, selected in selections.values():
+        pool.start(selected)
+    return sources
+
+
 class BatchCache:
     """Collated test batches kept on the evaluation device after their first pass.
 
@@ -730,16 +1189,21 @@ class _CachedLoader:
         self.cache, self.slot, self.loader, self.device = cache, slot, loader, device
 
     def __iter__(self) -> Iterator[Any]:
+        return self.fill_from(fast_loader(self.loader))
+
+    def fill_from(self, source: Iterable[Any]) -> Iterator[Any]:
+        """The cached batches, else ``source``'s (``self.loader``'s batches, possibly read by the
+        fast path or a worker pool) moved to the device, kept when they fit."""
         cache, slot = self.cache, self.slot
         if slot in cache._entries:
             yield from cache._entries[slot]
             return
         if slot in cache._refused:
-            yield from self.loader
+            yield from source
             return
         kept: list[Any] | None = []
         size = 0
-        for batch in self.loader:
+        for batch in source:
             batch = move_data_to_device(batch, self.device)
             if kept is not None:
                 size += _nbytes(batch)
@@ -969,14 +1433,18 @@ def evaluate_tasks(
     rows: list[Tensor] = []
     num_scorer_counts = 3
     results: list[Tensor] = []
+    counted = [j for j in task_ids if world_size <= 1 or j not in unsharded or rank == 0]
     with preserve_rng_state(device), preserve_training_flags(module), grad_context():
+        sources = _batch_sources(dataloaders, counted, device)
         for j in task_ids:
             scorer.start(device)
             watch = _OutputWatch(device)
-            if world_size <= 1 or j not in unsharded or rank == 0:
+            if j in sources:
+                batches, on_device = sources[j]
                 try:
-                    for batch_index, batch in enumerate(dataloaders[j]):
-                        batch = move_data_to_device(batch, device)
+                    for batch_index, batch in enumerate(batches):
+                        if not on_device:
+                            batch = move_data_to_device(batch, device)
                         if convert_input is not None:
                             batch = convert_input(batch)
                         with forward_context():

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+
+from continual_eval.lightning_log import without_cumulative_epoch_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from continual_eval.callback import ContinualEvalCallback
@@ -150,11 +153,15 @@ def fit_tasks(
             current.fit_loop.max_epochs = current.current_epoch + epochs
         if seed is not None:
             seed_everything(seed + task, verbose=False)
-        current.fit(
-            model,
-            train_dataloaders=train_dataloaders[task],
-            val_dataloaders=None if val_dataloaders is None else val_dataloaders[task],
-        )
+        # on one Trainer max_epochs grows with every task: Lightning's "max_epochs=N reached"
+        # would count the epochs of all tasks so far (the callback prints each stage instead)
+        quiet = without_cumulative_epoch_message() if factory is None else contextlib.nullcontext()
+        with quiet:
+            current.fit(
+                model,
+                train_dataloaders=train_dataloaders[task],
+                val_dataloaders=None if val_dataloaders is None else val_dataloaders[task],
+            )
         if checkpoint_dir is not None:
             current.save_checkpoint(os.path.join(checkpoint_dir, f"task_{task}.ckpt"))
     if callbacks is None:

@@ -196,6 +196,6 @@ def test_final_table_printed(tasks, tmp_path, caplog):
         for dl in train_loaders(tasks):
             pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(model, dl)
     text = caplog.text
-    assert "stage 2 (task_2)" in text
+    assert "stage 3/3 (task_2; row 2 of R)" in text
     assert "baseline" in text and f"{cb.scores[2, 2].item():.4f}" in text
     assert not math.isnan(cb.results()["metrics"]["acc"])

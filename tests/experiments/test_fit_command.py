@@ -20,6 +20,13 @@ def test_fit_logistic_config(tmp_path: Path, capfd, caplog, monkeypatch) -> None
     text = printed.out + printed.err + caplog.text  # the callback prints through logging
     for i in (1, 2, 3):
         assert f"task {i}/3" in text
+    # each stage's own epochs, not Lightning's cumulative counter (36, 72, 108)
+    assert (
+        "[continual-eval] stage 2/3 (dir110) trained: 36 epochs (epochs 37-72 of the stream)"
+        in (text)
+    )
+    assert "max_epochs=72" not in text and "max_epochs=108" not in text
+    assert "tensorboard is not installed" not in text  # the dev install has it
     # the end prints R (baseline row, one row per stage) and the metrics
     assert "R[i, j]" in text and "acc=0.5333" in text and "forgetting=0.7000" in text
     run = tmp_path / "runs" / "logistic" / "version_0"

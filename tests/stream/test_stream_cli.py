@@ -112,3 +112,50 @@ def test_subprocess_dispatch(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert row(proc.stdout, "Adaptation speed") == ["--", "3", "1"]
+
+
+BANDIT_SHORT = "--model.init_args.schedule=[[a, 30], [b, 30], [a_again, 30]]"
+
+
+def test_bandit_example_prints_its_table(tmp_path, capsys):
+    from continual_eval.stream.bandit import main as bandit
+
+    bandit(
+        [
+            "--config",
+            str(ROOT / "configs" / "bandit.yaml"),
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            BANDIT_SHORT,
+        ]
+    )
+    out = capsys.readouterr().out
+    log_dir = next(tmp_path.rglob("stream_table.txt")).parent
+    table = (log_dir / "stream_table.txt").read_text().strip()
+    assert table in out  # the whole table, not only a file
+    assert row(out, "Forgetting")[0] == row(out, "Forgetting")[2] != "--"
+    assert f"stream_table.txt, stream_metrics.json: {log_dir}" in out
+
+
+def test_bandit_example_without_tensorboard_logs_csv(tmp_path, capsys, monkeypatch):
+    from lightning.pytorch.loggers import CSVLogger
+
+    import continual_eval.experiments.cli as experiments_cli
+    from continual_eval.stream.bandit import main as bandit
+
+    monkeypatch.setattr(experiments_cli, "tensorboard_available", lambda: False)
+    cli = bandit(
+        [
+            "--config",
+            str(ROOT / "configs" / "bandit.yaml"),
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            BANDIT_SHORT,
+        ]
+    )
+    assert [type(lg) for lg in cli.trainer.loggers] == [CSVLogger]
+    log_dir = Path(cli.trainer.logger.log_dir)
+    assert log_dir == tmp_path / "stream" / "version_0"
+    assert (log_dir / "metrics.csv").is_file() and (log_dir / "stream_table.txt").is_file()
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))
+    out = capsys.readouterr().out
+    notice = "tensorboard is not installed: logging to CSV only; for TensorBoard: "
+    assert notice + 'pip install "continual-eval[experiments]"' in out

@@ -9,9 +9,17 @@ plus two sections of this command:
                report.
 
 ``trainer.max_epochs`` is the training budget *per task*. Each task is one ``trainer.fit`` on the
-same Trainer (``fit_loop.max_epochs`` is raised before each). Without a logger in the config the
-run writes CSV and TensorBoard files to ``runs/<experiment>[/<method>]/version_N``;
-results.json, scores.csv and the report (``report/``) go to the same directory, which is printed.
+same Trainer (``fit_loop.max_epochs`` is raised before each); one line per stage says how many
+epochs it trained (Lightning's own "max_epochs=N reached" counts every stage so far and is not
+shown). Without a logger in the config the run writes CSV and TensorBoard files to
+``runs/<experiment>[/<method>]/version_N``; results.json, scores.csv and the report
+(``report/``) go to the same directory, which is printed.
+
+Optional packages (``pip install "continual-eval[experiments]"``): without tensorboard the default
+loggers are CSV only (one line says so); without matplotlib the report's figures are skipped (one
+line names the extra) and results.json / scores.csv are still written; a config that needs a
+missing package (scikit-learn for the digits) stops with a one-line message naming the extra,
+exit code 1.
 
 ``stream.experiment`` and ``stream.method`` become directory names, so they are checked, not
 rewritten: a name is refused (exit code 2, a one-line message naming the option) when it is empty,
@@ -23,6 +31,7 @@ or line-separator character. The resolved run directory must also lie inside ``s
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import unicodedata
@@ -47,10 +56,18 @@ __all__ = [
     "StreamOptions",
     "check_run_name",
     "main",
+    "tensorboard_available",
 ]
 
 #: longest ``stream.experiment`` / ``stream.method`` (one directory name each)
 MAX_RUN_NAME_LENGTH = 100
+#: the extra that installs what ``fit`` can use beyond the base install
+EXPERIMENTS_EXTRA = 'pip install "continual-eval[experiments]"'
+#: top-level modules of that extra (and what Lightning may use in tensorboard's place)
+OPTIONAL_MODULES = frozenset({"tensorboard", "tensorboardX", "matplotlib", "sklearn"})
+#: Lightning's multi-line warning when ``logger=True`` finds no TensorBoard (this command replaces
+#: the Trainer's default logger anyway, and says so in one line)
+_NO_TENSORBOARD_WARNING = r"(?s)Starting from v1\.9\.0, `tensorboardX` has been removed"
 _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 
 
@@ -141,11 +158,58 @@ class StreamCLI(LightningCLI):
         parser.add_class_arguments(StreamOptions, "stream", instantiate=False)
 
 
-def _default_loggers(save_dir: str, name: str) -> list[Any]:
-    """CSV and TensorBoard loggers sharing ``save_dir/name/version_N`` (N resolved now)."""
+def tensorboard_available() -> bool:
+    """Whether :class:`~lightning.pytorch.loggers.TensorBoardLogger` can write here: tensorboard
+    (or tensorboardX) imports. Lightning itself only checks the installed-package metadata."""
+    for module in ("tensorboard", "tensorboardX"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        return True
+    return False
+
+
+def _default_loggers(save_dir: str, name: str, *, tensorboard: bool = True) -> list[Any]:
+    """CSV and TensorBoard loggers sharing ``save_dir/name/version_N`` (N resolved now); CSV only
+    with ``tensorboard=False``."""
     csv_logger = CSVLogger(save_dir, name=name)
     version = csv_logger.version  # resolve before either logger creates its directory
+    if not tensorboard:
+        return [csv_logger]
     return [csv_logger, TensorBoardLogger(save_dir, name=name, version=version)]
+
+
+def _missing_optional(err: BaseException) -> str | None:
+    """The optional module (:data:`OPTIONAL_MODULES`) whose failed import caused ``err``, if any:
+    ``err`` itself or an error down its chain of causes (jsonargparse wraps what a class's
+    ``__init__`` raised in its own errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ImportError):
+            name = (current.name or "").split(".")[0]
+            if name in OPTIONAL_MODULES:
+                return name
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _write_report(paths: list[Path], out_dir: Path) -> Path | None:
+    """:func:`~continual_eval.report.write_report`, or ``None`` and one line naming the extra
+    when matplotlib (the figures) is not installed."""
+    try:
+        return write_report(paths, out_dir)
+    except ImportError as err:
+        if _missing_optional(err) != "matplotlib":
+            raise
+        progress(
+            f"report skipped: its figures need matplotlib ({EXPERIMENTS_EXTRA}, or "
+            '"continual-eval[plot]"); results.json and scores.csv are written, draw the report '
+            "later with: continual-eval report " + " ".join(str(p) for p in paths)
+        )
+        return None
 
 
 def _method_name(model: pl.LightningModule, options: StreamOptions) -> str:
@@ -159,6 +223,7 @@ def _build_cli(argv: list[str]) -> StreamCLI:
         # ``args=`` is how this command passes its argv; LightningCLI warns whenever sys.argv
         # also holds something (here: the ``continual-eval fit`` words themselves)
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run.*")
+        warnings.filterwarnings("ignore", message=_NO_TENSORBOARD_WARNING)
         return StreamCLI(
             args=argv,
             run=False,
@@ -169,15 +234,24 @@ def _build_cli(argv: list[str]) -> StreamCLI:
         )
 
 
-def _run(cli: StreamCLI) -> Path:
-    """Run the stream configured in ``cli`` once and return its run directory."""
+def _run(cli: StreamCLI, notices: set[str] | None = None) -> Path:
+    """Run the stream configured in ``cli`` once and return its run directory. A notice is
+    printed once per ``notices`` set (one set per command, shared by its seeds)."""
+    notices = set() if notices is None else notices
     config = cli.config
     options = StreamOptions(**config["stream"].as_dict())
     callback_kwargs = config["continual"].as_dict()
     trainer, model, datamodule = cli.trainer, cli.model, cli.datamodule
     if config["trainer"].get("logger") in (None, True):
         name = f"{options.experiment}/{options.method}" if options.method else options.experiment
-        trainer.loggers = _default_loggers(options.save_dir, name)
+        tensorboard = tensorboard_available()
+        if not tensorboard and "tensorboard" not in notices:
+            notices.add("tensorboard")
+            progress(
+                "tensorboard is not installed: logging to CSV only (metrics.csv); for "
+                f"TensorBoard files: {EXPERIMENTS_EXTRA}"
+            )
+        trainer.loggers = _default_loggers(options.save_dir, name, tensorboard=tensorboard)
         _check_inside(Path(trainer.loggers[0].log_dir), Path(options.save_dir))
     run_dir = run_dir_of(trainer, callback_kwargs)
     progress(f"run directory: {run_dir}")
@@ -200,8 +274,9 @@ def _run(cli: StreamCLI) -> Path:
         progress(f"intransigence={extra['intransigence']:.4f} (joint-training reference)")
     progress(f"results: {callback.results_dir}")
     if options.report:
-        written = write_report([run_dir], run_dir / "report")
-        progress(f"report: {written}")
+        written = _write_report([run_dir], run_dir / "report")
+        if written is not None:
+            progress(f"report: {written}")
     return run_dir
 
 
@@ -212,19 +287,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     them is written beside the run directories, in ``report/``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    cli = _build_cli(args)
+    notices: set[str] = set()
     try:
+        cli = _build_cli(args)
         StreamOptions(**cli.config["stream"].as_dict())
         seeds = [int(s) for s in cli.config["stream"]["seeds"] or []]
         if not seeds:
-            _run(cli)
+            _run(cli, notices)
             return 0
-        run_dirs = [_run(_build_cli([*args, f"--seed_everything={seed}"])) for seed in seeds]
+        run_dirs = [
+            _run(_build_cli([*args, f"--seed_everything={seed}"]), notices) for seed in seeds
+        ]
     except RunNameError as err:
         print(f"continual-eval fit: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        missing = _missing_optional(err)
+        if missing is None:
+            raise
+        package = {"sklearn": "scikit-learn"}.get(missing, missing)
+        print(
+            f"continual-eval fit: this run needs {package}, which is not installed: "
+            f"{EXPERIMENTS_EXTRA}",
+            file=sys.stderr,
+        )
+        return 1
     progress(f"runs: {' '.join(str(d) for d in run_dirs)}")
     if cli.config["stream"]["report"]:
-        written = write_report(run_dirs, run_dirs[0].parent / "report")
-        progress(f"report over {len(run_dirs)} seeds: {written}")
+        written = _write_report(run_dirs, run_dirs[0].parent / "report")
+        if written is not None:
+            progress(f"report over {len(run_dirs)} seeds: {written}")
     return 0

@@ -13,9 +13,12 @@ import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from continual_eval.callback import ContinualEvalCallback
+from continual_eval.lightning_log import without_cumulative_epoch_message
 from continual_eval.results import default_results_dir
 
 __all__ = ["TaskStreamDataModule", "fit_stream", "joint_reference"]
+
+#: the logger Lightning's ``rank_zero_info`` writes to (its "`Trainer.fit` stopped" line)
 
 
 class TaskStreamDataModule(pl.LightningDataModule):
@@ -142,10 +145,17 @@ def fit_stream(
     )
     trainer.callbacks.append(callback)
     for task in range(num_tasks):
-        progress(f"task {task + 1}/{num_tasks}: {datamodule.task_names[task]}")
+        name = datamodule.task_names[task]
+        progress(f"task {task + 1}/{num_tasks}: {name}")
         datamodule.current_task = task
-        trainer.fit_loop.max_epochs = trainer.current_epoch + epochs
-        trainer.fit(model, datamodule=datamodule)
+        first = trainer.current_epoch
+        trainer.fit_loop.max_epochs = first + epochs
+        with without_cumulative_epoch_message():
+            trainer.fit(model, datamodule=datamodule)
+        trained = trainer.current_epoch - first
+        span = f" (epochs {first + 1}-{trainer.current_epoch} of the stream)" if trained else ""
+        plural = "" if trained == 1 else "s"
+        progress(f"stage {task + 1}/{num_tasks} ({name}) trained: {trained} epoch{plural}{span}")
     return callback
 
 

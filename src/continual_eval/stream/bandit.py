@@ -11,6 +11,9 @@ regime's best, else 0), and ``invalid_action`` (the arm is refused under the reg
 Run it with the bundled config (LightningCLI)::
 
     python -m continual_eval.stream.bandit --config configs/bandit.yaml
+
+It prints the table per regime at the end; the files (``stream_table.txt``,
+``stream_metrics.json``, ``stream_trace.jsonl``) go to the logger's directory.
 """
 
 from __future__ import annotations
@@ -120,8 +123,16 @@ class NonStationaryBandit(pl.LightningModule):
 
 
 def main(args: Sequence[str] | None = None) -> Any:
-    """``python -m continual_eval.stream.bandit --config configs/bandit.yaml``: fit and score."""
+    """``python -m continual_eval.stream.bandit --config configs/bandit.yaml``: fit and score.
+
+    At the end the fifteen-row table of every :class:`RewardStreamCallback` of the Trainer is
+    printed, with the directory its files went to. A configured ``TensorBoardLogger`` becomes a
+    ``CSVLogger`` (same directory, one line says so) when tensorboard is not installed.
+    """
     from lightning.pytorch.cli import LightningCLI
+
+    from continual_eval.stream.callback import RewardStreamCallback
+    from continual_eval.stream.table import format_table
 
     cli = LightningCLI(
         NonStationaryBandit,
@@ -130,8 +141,37 @@ def main(args: Sequence[str] | None = None) -> Any:
         args=None if args is None else list(args),
         save_config_callback=None,
     )
+    _without_missing_tensorboard(cli.trainer)
     cli.trainer.fit(cli.model)
+    for callback in cli.trainer.callbacks:
+        if isinstance(callback, RewardStreamCallback) and callback.result is not None:
+            where = [lg.log_dir for lg in cli.trainer.loggers if getattr(lg, "log_dir", None)]
+            print(format_table(callback.result), flush=True)
+            if where:
+                print(f"stream_table.txt, stream_metrics.json: {', '.join(where)}", flush=True)
     return cli
+
+
+def _without_missing_tensorboard(trainer: pl.Trainer) -> None:
+    """Replace ``trainer``'s TensorBoard loggers by CSV loggers when tensorboard is missing."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    from continual_eval.experiments.cli import EXPERIMENTS_EXTRA, tensorboard_available
+
+    if not any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers):
+        return
+    if tensorboard_available():
+        return
+    print(
+        f"tensorboard is not installed: logging to CSV only; for TensorBoard: {EXPERIMENTS_EXTRA}",
+        flush=True,
+    )
+    trainer.loggers = [
+        CSVLogger(lg.save_dir, name=lg.name, version=lg.version)
+        if isinstance(lg, TensorBoardLogger)
+        else lg
+        for lg in trainer.loggers
+    ]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -84,34 +84,105 @@ def ceiling_arg(text: str) -> float | str | Path:
     return value
 
 
+TRACE_FORMAT_EPILOG = """\
+trace format (JSON lines, one object per step, steps in increasing order):
+  {"step": 0, "reward": 0.8, "regime_id": "a"}
+  {"step": 1, "reward": 0.5, "regime_id": "a_again", "regime_origin": "a"}
+required: step (integer, strictly increasing), reward (number), regime_id (string: the
+configuration label the step ran under). optional: regime_origin (string: the label an alias
+revisits), components (object of name -> number), invalid_action (true/false), effective_rank
+(number), episode_end (true/false). Any other field, or a value of the wrong type, is an error
+naming the file, line and field (exit status 2); blank lines are skipped. RewardStreamCallback
+writes this format (stream_trace.jsonl). Full schema and metric definitions: docs/stream.md.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="continual-eval stream",
-        description="Score reward-stream traces (JSON lines, one step per line) per regime.",
+        description="Score reward-stream traces (JSON lines, one step per line) per regime:\n"
+        "the fifteen-row table (per-configuration reward, adaptation speed, recovery time,\n"
+        "forgetting, stability, performance gap, zero-shot reward, ...). A metric that\n"
+        "cannot be measured prints -- (absent, never 0).",
+        epilog=TRACE_FORMAT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("traces", nargs="+", type=Path, metavar="TRACE.jsonl")
-    p.add_argument("--anchor", choices=("segment", "ceiling"), default="segment")
+    p.add_argument(
+        "traces",
+        nargs="+",
+        type=Path,
+        metavar="TRACE.jsonl",
+        help="trace files (format below); several files are traces of one run, scored together "
+        "(see --per-seed)",
+    )
+    p.add_argument(
+        "--anchor",
+        choices=("segment", "ceiling"),
+        default="segment",
+        help="what adaptation speed and recovery time are measured against: 'segment' (default) "
+        "= the interval's own peak running mean / settled tail; 'ceiling' = the reward's "
+        "theoretical bound R_ub (needs --ceiling). Numbers under the two anchors are not "
+        "comparable",
+    )
     fraction = real_in(0.0, 1.0, low_open=True)
     non_negative = real_in(0.0, math.inf, high_open=True)
     p.add_argument(
-        "--alpha", type=fraction, default=None, help="in (0, 1]; default 0.9 segment, 0.5 ceiling"
+        "--alpha",
+        type=fraction,
+        default=None,
+        metavar="A",
+        help="adapted fraction in (0, 1]: adaptation = first step whose running mean reaches "
+        "A x the anchor; default 0.9 (segment), 0.5 (ceiling)",
     )
     p.add_argument(
         "--eps",
         type=non_negative,
         default=None,
-        help="recovery tolerance >= 0: fraction (segment, default 0.30) or absolute (ceiling, "
-        "default 0.5*|R_ub|)",
+        metavar="E",
+        help="recovery tolerance >= 0: a fraction of the settled level (segment, default 0.30) "
+        "or an absolute distance from R_ub (ceiling, default 0.5*|R_ub|)",
     )
-    p.add_argument("--floor", type=non_negative, default=0.005, help="recovery band floor, >= 0")
-    p.add_argument("--tail-fraction", type=fraction, default=0.2, help="in (0, 1]")
-    p.add_argument("--zero-shot-window", type=positive_int, default=10, help="steps, >= 1")
-    p.add_argument("--gamma", type=fraction, default=0.99, help="discount in (0, 1]")
+    p.add_argument(
+        "--floor",
+        type=non_negative,
+        default=0.005,
+        metavar="F",
+        help="smallest half-width of the recovery band, >= 0 (default 0.005), so a level at or "
+        "near zero can still be reached",
+    )
+    p.add_argument(
+        "--tail-fraction",
+        type=fraction,
+        default=0.2,
+        metavar="Q",
+        help="fraction in (0, 1] of each interval's final steps that counts as its settled "
+        "level (recovery asymptote, settled reward, performance gap); default 0.2",
+    )
+    p.add_argument(
+        "--zero-shot-window",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="zero-shot reward = mean reward over the first N steps after a regime shift "
+        "(integer >= 1, default 10)",
+    )
+    p.add_argument(
+        "--gamma",
+        type=fraction,
+        default=0.99,
+        metavar="G",
+        help="discount in (0, 1] of the discounted return, sum of G**t * r_t over the whole "
+        "trace (default 0.99; 1 = undiscounted)",
+    )
     p.add_argument(
         "--ceiling",
         type=ceiling_arg,
         default=None,
-        help="a number, 'data', or a JSON file with a reward spec or {per_step, final_step}",
+        metavar="NUMBER|data|FILE.json",
+        help="the reward's ceiling R_ub (performance gap, ceiling anchor): a finite number, "
+        "'data' (the best observed in the traces: relative to the policy measured), or a JSON "
+        'file holding a reward spec {"components": [...]} (analytic bound) or '
+        '{"per_step": p, "final_step": f}; default none (gap prints --)',
     )
     p.add_argument(
         "--reference",
@@ -119,17 +190,30 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="REF.jsonl",
-        help="reference trajectories for regret, one per trace",
+        help="reference trajectories for regret (sum of reference minus own reward), one per "
+        "trace file, same format; default none (regret prints --)",
     )
     p.add_argument(
         "--episode-end-components",
         default=None,
-        help="comma-separated components paid at episode end (excluded from forgetting and "
-        "the policy-only settled reward)",
+        metavar="NAME,...",
+        help="comma-separated components paid at episode end: steps carrying them are excluded "
+        "from forgetting and the policy-only settled reward",
     )
-    p.add_argument("--solve-component", default=None, help="component counted for solve rate")
-    p.add_argument("--per-seed", action="store_true", help="each trace file is one seed")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--solve-component",
+        default=None,
+        metavar="NAME",
+        help="component whose positive value counts a step as solved (solve rate); default none",
+    )
+    p.add_argument(
+        "--per-seed",
+        action="store_true",
+        help="each trace file is one seed: cells show mean ± spread across the files",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the result as JSON instead of the table"
+    )
     return p
 
 
