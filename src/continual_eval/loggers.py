@@ -267,6 +267,10 @@ def log_stage(
                         run_id, curves_fig, f"{curves_tag}_stage_{stage:03d}.png"
                     )
                 logger.experiment.log_dict(run_id, dict(results), f"{prefix}results.json")
+                csv_path = None if results_dir is None else Path(results_dir) / "scores.csv"
+                if csv_path is not None and csv_path.is_file():
+                    folder = prefix.rstrip("/") or None
+                    logger.experiment.log_artifact(run_id, str(csv_path), folder)
             elif isinstance(logger, CSVLogger):
                 log_dir = Path(logger.log_dir)
                 if results_dir is None or log_dir.resolve() != Path(results_dir).resolve():

@@ -311,9 +311,10 @@ def _csv_field(value: float | None) -> str:
 
 def _scores_csv_text(results: Mapping[str, Any]) -> str:
     T = int(results["num_tasks"])
+    names = results.get("task_names") or [f"task_{j}" for j in range(T)]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["stage", *(f"task_{j}" for j in range(T))])
+    writer.writerow(["stage", *names])
     writer.writerow(["baseline", *(_csv_field(v) for v in results["baseline"])])
     for i, row in enumerate(results["scores"]):
         writer.writerow([i, *(_csv_field(v) for v in row)])
@@ -325,8 +326,8 @@ def _sha256(text: str) -> str:
 
 
 def write_scores_csv(path: str | os.PathLike, results: Mapping[str, Any]) -> Path:
-    """Write ``scores.csv`` atomically: ``stage,task_0,...``; a ``baseline`` row; one row per
-    stage."""
+    """Write ``scores.csv`` atomically: a header ``stage,<task names>``; a ``baseline`` row; one
+    row per stage (an empty field is a cell that was not evaluated)."""
     path = Path(path)
     _atomic_write(path, _scores_csv_text(results))
     return path

@@ -166,3 +166,19 @@ def test_metrics_of_another_score_are_logged_under_its_name(tasks, tmp_path):
     ]
     assert logged == pytest.approx(cb.results()["metrics_per_stage"]["acc"], abs=1e-12)
     assert "continual/MulticlassF1Score/task_0" in keys
+
+
+def test_scores_csv_header_holds_the_task_names(tasks, tmp_path):
+    import csv
+
+    names = ["rotate 0", "rotate, 90", 'say "hi"']
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks), task_names=names, dirpath=tmp_path, verbose=False
+    )
+    pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(
+        Classifier(make_net()), train_loaders(tasks)[0]
+    )
+    with open(tmp_path / "scores.csv", newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == ["stage", *names]
+    assert [float(v) for v in rows[2][1:]] == cb.scores[0].tolist()

@@ -181,7 +181,7 @@ def test_mlflow_read_back(tasks, tmp_path, monkeypatch):
     final = max(history, key=lambda m: m.step).value
     assert final == pytest.approx(cb.results()["metrics"]["acc"])
     artifacts = {a.path for a in client.list_artifacts(logger.run_id, "continual")}
-    assert "continual/results.json" in artifacts
+    assert "continual/results.json" in artifacts and "continual/scores.csv" in artifacts
     assert "continual/accuracy_matrix_stage_002.png" in artifacts
     local = client.download_artifacts(logger.run_id, "continual/results.json", str(tmp_path))
     assert json.loads(Path(local).read_text())["scores"] == load_results(tmp_path / "out")["scores"]
