@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +11,9 @@ import torch
 from cl_helpers import NUM_CLASSES, make_net, make_tasks
 
 from continual_eval.results import load_results
+from script_runner import run_script
 
 HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
 
 
 def plain_scores(state: dict, tasks) -> tuple[list[float], list[float]]:
@@ -40,16 +37,7 @@ def plain_scores(state: dict, tasks) -> tuple[list[float], list[float]]:
 
 @pytest.mark.slow
 def test_ddp_two_processes_equal_single_process(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
-    env.pop("LOCAL_RANK", None)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "ddp_script.py"), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_script(HERE / "ddp_script.py", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     tasks = make_tasks()

@@ -25,9 +25,9 @@ from continual_eval.results import (
     remove_stale_temporaries,
     write_results,
 )
+from script_runner import run_script
 
 HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
 
 
 @pytest.fixture(scope="module")
@@ -149,17 +149,8 @@ def test_failed_write_leaves_no_temporary_and_stale_ones_are_removed(tmp_path, m
 # ---------------------------------------------------------------- kill -9 inside an evaluation
 @pytest.mark.slow
 def test_kill_inside_stage_evaluation_then_resume_equals_uninterrupted(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
-
     def run(mode: str, out: Path) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(HERE / "kill_script.py"), mode, str(out)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return run_script(HERE / "kill_script.py", mode, out, timeout=300)
 
     full = run("full", tmp_path / "full")
     assert full.returncode == 0, full.stderr[-3000:]

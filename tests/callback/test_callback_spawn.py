@@ -3,9 +3,6 @@ that started a ``ddp_spawn`` run sees the rows its children recorded."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +10,9 @@ import torch
 from cl_helpers import make_net, make_tasks
 
 from continual_eval.results import check_results_files, load_results, results_to_tensors
+from script_runner import run_script
 
 HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
 NUM_TASKS = 4
 
 
@@ -37,17 +34,7 @@ def plain_accuracy(state: dict, tasks) -> torch.Tensor:
     [("ddp_spawn", "schedule"), ("ddp_spawn", "fit_tasks"), ("ddp", "schedule")],
 )
 def test_two_processes_record_every_stage_once(tmp_path, strategy, pattern):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
-    for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT"):
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "spawn_script.py"), strategy, pattern, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_script(HERE / "spawn_script.py", strategy, pattern, tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     tasks = make_tasks(NUM_TASKS)

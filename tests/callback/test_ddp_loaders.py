@@ -5,9 +5,6 @@ process run score the same samples."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -18,9 +15,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback
 from continual_eval.results import load_results
+from script_runner import run_script
 
 HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
 TEST_SIZES = (41, 37, 41)  # as in ddp_loader_script.py
 
 
@@ -44,16 +41,7 @@ def meant_samples(tasks) -> list[tuple[torch.Tensor, torch.Tensor]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_ddp_drop_last_and_distributed_sampler_loaders_equal_one_process(tmp_path, strategy):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
-    env.pop("LOCAL_RANK", None)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "ddp_loader_script.py"), str(tmp_path), strategy],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_script(HERE / "ddp_loader_script.py", tmp_path, strategy)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # under ddp_spawn only the launching process saves (what rank 0 handed back to it)
     ranks = (0, 1) if strategy == "ddp" else (0,)

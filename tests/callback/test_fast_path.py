@@ -3,9 +3,6 @@ for datasets that may transform samples, and leaves R unchanged (on/off, cache o
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +14,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 from continual_eval import evaluation
 from continual_eval.callback import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation import evaluate_tasks, fast_loader, shard_dataloader
+from script_runner import run_script
 
 HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
 X = torch.arange(41 * 3, dtype=torch.float32).reshape(41, 3)
 Y = torch.arange(41) % 5
 DATA = TensorDataset(X, Y)
@@ -257,16 +254,7 @@ def test_callback_R_identical_fast_path_and_cache_on_off(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_ddp_R_identical_fast_path_pool_and_cache_on_off(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
-    env.pop("LOCAL_RANK", None)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "fast_path_ddp_script.py"), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_script(HERE / "fast_path_ddp_script.py", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     reference = ranks[0]["fast-cached"]

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from continual_eval.stream import read_jsonl
+from script_runner import run_script
 
 HERE = Path(__file__).parent
-SRC = HERE.parents[1] / "src"
 
 LABELS = ["a"] * 10 + ["b"] * 10 + ["a_again"] * 10
 STREAMS = [
@@ -32,16 +29,7 @@ def label_mean(rewards: list[float], label: str) -> float:
 
 @pytest.mark.slow
 def test_ddp_gathers_both_ranks_streams(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-    env.pop("LOCAL_RANK", None)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "stream_ddp_script.py"), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_script(HERE / "stream_ddp_script.py", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rank0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     rank1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
