@@ -6,6 +6,8 @@ For each T it times, in one run, medians over repeats:
   incremental accuracy and intransigence, each after every stage (the curves) and per task — by
   ``all_continual_metrics`` without validation (the hot-loop setting), plus the same with
   validation on;
+* ``lower``: the same set for a lower-is-better score (``-R``, ``higher_is_better=False``,
+  ``bounds=None``, without validation): the running-minimum scan served by negation;
 * ``plain loop``: the plain-loop reference the tests use as their oracle (tests/reference.py:
   every metric of every leading sub-matrix by explicit loops, as one writes it by hand from the
   formulas; O(T^3), so measured once at T=1000 and skipped above);
@@ -51,9 +53,11 @@ def make_inputs(T: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tenso
     return R, b, reference
 
 
-def full_metric_set(R: torch.Tensor, b: torch.Tensor, ref: torch.Tensor, validate: bool) -> dict:
+def full_metric_set(
+    R: torch.Tensor, b: torch.Tensor, ref: torch.Tensor, validate: bool, **direction: object
+) -> dict:
     """Every metric, after every stage and per task, with intransigence: one call."""
-    return F.all_continual_metrics(R, b, ref, validate=validate)
+    return F.all_continual_metrics(R, b, ref, validate=validate, **direction)
 
 
 def loop_metric_set(R: list[list[float]], b: list[float], ref: list[float]) -> dict:
@@ -144,6 +148,11 @@ def measure(T: int) -> dict:
     repeats = 50 if T <= 1000 else 10
     vec = median_seconds(lambda: full_metric_set(R, b, ref, validate=False), repeats)
     checked = median_seconds(lambda: full_metric_set(R, b, ref, validate=True), repeats)
+    loss = (-R, -b, -ref)  # a lower-is-better score
+    lower = median_seconds(
+        lambda: full_metric_set(*loss, validate=False, higher_is_better=False, bounds=None),
+        repeats,
+    )
     loop = median_seconds(lambda: loop_metric_set(*lists), 5 if T <= 1000 else 1)
     plain = None
     if T <= 1000:
@@ -155,6 +164,8 @@ def measure(T: int) -> dict:
         "T": T,
         "vectorised_ms": vec * 1e3,
         "validated_ms": checked * 1e3,
+        "lower_ms": lower * 1e3,
+        "lower_over_vectorised": lower / vec,
         "plain_loop_ms": None if plain is None else plain * 1e3,
         "plain_loop_over_vectorised": None if plain is None else plain / vec,
         "loop_ms": loop * 1e3,
@@ -174,9 +185,11 @@ def format_row(row: dict) -> str:
             f"{row['T']:>6}",
             cell(row["vectorised_ms"], ".3f", "ms"),
             cell(row["validated_ms"], ".3f", "ms"),
+            cell(row["lower_ms"], ".3f", "ms"),
             cell(row["plain_loop_ms"], ".1f", "ms"),
             cell(row["loop_ms"], ".1f", "ms"),
             cell(row["calls_ms"], ".1f", "ms"),
+            cell(row["lower_over_vectorised"], ".2f", "x"),
             cell(row["plain_loop_over_vectorised"], ".0f", "x"),
             cell(row["loop_over_vectorised"], ".1f", "x"),
             cell(row["calls_over_vectorised"], ".0f", "x"),
@@ -193,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    names = ["vectorised", "+validate", "plain loop", "loop O(T^2)", "T calls"]
-    names += ["plain/vec", "O(T^2)/vec", "calls/vec"]
+    names = ["vectorised", "+validate", "lower", "plain loop", "loop O(T^2)", "T calls"]
+    names += ["lower/vec", "plain/vec", "O(T^2)/vec", "calls/vec"]
     header = f"{'T':>6} " + " ".join(f"{n:>12}" for n in [*names, "mem / T^2"])
     print(f"torch {torch.__version__}, {args.threads} thread(s), float32, medians")
     print(header)

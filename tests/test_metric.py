@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -354,3 +355,76 @@ def test_validation_messages_print_every_digit():
     with pytest.raises(ValueError, match=r"baseline\[1\] = -1e-15 is outside"):
         metric.update_baseline(torch.tensor([NAN, -1e-15], dtype=torch.float64))
     assert metric.num_stages == 0
+
+
+# ---------------------------------------------------------------- score direction and bounds
+def test_lower_is_better_metric_equals_the_function_after_every_stage():
+    T = 5
+    R, b = random_stream(T, seed=11)
+    losses, base = 10 * R, 10 * b  # cells in [0, 10]: outside the default bounds
+    metric = ContinualMetrics(T, higher_is_better=False, bounds=None, forgetting="chaudhry")
+    metric.update_baseline(base)
+    for s in range(T):
+        metric.update(losses[s])
+        out = metric.compute()
+        loop = reference_metrics(
+            losses[: s + 1, : s + 1].tolist(), base[: s + 1].tolist(), "chaudhry", False
+        )
+        expected = continual_metrics(
+            losses[: s + 1, : s + 1],
+            base[: s + 1],
+            forgetting="chaudhry",
+            higher_is_better=False,
+            bounds=None,
+        )
+        for key, value in loop.items():
+            torch.testing.assert_close(out[key], expected[key], rtol=0, atol=0)
+            assert out[key].item() == pytest.approx(value, abs=1e-5)
+    assert metric.scores_higher_is_better is False and metric.bounds is None
+    # torchmetrics' own attribute describes the outputs (mixed directions): unchanged
+    assert metric.higher_is_better is None and ContinualMetrics.higher_is_better is None
+
+
+def test_metric_of_a_negated_stream_with_flipped_direction_is_the_same():
+    T = 4
+    R, b = random_stream(T, seed=12)
+    high, low = ContinualMetrics(T), ContinualMetrics(T, higher_is_better=False, bounds=(-1, 0))
+    high.update_baseline(b)
+    low.update_baseline(-b)
+    for row in R:
+        high.update(row)
+        low.update(-row)
+        got, want = low.compute(), high.compute()
+        assert torch.equal(got["acc"], -want["acc"])
+        for key in ("bwt", "fwt", "forgetting"):
+            assert torch.equal(got[key], want[key]), key
+
+
+def test_metric_checks_rows_baselines_and_loaded_states_against_its_bounds():
+    metric = ContinualMetrics(2, bounds=(0, 100), dtype=torch.float64)
+    with pytest.raises(
+        ValueError, match=r"scores\[0, 0\] = 100.5 is outside \[0, 100\].*nothing was recorded"
+    ):
+        metric.update(torch.tensor([100.5, 50.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"baseline\[1\] = -1.0 is outside \[0, 100\]"):
+        metric.update_baseline(torch.tensor([NAN, -1.0], dtype=torch.float64))
+    metric.update_baseline(torch.tensor([NAN, 20.0], dtype=torch.float64))
+    metric.update(torch.tensor([90.0, 30.0], dtype=torch.float64))
+    metric.update(torch.tensor([80.0, 95.0], dtype=torch.float64))
+    assert metric.compute()["bwt"].item() == -10.0
+    state = metric.state_dict()
+    with pytest.raises(RuntimeError, match=r"scores\[0, 0\] = 90.0 is outside \[0, 1\]"):
+        ContinualMetrics(2, dtype=torch.float64).load_state_dict(state)  # default bounds
+    unbounded = ContinualMetrics(2, bounds=None, dtype=torch.float64)
+    unbounded.load_state_dict(state)
+    assert unbounded.compute()["fwt"].item() == 10.0
+    inf_row = torch.tensor([math.inf, 0.5], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"scores\[0, 0\] is inf"):
+        ContinualMetrics(2, bounds=None, dtype=torch.float64).update(inf_row)
+
+
+def test_metric_refuses_bad_direction_and_bounds():
+    with pytest.raises(TypeError, match="higher_is_better must be True or False"):
+        ContinualMetrics(2, higher_is_better="min")
+    with pytest.raises(ValueError, match="bounds must satisfy lo <= hi"):
+        ContinualMetrics(2, bounds=(1.0, 0.0))

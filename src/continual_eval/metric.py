@@ -12,8 +12,11 @@ from torchmetrics.utilities.exceptions import TorchMetricsUserError
 
 from continual_eval.functional import continual_metrics
 from continual_eval.functional._checks import (
+    UNIT_BOUNDS,
     check_cells,
+    check_direction,
     check_forgetting_convention,
+    resolve_bounds,
     triangle_masks,
 )
 
@@ -61,6 +64,13 @@ class ContinualMetrics(Metric):
     Args:
         num_tasks: ``T``, the number of tasks (rows and columns of R).
         forgetting: ``"peak"`` (default) or ``"chaudhry"``; see the functional layer.
+        higher_is_better: ``False`` for a loss-like score: BWT, FWT and forgetting are signed as
+            in :func:`~continual_eval.functional.continual_metrics` (positive BWT/FWT still mean
+            better; forgetting is the rise above the lowest value reached). Kept as
+            ``scores_higher_is_better``: torchmetrics' own ``higher_is_better`` describes the
+            outputs, whose directions differ, and stays ``None``.
+        bounds: validation range ``(lo, hi)`` of every recorded value (default ``(0.0, 1.0)``);
+            ``None`` checks only that used values are finite.
         validate: check every row and the baseline as they arrive.
         dtype: floating dtype of R and b (default: torch's default dtype); ``float64`` keeps
             ``correct / total`` exact. ``set_dtype`` also works; the stage counter stays integer.
@@ -90,6 +100,8 @@ class ContinualMetrics(Metric):
         num_tasks: int,
         *,
         forgetting: str = "peak",
+        higher_is_better: bool = True,
+        bounds: tuple[float, float] | None = UNIT_BOUNDS,
         validate: bool = True,
         dtype: torch.dtype | None = None,
         **kwargs: Any,
@@ -98,8 +110,11 @@ class ContinualMetrics(Metric):
         if not isinstance(num_tasks, int) or num_tasks < 1:
             raise ValueError(f"num_tasks must be a positive int, got {num_tasks!r}")
         check_forgetting_convention(forgetting)
+        check_direction(higher_is_better)
         self.num_tasks = num_tasks
         self.forgetting = forgetting
+        self.scores_higher_is_better = higher_is_better
+        self.bounds = resolve_bounds(bounds)
         self.validate = validate
         nan = float("nan")
         dtype = dtype or torch.get_default_dtype()
@@ -156,10 +171,11 @@ class ContinualMetrics(Metric):
             )
         return values.detach().to(device=self.scores_state.device, dtype=self.scores_state.dtype)
 
-    @staticmethod
-    def _check(name: str, values: Tensor, mask: Tensor, desc: str, prefix: tuple[int, ...]) -> None:
+    def _check(
+        self, name: str, values: Tensor, mask: Tensor, desc: str, prefix: tuple[int, ...]
+    ) -> None:
         try:
-            check_cells(name, values, mask, desc, index_prefix=prefix)
+            check_cells(name, values, mask, desc, self.bounds, index_prefix=prefix)
         except ValueError as err:
             raise ValueError(f"{err}; nothing was recorded") from None
 
@@ -220,6 +236,7 @@ class ContinualMetrics(Metric):
             self.scores_state[:s, :s],
             self.baseline_state[:s],
             forgetting=self.forgetting,
+            higher_is_better=self.scores_higher_is_better,
             validate=False,
         )
 
@@ -269,7 +286,7 @@ class ContinualMetrics(Metric):
             scores = state_dict[prefix + "scores_state"].detach()[: int(value)]
             mask = triangle_masks(T, scores.device).used[: int(value)]
             try:
-                check_cells("scores", scores, mask, "used cells (j <= i + 1)")
+                check_cells("scores", scores, mask, "used cells (j <= i + 1)", self.bounds)
             except ValueError as err:
                 return f"{head}: in {prefix}scores_state, {err}"
         return None

@@ -1,10 +1,18 @@
 """Pure tensor functions of the accuracy matrix ``R[i, j]`` and the untrained baseline ``b[j]``.
 
 Nothing here keeps state or modifies its inputs; every function takes ``validate`` to skip the
-value checks (which read back from the device) in hot loops.
+value checks (which read back from the device) in hot loops. Every accuracy-matrix function takes
+``higher_is_better`` (``False`` for a loss: transfer and forgetting keep their meaning) and
+``bounds`` (the validation range, :data:`UNIT_BOUNDS` by default, ``None`` for unbounded); the
+stability functions take ``higher_is_better``.
 """
 
-from continual_eval.functional._checks import FORGETTING_CONVENTIONS, check_scores, used_cells
+from continual_eval.functional._checks import (
+    FORGETTING_CONVENTIONS,
+    UNIT_BOUNDS,
+    check_scores,
+    used_cells,
+)
 from continual_eval.functional.accuracy_matrix import (
     FWT_CONVENTIONS,
     average_accuracy,
@@ -38,6 +46,7 @@ __all__ = [
     "CURVE_KEYS",
     "FORGETTING_CONVENTIONS",
     "FWT_CONVENTIONS",
+    "UNIT_BOUNDS",
     "all_continual_metrics",
     "average_accuracy",
     "average_incremental_accuracy",

@@ -1,7 +1,7 @@
 r"""Metrics of the accuracy matrix after the final stage.
 
-Notation (zero-based): ``R[i, j]`` is the accuracy on task ``j`` after training stage ``i``,
-``R`` is ``[T, T]``; ``b[j]`` is task ``j``'s accuracy before any training (the untrained
+Notation (zero-based): ``R[i, j]`` is the score (accuracy by default) on task ``j`` after training
+stage ``i``, ``R`` is ``[T, T]``; ``b[j]`` is task ``j``'s score before any training (the untrained
 baseline). A metric only reads the cells ``j <= i + 1`` (the lower triangle and the first
 superdiagonal) and ``b[1:]``; every other cell may hold NaN and never reaches a result, because
 cells are *selected* (``masked_fill``, ``tril``), never multiplied by a mask.
@@ -9,7 +9,31 @@ cells are *selected* (``masked_fill``, ``tril``), never multiplied by a mask.
 All averages weight tasks equally (not examples). With ``T = 1`` no task has been followed by
 training: ACC is ``R[0, 0]`` and every transfer or forgetting metric is zero.
 
-Conventions where the literature disagrees:
+Score direction and range. Every function takes ``higher_is_better`` and ``bounds``; the defaults
+(``True``, ``(0.0, 1.0)``) are seed 000's contract, bit for bit.
+
+* ``higher_is_better=False`` is for a loss, an error rate, a perplexity. ACC, learning accuracy
+  and average incremental accuracy stay plain means of ``R`` in the score's own units. Every
+  transfer and forgetting metric is signed so that its meaning is kept: a positive BWT or FWT
+  still means "better", and forgetting still measures the loss of the *best* value reached, the
+  lowest for a loss (never negative under ``"peak"``). Per task ``j``:
+
+  - BWT ``R[j,j] - R[T-1,j]`` (the loss went down after later training: positive);
+  - FWT ``b[j] - R[j-1,j]`` (``gem``: lower than the untrained model before training on ``j``)
+    or ``b[j] - R[j,j]`` (``isolated``);
+  - forgetting ``R[T-1,j] - min_{j<=i<=T-1} R[i,j]`` (``peak``) or
+    ``R[T-1,j] - min_{j<=i<=T-2} R[i,j]`` (``chaudhry``);
+  - intransigence ``R[j,j] - ref[j]``.
+
+  These are the higher-is-better metrics of ``-R`` (``-b``, ``-ref``), with ACC, learning
+  accuracy and average incremental accuracy negated back. Negation is exact in floating point,
+  so the two agree bit for bit (up to the sign of a zero).
+* ``bounds=(lo, hi)`` is the validation range: every used cell (and ``b[1:]``, ``ref``) must
+  satisfy ``lo <= value <= hi``; either end may be infinite. ``bounds=None``: no range check, but
+  used values must still be finite. Bounds never change a result; ``validate=False`` skips every
+  check.
+
+Conventions where the literature disagrees (written for ``higher_is_better=True``):
 
 * ``forgetting="peak"`` (default; the seed's definition): ``max_{j<=i<=T-1} R[i,j] - R[T-1,j]``,
   the peak includes the final stage, so the drop is never negative.
@@ -28,24 +52,47 @@ import torch
 from torch import Tensor
 
 from continual_eval.functional._checks import (
+    UNIT_BOUNDS,
+    check_direction,
     check_forgetting_convention,
     check_scores,
     check_vector,
+    resolve_bounds,
     scratch_for,
     triangle_masks,
 )
 
 FWT_CONVENTIONS = ("gem", "isolated")
 
+Bounds = tuple[float, float] | None
 
-def trained_history(scores: Tensor, *, out: Tensor | None = None) -> Tensor:
-    """``scores`` with the cells of tasks not yet trained (``j > i``) made neutral for column
-    maxima over ``j <= i``: ``tril`` (zeros) when every trained cell is non-negative, as
-    accuracies are, else ``-inf`` (slower: a masked fill). Written into ``out`` when given."""
+
+def trained_history(
+    scores: Tensor, *, higher_is_better: bool = True, out: Tensor | None = None
+) -> Tensor:
+    """The *oriented* scores (``scores``, or ``-scores`` for lower-is-better) with the cells of
+    tasks not yet trained (``j > i``) made neutral for column maxima over ``j <= i``: ``tril``
+    (zeros) when every trained cell is non-negative, as accuracies are, else ``-inf`` (a masked
+    fill; always so for a negated loss). Written into ``out`` when given."""
+    if not higher_is_better:
+        history = torch.neg(scores, out=out)
+        untrained = triangle_masks(scores.shape[0], scores.device).untrained
+        return history.masked_fill_(untrained, -math.inf)
     history = torch.tril(scores, out=out)
     if not bool(history.amin() >= 0):  # only unvalidated, negative scores take this path
         history.masked_fill_(triangle_masks(scores.shape[0], scores.device).untrained, -math.inf)
     return history
+
+
+def gain(value: Tensor, reference: Tensor, higher_is_better: bool) -> Tensor:
+    """How much better ``value`` is than ``reference``: ``value - reference``, or
+    ``reference - value`` for lower-is-better (the same bits as ``(-value) - (-reference)``)."""
+    return value - reference if higher_is_better else reference - value
+
+
+def _check_options(higher_is_better: bool, bounds: Bounds) -> Bounds:
+    check_direction(higher_is_better)
+    return resolve_bounds(bounds)
 
 
 def _zero(scores: Tensor) -> Tensor:
@@ -57,104 +104,201 @@ def _mean_or_zero(values: Tensor, like: Tensor) -> Tensor:
     return values.mean() if values.numel() else _zero(like)
 
 
-def backward_transfer_per_task(scores: Tensor, *, validate: bool = True) -> Tensor:
-    r"""Per-task backward transfer ``R[T-1, j] - R[j, j]`` for ``j < T-1``; shape ``[T-1]``."""
+def backward_transfer_per_task(
+    scores: Tensor,
+    *,
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
+    r"""Per-task backward transfer for ``j < T-1``; shape ``[T-1]``.
+
+    ``R[T-1, j] - R[j, j]``; for lower-is-better ``R[j, j] - R[T-1, j]``: positive means later
+    training made task ``j`` better than just after it was learned.
+    """
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
-    return scores[-1, :-1] - scores.diagonal()[:-1]
+        check_scores(scores, bounds=bounds)
+    return gain(scores[-1, :-1], scores.diagonal()[:-1], higher_is_better)
 
 
 def forward_transfer_per_task(
-    scores: Tensor, baseline: Tensor, *, convention: str = "gem", validate: bool = True
+    scores: Tensor,
+    baseline: Tensor,
+    *,
+    convention: str = "gem",
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
 ) -> Tensor:
     r"""Per-task forward transfer for ``j >= 1``; shape ``[T-1]``.
 
-    ``gem``: ``R[j-1, j] - b[j]`` (accuracy on task j just before training it, over the untrained
-    baseline). ``isolated``: ``R[j, j] - b[j]`` with ``b`` the accuracy of a model trained on task j
-    alone (the convention of handbook-style tutorials).
+    ``gem``: ``R[j-1, j] - b[j]`` (the score on task j just before training it, over the untrained
+    baseline). ``isolated``: ``R[j, j] - b[j]`` with ``b`` the score of a model trained on task j
+    alone (the convention of handbook-style tutorials). For lower-is-better the difference is
+    reversed (``b[j] - R[j-1, j]``, ``b[j] - R[j, j]``): positive always means better than ``b``.
     """
     if convention not in FWT_CONVENTIONS:
         raise ValueError(
             f"unknown FWT convention {convention!r}; expected one of {FWT_CONVENTIONS}"
         )
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
-        check_vector("baseline", baseline, scores, skip_first=True)
+        check_scores(scores, bounds=bounds)
+        check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
     before = scores.diagonal(offset=1) if convention == "gem" else scores.diagonal()[1:]
-    return before - baseline[1:]
+    return gain(before, baseline[1:], higher_is_better)
 
 
 def forgetting_per_task(
-    scores: Tensor, *, convention: str = "peak", validate: bool = True
+    scores: Tensor,
+    *,
+    convention: str = "peak",
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
 ) -> Tensor:
-    r"""Per-task forgetting for ``j < T-1``; shape ``[T-1]``.
+    r"""Per-task forgetting for ``j < T-1``: the drop from the best value reached; shape ``[T-1]``.
 
     ``peak``: ``max_{j<=i<=T-1} R[i,j] - R[T-1,j]`` (non-negative). ``chaudhry``:
-    ``max_{j<=i<=T-2} R[i,j] - R[T-1,j]`` (may be negative). Avalanche's per-task "forgetting"
+    ``max_{j<=i<=T-2} R[i,j] - R[T-1,j]`` (may be negative). For lower-is-better, the best is the
+    minimum: ``R[T-1,j] - min_{j<=i<=T-1} R[i,j]`` (``peak``, non-negative) and
+    ``R[T-1,j] - min_{j<=i<=T-2} R[i,j]`` (``chaudhry``). Avalanche's per-task "forgetting"
     ``R[j,j] - R[T-1,j]`` is minus :func:`backward_transfer_per_task`.
     """
     check_forgetting_convention(convention)
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
+        check_scores(scores, bounds=bounds)
     if scores.shape[0] == 1:
         return scores.new_empty(0)
-    history = trained_history(scores, out=scratch_for(scores))
+    history = trained_history(scores, higher_is_better=higher_is_better, out=scratch_for(scores))
     if convention == "chaudhry":
         history = history[:-1]  # peaks strictly before the final stage
-    return history.amax(dim=0)[:-1] - scores[-1, :-1]
+    best = history.amax(dim=0)[:-1]  # of the oriented scores: -min R for lower-is-better
+    return best - scores[-1, :-1] if higher_is_better else best + scores[-1, :-1]
 
 
-def intransigence_per_task(scores: Tensor, reference: Tensor, *, validate: bool = True) -> Tensor:
+def intransigence_per_task(
+    scores: Tensor,
+    reference: Tensor,
+    *,
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
     r"""Per-task intransigence ``reference[j] - R[j, j]``; shape ``[T]`` (Chaudhry et al., 2018).
 
-    ``reference[j]`` is the accuracy a model reaches on task ``j`` trained on it alone or jointly
-    on all tasks; positive values mean sequential training learned task ``j`` less well.
+    ``reference[j]`` is the score a model reaches on task ``j`` trained on it alone or jointly
+    on all tasks; positive values mean sequential training learned task ``j`` less well. For
+    lower-is-better: ``R[j, j] - reference[j]`` (still positive when learned less well).
     """
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
-        check_vector("reference", reference, scores, skip_first=False)
-    return reference - scores.diagonal()
+        check_scores(scores, bounds=bounds)
+        check_vector("reference", reference, scores, skip_first=False, bounds=bounds)
+    return gain(reference, scores.diagonal(), higher_is_better)
 
 
-def average_accuracy(scores: Tensor, *, validate: bool = True) -> Tensor:
-    r"""ACC ``= (1/T) sum_j R[T-1, j]``: mean final accuracy over all tasks."""
+def average_accuracy(
+    scores: Tensor,
+    *,
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
+    r"""ACC ``= (1/T) sum_j R[T-1, j]``: the mean final score over all tasks, in the score's own
+    units whatever its direction."""
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
+        check_scores(scores, bounds=bounds)
     return scores[-1].mean()
 
 
-def backward_transfer(scores: Tensor, *, validate: bool = True) -> Tensor:
-    r"""BWT ``= 1/(T-1) sum_{j<T-1} (R[T-1,j] - R[j,j])``; zero for ``T = 1``."""
-    return _mean_or_zero(backward_transfer_per_task(scores, validate=validate), scores)
-
-
-def forward_transfer(
-    scores: Tensor, baseline: Tensor, *, convention: str = "gem", validate: bool = True
+def backward_transfer(
+    scores: Tensor,
+    *,
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
 ) -> Tensor:
-    r"""FWT ``= 1/(T-1) sum_{j>=1} (R[j-1,j] - b[j])`` (GEM); zero for ``T = 1``."""
-    per_task = forward_transfer_per_task(scores, baseline, convention=convention, validate=validate)
+    r"""BWT ``= 1/(T-1) sum_{j<T-1} (R[T-1,j] - R[j,j])`` (reversed difference for
+    lower-is-better: positive means improved); zero for ``T = 1``."""
+    per_task = backward_transfer_per_task(
+        scores, higher_is_better=higher_is_better, bounds=bounds, validate=validate
+    )
     return _mean_or_zero(per_task, scores)
 
 
-def forgetting(scores: Tensor, *, convention: str = "peak", validate: bool = True) -> Tensor:
-    r"""Forgetting ``= 1/(T-1) sum_{j<T-1} F_j`` (:func:`forgetting_per_task`); zero for T = 1."""
-    return _mean_or_zero(
-        forgetting_per_task(scores, convention=convention, validate=validate), scores
+def forward_transfer(
+    scores: Tensor,
+    baseline: Tensor,
+    *,
+    convention: str = "gem",
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
+    r"""FWT ``= 1/(T-1) sum_{j>=1} (R[j-1,j] - b[j])`` (GEM; ``b[j] - R[j-1,j]`` for
+    lower-is-better); zero for ``T = 1``."""
+    per_task = forward_transfer_per_task(
+        scores,
+        baseline,
+        convention=convention,
+        higher_is_better=higher_is_better,
+        bounds=bounds,
+        validate=validate,
     )
+    return _mean_or_zero(per_task, scores)
 
 
-def learning_accuracy(scores: Tensor, *, validate: bool = True) -> Tensor:
-    r"""Learning accuracy ``= (1/T) sum_j R[j, j]``: how well each task is learned when trained."""
+def forgetting(
+    scores: Tensor,
+    *,
+    convention: str = "peak",
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
+    r"""Forgetting ``= 1/(T-1) sum_{j<T-1} F_j`` (:func:`forgetting_per_task`); zero for T = 1."""
+    per_task = forgetting_per_task(
+        scores,
+        convention=convention,
+        higher_is_better=higher_is_better,
+        bounds=bounds,
+        validate=validate,
+    )
+    return _mean_or_zero(per_task, scores)
+
+
+def learning_accuracy(
+    scores: Tensor,
+    *,
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
+    r"""Learning accuracy ``= (1/T) sum_j R[j, j]``: how well each task is learned when trained,
+    in the score's own units whatever its direction."""
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
+        check_scores(scores, bounds=bounds)
     return scores.diagonal().mean()
 
 
-def average_incremental_accuracy(scores: Tensor, *, validate: bool = True) -> Tensor:
+def average_incremental_accuracy(
+    scores: Tensor,
+    *,
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
     r"""Average incremental accuracy ``= (1/T) sum_i (1/(i+1)) sum_{j<=i} R[i, j]`` (Rebuffi et al.,
-    2017): the mean over stages of the accuracy on the tasks seen so far."""
+    2017): the mean over stages of the score on the tasks seen so far, in the score's own units
+    whatever its direction."""
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
+        check_scores(scores, bounds=bounds)
     T = scores.shape[0]
     # tril selects: NaN above the diagonal never enters
     seen_sums = torch.tril(scores, out=scratch_for(scores)).sum(dim=1)
@@ -162,31 +306,53 @@ def average_incremental_accuracy(scores: Tensor, *, validate: bool = True) -> Te
     return (seen_sums / seen).mean()
 
 
-def intransigence(scores: Tensor, reference: Tensor, *, validate: bool = True) -> Tensor:
-    r"""Intransigence ``= (1/T) sum_j (reference[j] - R[j, j])`` (Chaudhry et al., 2018)."""
-    return intransigence_per_task(scores, reference, validate=validate).mean()
+def intransigence(
+    scores: Tensor,
+    reference: Tensor,
+    *,
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
+) -> Tensor:
+    r"""Intransigence ``= (1/T) sum_j (reference[j] - R[j, j])`` (Chaudhry et al., 2018;
+    ``R[j, j] - reference[j]`` for lower-is-better)."""
+    return intransigence_per_task(
+        scores, reference, higher_is_better=higher_is_better, bounds=bounds, validate=validate
+    ).mean()
 
 
 def continual_metrics(
-    scores: Tensor, baseline: Tensor, *, forgetting: str = "peak", validate: bool = True
+    scores: Tensor,
+    baseline: Tensor,
+    *,
+    forgetting: str = "peak",
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
 ) -> dict[str, Tensor]:
     r"""The GEM metrics and peak forgetting of an accuracy matrix.
 
     Args:
-        scores: ``R`` of shape ``[T, T]``, ``R[i, j]`` the accuracy on task ``j`` after stage ``i``.
+        scores: ``R`` of shape ``[T, T]``, ``R[i, j]`` the score on task ``j`` after stage ``i``.
             Cells ``j > i + 1`` are never read and may be NaN.
-        baseline: ``b`` of shape ``[T]``, each task's accuracy before any training; ``b[0]`` is
+        baseline: ``b`` of shape ``[T]``, each task's score before any training; ``b[0]`` is
             never read and may be NaN.
         forgetting: ``"peak"`` (default, non-negative) or ``"chaudhry"`` (peaks strictly before
             the final stage, may be negative).
-        validate: check shapes, dtypes and that every used cell is finite and in ``[0, 1]``
-            (reads values back from the device; turn off in hot loops).
+        higher_is_better: ``False`` for a loss: BWT, FWT and forgetting are then signed so that
+            positive BWT/FWT still mean better and forgetting is the rise above the lowest value
+            reached (see the module notes); ACC stays the mean final score.
+        bounds: validation range ``(lo, hi)`` of every used value (default ``[0, 1]``), or
+            ``None`` for no range check (values must still be finite).
+        validate: check shapes, dtypes and that every used value is finite and within
+            ``bounds`` (reads values back from the device; turn off in hot loops).
 
     Returns:
         ``{"acc", "bwt", "fwt", "forgetting"}``, each a 0-dim tensor in ``scores``' dtype and
         device: ACC ``= mean_j R[T-1,j]``, BWT ``= mean_{j<T-1} (R[T-1,j] - R[j,j])``,
-        FWT ``= mean_{j>=1} (R[j-1,j] - b[j])``, forgetting as selected. For ``T = 1``: ACC is
-        ``R[0, 0]`` and the other three are zero. Inputs are not modified; no state is kept.
+        FWT ``= mean_{j>=1} (R[j-1,j] - b[j])``, forgetting as selected (the differences
+        reversed for lower-is-better). For ``T = 1``: ACC is ``R[0, 0]`` and the other three are
+        zero. Inputs are not modified; no state is kept.
 
     Example:
         >>> import torch
@@ -195,11 +361,15 @@ def continual_metrics(
         >>> b = torch.tensor([nan, 0.1, 0.15])
         >>> {k: round(v.item(), 4) for k, v in continual_metrics(R, b).items()}
         {'acc': 0.8, 'bwt': 0.2, 'fwt': 0.125, 'forgetting': 0.1}
+        >>> loss = continual_metrics(-R, -b, higher_is_better=False, bounds=None)
+        >>> {k: round(v.item(), 4) for k, v in loss.items()}  # the same but ACC (own units)
+        {'acc': -0.8, 'bwt': 0.2, 'fwt': 0.125, 'forgetting': 0.1}
     """
     check_forgetting_convention(forgetting)
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
-        check_vector("baseline", baseline, scores, skip_first=True)
+        check_scores(scores, bounds=bounds)
+        check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
     if scores.shape[0] == 1:
         zero = _zero(scores)
         return {
@@ -208,11 +378,15 @@ def continual_metrics(
             "fwt": zero.clone(),
             "forgetting": zero.clone(),
         }
+    hib = higher_is_better
+    per_task = forgetting_per_task(
+        scores, convention=forgetting, higher_is_better=hib, bounds=bounds, validate=False
+    )
     return {
-        "acc": average_accuracy(scores, validate=False),
-        "bwt": backward_transfer(scores, validate=False),
-        "fwt": forward_transfer(scores, baseline, validate=False),
-        "forgetting": _mean_or_zero(
-            forgetting_per_task(scores, convention=forgetting, validate=False), scores
+        "acc": average_accuracy(scores, higher_is_better=hib, bounds=bounds, validate=False),
+        "bwt": backward_transfer(scores, higher_is_better=hib, bounds=bounds, validate=False),
+        "fwt": forward_transfer(
+            scores, baseline, higher_is_better=hib, bounds=bounds, validate=False
         ),
+        "forgetting": _mean_or_zero(per_task, scores),
     }

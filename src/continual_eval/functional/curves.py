@@ -4,6 +4,11 @@ r"""Every accuracy-matrix metric after every stage, in one vectorised pass.
 value a run would have reported had it stopped after stage ``s``. All curves are computed from
 ``O(T^2)`` intermediates (running column maxima, row sums); nothing is ``O(T^3)``, and no Python
 loop runs over tasks.
+
+``higher_is_better`` and ``bounds`` are as in :mod:`~continual_eval.functional.accuracy_matrix`.
+A lower-is-better score is served by the same scan on its negation (written straight into the
+scan's buffer instead of the ``tril`` copy, so it costs what the default costs); every difference
+is then reversed, which gives the same bits as the higher-is-better metrics of ``-R``.
 """
 
 from __future__ import annotations
@@ -15,13 +20,19 @@ import torch
 from torch import Tensor
 
 from continual_eval.functional._checks import (
+    UNIT_BOUNDS,
     check_forgetting_convention,
     check_scores,
     check_vector,
     triangle_masks,
     workspace,
 )
-from continual_eval.functional.accuracy_matrix import trained_history
+from continual_eval.functional.accuracy_matrix import (
+    Bounds,
+    _check_options,
+    gain,
+    trained_history,
+)
 
 CURVE_KEYS = (
     "acc",
@@ -49,43 +60,63 @@ def _running_max_rows(x: Tensor, spare: Tensor) -> Tensor:
     return x
 
 
-def _scan_peak(scores: Tensor) -> tuple[Tensor, Tensor]:
-    """Running column maxima of :func:`trained_history` (unmasked: ``P[s, j]`` for ``s < j`` is 0
-    or ``-inf``) and ``sum_{j<=s} R[s, j]``, read from the history before the scan overwrites it.
+def _scan_peak(
+    scores: Tensor, higher_is_better: bool = True
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Running column maxima of :func:`trained_history` (of ``-R`` for lower-is-better; unmasked:
+    ``P[s, j]`` for ``s < j`` is 0 or ``-inf``), ``sum_{j<=s} R[s, j]`` (of ``R`` itself) and a
+    free ``[T, T]`` scratch buffer of the workspace (``None`` under autograd).
 
     Blocked scan without autograd: running maxima inside blocks of 32 stages, then across block
     ends: about ``log2(32) + 2`` element-wise passes over a ``[T, T]`` buffer (``cummax``, which
     also tracks indices, is several times slower). ``cummax`` when autograd records ``scores``.
+    The row sums are read from the history before the scan overwrites it when the history is
+    ``tril(R)`` (the default), else from ``tril(R)`` written into the second buffer, which the
+    scan overwrites next: no ``[T, T]`` allocation either way.
     """
     T = scores.shape[0]
     if torch.is_grad_enabled() and scores.requires_grad:
-        return trained_history(scores).cummax(dim=0).values, torch.tril(scores).sum(dim=1)
+        history = trained_history(scores, higher_is_better=higher_is_better)
+        return history.cummax(dim=0).values, torch.tril(scores).sum(dim=1), None
     block = min(_PEAK_BLOCK, T)
     num_blocks = -(-T // block)
     buffers = workspace((2, num_blocks * block, T), scores)
-    history = trained_history(scores, out=buffers[0, :T])
-    upper_is_zero = T == 1 or bool(history[0, -1] == 0)
-    seen_sums = (history if upper_is_zero else torch.tril(scores)).sum(dim=1)
+    history = trained_history(scores, higher_is_better=higher_is_better, out=buffers[0, :T])
+    upper_is_zero = higher_is_better and (T == 1 or bool(history[0, -1] == 0))
+    seen_sums = (history if upper_is_zero else torch.tril(scores, out=buffers[1, :T])).sum(dim=1)
     buffers[0, T:] = 0.0  # padding rows come after every real row: they never reach one
     shape = (num_blocks, block, T)
     peak = _running_max_rows(buffers[0].view(shape), buffers[1].view(shape))
+    spare = buffers[1] if peak.data_ptr() == buffers[0].data_ptr() else buffers[0]
     if num_blocks > 1:
         ends = peak[:, -1].clone()  # best of each block; then best up to each block's end
         ends = _running_max_rows(ends, torch.empty_like(ends))
         torch.maximum(peak[1:], ends[:-1].unsqueeze(1), out=peak[1:])
-    return peak.view(num_blocks * block, T)[:T], seen_sums  # a view into the workspace
+    # views into the workspace
+    return peak.view(num_blocks * block, T)[:T], seen_sums, spare[:T]
 
 
-def running_peak(scores: Tensor) -> Tensor:
+def running_peak(scores: Tensor, *, higher_is_better: bool = True) -> Tensor:
     r"""``P[s, j] = max_{j <= i <= s} R[i, j]`` (``-inf`` where ``s < j``): each task's best
-    accuracy from the stage it was trained up to stage ``s``. ``O(T^2)`` memory and work."""
-    peak = _scan_peak(scores)[0]
+    score from the stage it was trained up to stage ``s``. For lower-is-better the best is the
+    minimum, ``min_{j <= i <= s} R[i, j]`` (``+inf`` where ``s < j``). ``O(T^2)`` memory and work.
+    """
+    _check_options(higher_is_better, None)
+    peak = _scan_peak(scores, higher_is_better)[0]
     untrained = triangle_masks(scores.shape[0], scores.device).untrained
+    if not higher_is_better:  # the scan ran on -R
+        return torch.neg(peak).masked_fill_(untrained, math.inf)  # fresh, not the workspace
     return peak.masked_fill(untrained, -math.inf)  # a fresh tensor, not the workspace
 
 
 def continual_metrics_curve(
-    scores: Tensor, baseline: Tensor, *, forgetting: str = "peak", validate: bool = True
+    scores: Tensor,
+    baseline: Tensor,
+    *,
+    forgetting: str = "peak",
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
+    validate: bool = True,
 ) -> dict[str, Tensor]:
     r"""Per-stage curves of ACC, BWT, FWT, forgetting, learning accuracy and average incremental
     accuracy, each of shape ``[T]``.
@@ -100,49 +131,66 @@ def continual_metrics_curve(
     * ``learning_accuracy[s] = 1/(s+1) sum_{j<=s} R[j,j]``
     * ``average_incremental_accuracy[s] = 1/(s+1) sum_{k<=s} acc[k]``
 
+    For lower-is-better, the differences in BWT, FWT and forgetting are reversed and the max is a
+    min (``forgetting[s] = 1/s sum_{j<s} (R[s,j] - min_{j<=i<=s} R[i,j])``); ``acc``,
+    ``learning_accuracy`` and ``average_incremental_accuracy`` are unchanged.
+
     ``curve[key][-1]`` equals :func:`continual_metrics` (and the scalar functions) on the full
     matrix. Arguments as in :func:`continual_eval.functional.continual_metrics`.
     """
     check_forgetting_convention(forgetting)
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
-        check_vector("baseline", baseline, scores, skip_first=True)
-    return _curves(scores, baseline, forgetting)[0]
+        check_scores(scores, bounds=bounds)
+        check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
+    return _curves(scores, baseline, forgetting, higher_is_better)[0]
 
 
-def _curves(scores: Tensor, baseline: Tensor, forgetting: str) -> tuple[dict[str, Tensor], Tensor]:
-    """The curves and the final per-task forgetting, from one scan (inputs already checked)."""
+def _curves(
+    scores: Tensor, baseline: Tensor, forgetting: str, higher_is_better: bool = True
+) -> tuple[dict[str, Tensor], Tensor]:
+    """The curves and the final per-task forgetting, from one scan (inputs already checked).
+
+    Lower-is-better: the scan runs on ``-R`` and every sum that enters a difference is negated
+    (exactly) before it does, so each result has the bits of the higher-is-better one of ``-R``.
+    """
     T = scores.shape[0]
     seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)  # s + 1
     old = (seen - 1).clamp(min=1)  # s, with 1 at s = 0 where every numerator is 0
 
-    # P[s, j] = max_{j<=i<=s} R[i, j]; above the diagonal it is 0 or -inf, which tril drops.
-    peak, seen_sums = _scan_peak(scores)  # seen_sums[s] = sum_{j<=s} R[s,j]
+    # P[s, j] = max_{j<=i<=s} R[i, j] (of -R for lower-is-better); above the diagonal it is 0 or
+    # -inf, which tril drops.
+    peak, seen_sums, spare = _scan_peak(scores, higher_is_better)  # sum_{j<=s} R[s,j]
     upper_is_zero = T == 1 or bool(peak[0, -1] == 0)
-    peak_sums = (peak if upper_is_zero else torch.tril(peak)).sum(dim=1)  # P[s,s] = R[s,s]
+    peak_sums = (peak if upper_is_zero else torch.tril(peak, out=spare)).sum(dim=1)  # P[s,s]
     diag = scores.diagonal()
     old_sums = seen_sums - diag  # sum_{j<s} R[s,j]
     diag_sums = diag.cumsum(0)  # sum_{j<=s} R[j,j]
     acc = seen_sums / seen
 
-    gains = scores.diagonal(offset=1) - baseline[1:]  # R[j-1,j] - b[j], j = 1..T-1
+    gains = gain(scores.diagonal(offset=1), baseline[1:], higher_is_better)  # j = 1..T-1
     fwt_sums = torch.cat([gains.new_zeros(1), gains.cumsum(0)])
 
+    # the sums of the oriented scores (-x is exact: these are the sums of -R, bit for bit)
+    oriented_seen = seen_sums if higher_is_better else -seen_sums
+    oriented_old = old_sums if higher_is_better else -old_sums
     if forgetting == "peak":
-        drop_sums = peak_sums - seen_sums
+        drop_sums = peak_sums - oriented_seen
         final_peak = peak[T - 1, : T - 1]
     else:  # chaudhry: sum_{j<s} max_{j<=i<=s-1} R[i,j] = peak_sums[s-1]
-        drop_sums = torch.cat([peak_sums.new_zeros(1), peak_sums[:-1]]) - old_sums
+        drop_sums = torch.cat([peak_sums.new_zeros(1), peak_sums[:-1]]) - oriented_old
         final_peak = peak[T - 2, : T - 1] if T > 1 else peak.new_empty(0)
+    last = scores[T - 1, : T - 1]
+    final_drop = final_peak - last if higher_is_better else final_peak + last
     curve = {
         "acc": acc,
-        "bwt": (old_sums - (diag_sums - diag)) / old,
+        "bwt": gain(old_sums, diag_sums - diag, higher_is_better) / old,
         "fwt": fwt_sums / old,
         "forgetting": drop_sums / old,
         "learning_accuracy": diag_sums / seen,
         "average_incremental_accuracy": acc.cumsum(0) / seen,
     }
-    return curve, final_peak - scores[T - 1, : T - 1]  # a fresh tensor, not the workspace
+    return curve, final_drop  # a fresh tensor, not the workspace
 
 
 def all_continual_metrics(
@@ -151,6 +199,8 @@ def all_continual_metrics(
     reference: Tensor | None = None,
     *,
     forgetting: str = "peak",
+    higher_is_better: bool = True,
+    bounds: Bounds = UNIT_BOUNDS,
     validate: bool = True,
 ) -> dict[str, Any]:
     r"""The whole metric family from one validation and one scan of ``R``.
@@ -159,24 +209,26 @@ def all_continual_metrics(
     ``learning_accuracy``, ``average_incremental_accuracy``, and ``intransigence`` when
     ``reference`` is given), ``"curve"`` (:func:`continual_metrics_curve`: every metric after every
     stage) and ``"per_task"`` (``bwt``, ``fwt``, ``forgetting`` of shape ``[T-1]``, and
-    ``intransigence`` ``[T]``), each equal to the single-purpose function of the same name.
+    ``intransigence`` ``[T]``), each equal to the single-purpose function of the same name,
+    with the same ``higher_is_better`` and ``bounds``.
     """
     check_forgetting_convention(forgetting)
+    bounds = _check_options(higher_is_better, bounds)
     if validate:
-        check_scores(scores)
-        check_vector("baseline", baseline, scores, skip_first=True)
+        check_scores(scores, bounds=bounds)
+        check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
         if reference is not None:
-            check_vector("reference", reference, scores, skip_first=False)
-    curve, forgetting_per_task = _curves(scores, baseline, forgetting)
+            check_vector("reference", reference, scores, skip_first=False, bounds=bounds)
+    curve, forgetting_per_task = _curves(scores, baseline, forgetting, higher_is_better)
     diag = scores.diagonal()
     per_task = {
-        "bwt": scores[-1, :-1] - diag[:-1],
-        "fwt": scores.diagonal(offset=1) - baseline[1:],
+        "bwt": gain(scores[-1, :-1], diag[:-1], higher_is_better),
+        "fwt": gain(scores.diagonal(offset=1), baseline[1:], higher_is_better),
         "forgetting": forgetting_per_task,
     }
     result: dict[str, Any] = {key: values[-1] for key, values in curve.items()}
     if reference is not None:
-        per_task["intransigence"] = reference - diag
+        per_task["intransigence"] = gain(reference, diag, higher_is_better)
         result["intransigence"] = per_task["intransigence"].mean()
     result["curve"] = curve
     result["per_task"] = per_task

@@ -20,12 +20,22 @@ WC-ACC) is NaN.
 
 Undefined values are NaN, never 0: min-ACC at stage 0 (no old task), a gap that never recovers
 within the next stage, anything read from a boundary evaluation that is NaN.
+
+Direction: with ``higher_is_better=False`` (a loss) "worst" means highest. min-ACC becomes the mean
+of each old task's *maximum* since it was trained, WC-ACC mixes that worst value with the current
+task's, and the stability gap's ``minimum`` is the worst (highest) value during the next stage,
+its ``depth`` is ``worst - boundary`` (positive: a gap) and recovery means coming back to
+``<= boundary + tolerance``. Each is computed as the higher-is-better function of ``-accuracy``
+with the values (not depths or steps) negated back: exactly, bit for bit. The curves' values are
+never range-checked (NaN marks "not evaluated"), so these functions take no ``bounds``.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from continual_eval.functional._checks import check_direction
 
 
 def _first(mask: Tensor) -> int:
@@ -151,16 +161,21 @@ def _old_task_minimum(accuracy: Tensor, stage: Tensor) -> Tensor:
     return running.masked_fill(torch.isinf(running), float("nan"))
 
 
-def min_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = True) -> Tensor:
+def min_accuracy(
+    accuracy: Tensor, stage: Tensor, *, higher_is_better: bool = True, validate: bool = True
+) -> Tensor:
     r"""min-ACC after each stage, ``[S]`` (De Lange et al., 2023, eq. 4):
 
     ``min-ACC[k] = 1/k sum_{i<k} min_{n: i < stage[n] <= k} accuracy[n, i]``, the mean over old
     tasks of their worst accuracy since they were trained. NaN at ``k = 0`` (no old task), where an
     old task has no evaluation in stages ``i+1..k``, and (``validate=False``) for a stage with no
-    evaluation.
+    evaluation. ``higher_is_better=False``: the worst is the ``max`` (``-min_accuracy(-accuracy)``).
     """
+    check_direction(higher_is_better)
     if validate:
         _check_curves(accuracy, stage)
+    if not higher_is_better:
+        return torch.neg(min_accuracy(torch.neg(accuracy), stage, validate=False))
     present = _boundaries(stage)[1]
     worst = _old_task_minimum(accuracy, stage)
     S = worst.shape[0]
@@ -172,15 +187,22 @@ def min_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = True) -> T
     return result.masked_fill((k == 0) | ~present, float("nan"))
 
 
-def worst_case_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = True) -> Tensor:
+def worst_case_accuracy(
+    accuracy: Tensor, stage: Tensor, *, higher_is_better: bool = True, validate: bool = True
+) -> Tensor:
     r"""WC-ACC after each stage, ``[S]`` (De Lange et al., 2023, eq. 5), with ``k+1`` tasks seen:
 
     ``WC-ACC[k] = 1/(k+1) accuracy[n_k, k] + (1 - 1/(k+1)) min-ACC[k]``, where ``n_k`` is stage
     ``k``'s boundary evaluation; at ``k = 0`` it is the current task's accuracy. NaN where min-ACC
     is undefined and (``validate=False``) for a stage with no evaluation (no boundary).
+    ``higher_is_better=False``: min-ACC's worst is the ``max``
+    (``-worst_case_accuracy(-accuracy)``).
     """
+    check_direction(higher_is_better)
     if validate:
         _check_curves(accuracy, stage)
+    if not higher_is_better:
+        return torch.neg(worst_case_accuracy(torch.neg(accuracy), stage, validate=False))
     last, present = _boundaries(stage)
     S = last.shape[0]
     k = torch.arange(S, device=accuracy.device)
@@ -191,7 +213,13 @@ def worst_case_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = Tru
 
 
 def stability_gap(
-    accuracy: Tensor, stage: Tensor, steps: Tensor, *, tolerance: float = 0.0, validate: bool = True
+    accuracy: Tensor,
+    stage: Tensor,
+    steps: Tensor,
+    *,
+    tolerance: float = 0.0,
+    higher_is_better: bool = True,
+    validate: bool = True,
 ) -> dict[str, Tensor]:
     r"""Per task ``j < S-1``, the stability gap it suffers when task ``j+1`` starts training.
 
@@ -207,9 +235,22 @@ def stability_gap(
     Undefined entries are NaN: ``minimum`` when task ``j`` was not evaluated during stage ``j+1``,
     ``boundary`` when stage ``j`` has no evaluation (``validate=False`` only), and ``depth`` and
     ``recovery_steps`` whenever either is.
+
+    ``higher_is_better=False`` (a loss): ``minimum`` is the worst, i.e. *highest*, value during
+    stage ``j+1``, ``depth = minimum - boundary`` (positive: a gap) and recovery is the first
+    evaluation at or after it with a value ``<= boundary + tolerance`` (the same keys, computed as
+    the function of ``-accuracy`` with ``boundary`` and ``minimum`` negated back).
     """
+    check_direction(higher_is_better)
     if validate:
         _check_curves(accuracy, stage, steps)
+    if not higher_is_better:
+        flipped = stability_gap(
+            torch.neg(accuracy), stage, steps, tolerance=tolerance, validate=False
+        )
+        for key in ("boundary", "minimum"):
+            flipped[key] = torch.neg(flipped[key])
+        return flipped
     last, present = _boundaries(stage)
     S = last.shape[0]
     if S < 2:
