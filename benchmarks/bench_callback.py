@@ -14,10 +14,12 @@ per-step evaluation runs) with ``cache_test_batches=True`` and ``False``.
     python benchmarks/bench_callback.py --section step --step-test-size 10000    # bigger
     python benchmarks/bench_callback.py --section eval       # stage eval, cached run vs floor
     python benchmarks/bench_callback.py --section workers    # num_workers=2: one pool vs per task
+    python benchmarks/bench_callback.py --section scorers    # 4 scorers in one pass vs accuracy
     python benchmarks/bench_callback.py --quick              # every section, short
 
 Prints medians and ratios (targets: per-stage ratio <= 1.15; per-step evaluation with caching
-<= 1.5x the compute floor, without caching <= 1.15x the plain DataLoader loop).
+<= 1.5x the compute floor, without caching <= 1.15x the plain DataLoader loop; accuracy + loss +
+top-5 + a torchmetrics F1 in one evaluation <= 1.25x accuracy alone).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from continual_eval import evaluation
 from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval.evaluation import (
+    AccuracyScorer,
+    LossScorer,
+    MetricScorer,
+    TopKAccuracyScorer,
+    evaluate_tasks,
+)
 
 FEATURES, CLASSES = 64, 10
 
@@ -343,6 +352,57 @@ def run_workers_section(args: argparse.Namespace) -> None:
     print(f"per-task loaders / one pool: {ratio:.2f} (target >= 3), equal R")
 
 
+def run_scorers_section(args: argparse.Namespace) -> None:
+    """One evaluation of T tasks with accuracy, cross-entropy, top-5 accuracy and a torchmetrics
+    macro F1 (one forward per batch feeds all four) against the same evaluation with accuracy
+    alone: same model, same loaders, interleaved."""
+    from torchmetrics.classification import MulticlassF1Score
+
+    warnings.filterwarnings("ignore")
+    T = args.tasks
+    _, test = make_data(T, args.step_test_size, args.batch_size, args.batch_size)
+    print(
+        f"\nscorers: T={T} tasks x {args.step_test_size} test samples, batch {args.batch_size}, "
+        f"{args.step_repeats} repeats"
+    )
+    pl.seed_everything(0, verbose=False)
+    model = MLP()
+    alone = [AccuracyScorer()]
+    four = [
+        AccuracyScorer(),
+        LossScorer(),
+        TopKAccuracyScorer(5),
+        MetricScorer(MulticlassF1Score(num_classes=CLASSES, average="macro")),
+    ]
+    results = {}
+
+    def evaluate(name: str, scorers: list) -> float:
+        start = time.perf_counter()
+        results[name] = evaluate_tasks(model, test, range(T), scorers=scorers)
+        return time.perf_counter() - start
+
+    variants = {
+        "accuracy alone": lambda: evaluate("accuracy alone", alone),
+        "accuracy + loss + top-5 + F1": lambda: evaluate("accuracy + loss + top-5 + F1", four),
+        # the breakdown: what torchmetrics' update/compute costs, what the count/sum scorers cost
+        "accuracy + F1": lambda: evaluate("accuracy + F1", [four[0], four[3]]),
+        "accuracy + loss + top-5": lambda: evaluate("accuracy + loss + top-5", four[:3]),
+    }
+    for fn in variants.values():  # warm-up
+        fn()
+    times = measure(variants, args.step_repeats)
+    assert torch.equal(
+        results["accuracy alone"].scores, results["accuracy + loss + top-5 + F1"].scores
+    )
+    ratio = paired_ratio(times, "accuracy + loss + top-5 + F1", "accuracy alone")
+    print(f"four scorers / accuracy alone: {ratio:.3f} (target <= 1.25; median of paired ratios)")
+    print(
+        "  of which: accuracy + F1 / accuracy alone "
+        f"{paired_ratio(times, 'accuracy + F1', 'accuracy alone'):.3f}; accuracy + loss + top-5 "
+        f"/ accuracy alone {paired_ratio(times, 'accuracy + loss + top-5', 'accuracy alone'):.3f}"
+    )
+
+
 def run(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore")
     train, test = make_data(args.tasks, args.test_size, args.train_size, args.batch_size)
@@ -398,7 +458,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
-        "--section", choices=("stage", "step", "eval", "workers", "all"), default="all"
+        "--section", choices=("stage", "step", "eval", "workers", "scorers", "all"), default="all"
     )
     parser.add_argument("--step-test-size", type=int, default=2_000, help="step/eval sections")
     parser.add_argument("--step-repeats", type=int, default=15, help="step/eval sections")
@@ -421,6 +481,8 @@ def main() -> None:
         run_eval_section(args)
     if args.section in ("workers", "all"):
         run_workers_section(args)
+    if args.section in ("scorers", "all"):
+        run_scorers_section(args)
 
 
 if __name__ == "__main__":

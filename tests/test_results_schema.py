@@ -161,7 +161,7 @@ BAD_FIELDS = [
     ("curves.full.0", 1, "curves.full[0]", "boolean"),
     ("curves.subset.samples_per_task", [1], "curves.subset.samples_per_task", "array of 3"),
     ("stability.min_acc.0", "x", "stability.min_acc[0]", "finite number or null"),
-    ("format_version", 2, "format_version", "expected 1, found integer 2"),
+    ("format_version", 3, "format_version", "expected one of (1, 2), found integer 3"),
     ("run_id", 12, "run_id", "found integer 12"),
     ("files", {"scores.csv": {"sha256": "zz", "stages": 3}}, 'files["scores.csv"].sha256', "hex"),
     ("files", {"scores.csv": {"sha256": "0" * 64}}, 'files["scores.csv"].stages', "missing"),

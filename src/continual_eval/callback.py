@@ -30,6 +30,7 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 import uuid
 import warnings
@@ -53,6 +54,7 @@ from continual_eval.evaluation import (
     cache_safety,
     evaluate_tasks,
     grad_free_context,
+    make_scorer,
     shard_dataloader,
     subset_dataloader,
 )
@@ -61,6 +63,7 @@ from continual_eval.loggers import format_matrix_table, log_baseline, log_stage,
 from continual_eval.metric import ContinualMetrics
 from continual_eval.results import (
     RESULTS_FILE,
+    ScoreMatrix,
     build_curves,
     build_results,
     default_results_dir,
@@ -120,7 +123,15 @@ class ContinualEvalCallback(Callback):
         evaluate: ``"all"`` tasks after every stage, or ``"needed"``: only ``j <= i + 1``, the cells
             the metrics read (others recorded as not evaluated).
         metric: a torchmetrics ``Metric`` (instance or factory) replacing accuracy; it receives
-            ``(preds, target)`` per batch and is reset per task.
+            ``(preds, target)`` per batch and is reset per task. Shorthand for one scorer.
+        scorers: several score matrices from the same evaluation: a mapping ``name -> scorer``
+            (or a list, named by each scorer's ``name``); a scorer is ``"accuracy"``, a
+            torchmetrics ``Metric`` (instance or factory) or an object with the scorer protocol
+            of :mod:`continual_eval.evaluation`. Each gets its own ``R``, baseline, metrics,
+            log keys (``{prefix}{name}/acc|bwt|fwt|forgetting``; the accuracy scorer keeps
+            ``{prefix}acc`` ...) and ``scores_<name>.csv``; the first is the primary one
+            (``scores``, ``baseline``, the top level of ``results.json``, the step curves).
+            Default ``{"acc": "accuracy"}``.
         prefix: prefix of every logged key.
         dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, from
             the first logger: its ``log_dir`` (TensorBoard, CSV), the W&B run's files directory,
@@ -180,8 +191,9 @@ class ContinualEvalCallback(Callback):
         epochs_per_task: int | None = None,
         evaluate: str = "all",
         metric: Any = None,
+        scorers: Mapping[str, Any] | Sequence[Any] | None = None,
         prefix: str = "continual/",
-        dirpath: str | os.PathLike | None = None,
+        dirpath: str | os.PathLike[str] | None = None,
         metadata: Mapping[str, Any] | None = None,
         forgetting: str = "peak",
         log_images: bool = True,
@@ -247,7 +259,9 @@ class ContinualEvalCallback(Callback):
         self._given_names = list(task_names) if task_names is not None else None
         self.epochs_per_task = epochs_per_task
         self.evaluate = evaluate
-        self.scorer: Scorer = AccuracyScorer() if metric is None else MetricScorer(metric)
+        self.scorers: dict[str, Scorer] = _resolve_scorers(scorers, metric)
+        self.primary = next(iter(self.scorers))
+        self.scorer: Scorer = self.scorers[self.primary]
         self.prefix = prefix
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.metadata = dict(metadata or {})
@@ -277,7 +291,7 @@ class ContinualEvalCallback(Callback):
         self._dir_checked = False
         self._recorded_results_dir: str | None = None
 
-        self.metrics: ContinualMetrics | None = None
+        self._matrices: dict[str, ContinualMetrics] | None = None
         self.task_names: list[str] | None = None
         self._loaders: list[Any] | None = None
         self._rank_loaders: list[Any] = []
@@ -307,7 +321,7 @@ class ContinualEvalCallback(Callback):
         """Forget everything recorded and start a new run (a new ``run_id``): for re-running a
         notebook cell with the same callback. The files of the previous run stay where they are;
         the new run needs its own results directory (or ``overwrite=True``)."""
-        self.metrics = None
+        self._matrices = None
         self._pending_state = None
         self._baseline_done = False
         self._results_dir = None
@@ -336,6 +350,19 @@ class ContinualEvalCallback(Callback):
     def num_tasks(self) -> int | None:
         """``T``, known once the test loaders are (at construction or at the first fit)."""
         return None if self._loaders is None else len(self._loaders)
+
+    @property
+    def metrics(self) -> ContinualMetrics | None:
+        """The primary scorer's :class:`ContinualMetrics` (``None`` before the first fit)."""
+        return None if self._matrices is None else self._matrices[self.primary]
+
+    @property
+    def matrices(self) -> dict[str, Tensor]:
+        """Every scorer's rows so far, ``name -> [stages_completed, T]`` float64."""
+        self._sync_from_child()
+        if self._matrices is None:
+            return {}
+        return {name: metric.scores for name, metric in self._matrices.items()}
 
     @property
     def stages_completed(self) -> int:
@@ -372,6 +399,7 @@ class ContinualEvalCallback(Callback):
         self._sync_from_child()
         if self.metrics is None or self.task_names is None:
             raise RuntimeError("ContinualEvalCallback has no results yet: no fit has started")
+        assert self._matrices is not None
         return build_results(
             self.metrics.scores,
             self.metrics.baseline,
@@ -381,6 +409,16 @@ class ContinualEvalCallback(Callback):
             metadata=self.metadata,
             step_curves=self._curves_section(),
             run_id=self.run_id,
+            matrices={
+                name: ScoreMatrix(
+                    score=self.scorers[name].name,
+                    scores=metric.scores,
+                    baseline=metric.baseline,
+                    higher_is_better=_higher_is_better(self.scorers[name]),
+                    bounds=_bounds(self.scorers[name]),
+                )
+                for name, metric in self._matrices.items()
+            },
         )
 
     @property
@@ -454,15 +492,20 @@ class ContinualEvalCallback(Callback):
                 f"ContinualEvalCallback recorded a run of {self.metrics.num_tasks} tasks but "
                 f"{T} test dataloaders were given"
             )
-        if self.metrics is None:
-            self.metrics = self._new_metrics(T)
+        if self._matrices is None:
+            self._matrices = self._new_matrices(T)
         self._apply_pending_state()
 
-    def _new_metrics(self, num_tasks: int) -> ContinualMetrics:
+    def _new_matrices(self, num_tasks: int) -> dict[str, ContinualMetrics]:
+        return {name: self._new_metrics(num_tasks, scorer) for name, scorer in self.scorers.items()}
+
+    def _new_metrics(self, num_tasks: int, scorer: Scorer) -> ContinualMetrics:
         return ContinualMetrics(
             num_tasks,
             forgetting=self.forgetting,
-            validate=isinstance(self.scorer, AccuracyScorer),
+            higher_is_better=_higher_is_better(scorer),
+            bounds=_bounds(scorer),
+            validate=True,
             dtype=torch.float64,
             # every rank updates with the same row (counts are reduced before update), and
             # the states stay on the CPU, which an NCCL-only process group cannot gather
@@ -578,6 +621,15 @@ class ContinualEvalCallback(Callback):
                 "step_eval_subset_seed": self.step_eval_subset_seed,
                 "steps_done": self._steps_done,
                 **self._curves.state_dict(),
+                # every scorer's rows (the primary's are also the top-level scores/baseline)
+                "matrices": {
+                    name: {
+                        "score_name": self.scorers[name].name,
+                        "scores": metric.scores.clone(),
+                        "baseline": metric.baseline.clone(),
+                    }
+                    for name, metric in (self._matrices or {}).items()
+                },
             }
         if self._results_dir is not None:
             state["results_dir"] = str(self._results_dir)
@@ -603,7 +655,7 @@ class ContinualEvalCallback(Callback):
         self._restored = True
         self._pending_state = state
         if self._loaders is not None:
-            self.metrics = None  # rebuilt from the loaded rows
+            self._matrices = None  # rebuilt from the loaded rows
             self._set_loaders(self._loaders)
         if self.restore_rng_states and rng_states is not None:
             set_rng_states(rng_states)
@@ -616,6 +668,14 @@ class ContinualEvalCallback(Callback):
         ]
         if self._given_names is not None:
             recorded.append(("task_names", list(state.get("task_names", [])), self._given_names))
+        if "matrices" in state:
+            recorded.append(
+                (
+                    "scorers",
+                    {name: m["score_name"] for name, m in state["matrices"].items()},
+                    {name: scorer.name for name, scorer in self.scorers.items()},
+                )
+            )
         for key, current in (
             ("score_name", self.scorer.name),
             ("step_eval_subset", self.step_eval_subset),
@@ -645,10 +705,15 @@ class ContinualEvalCallback(Callback):
             )
         if self._given_names is None and state.get("task_names"):
             self.task_names = list(state["task_names"])
-        if state["baseline_done"]:
-            self.metrics.update_baseline(state["baseline"].double())
-        for row in state["scores"]:
-            self.metrics.update(row.double())
+        assert self._matrices is not None
+        recorded = state.get("matrices") or {
+            self.primary: {"scores": state["scores"], "baseline": state["baseline"]}
+        }
+        for name, metric in self._matrices.items():
+            if state["baseline_done"]:
+                metric.update_baseline(recorded[name]["baseline"].double())
+            for row in recorded[name]["scores"]:
+                metric.update(row.double())
         self._baseline_done = bool(state["baseline_done"])
         self._steps_done = int(state.get("steps_done", 0))
         self._curves.load_state_dict(state)
@@ -663,9 +728,9 @@ class ContinualEvalCallback(Callback):
         """In a process spawned from the one that created the callback (``ddp_spawn``): the
         metric's tensors arrived in shared memory, so every rank would write into the same
         storage; give this process its own copy."""
-        if os.getpid() == self._owner_pid or self.metrics is None:
+        if os.getpid() == self._owner_pid or self._matrices is None:
             return
-        self.metrics = copy.deepcopy(self.metrics)
+        self._matrices = copy.deepcopy(self._matrices)
 
     def _publish_to_owner(self, trainer: Trainer) -> None:
         """Rank 0 of a spawned process group hands its state to the creating process."""
@@ -705,7 +770,7 @@ class ContinualEvalCallback(Callback):
         published = torch.load(self._mailbox, map_location="cpu", weights_only=False)
         state = published["state"]
         self._pending_state = None
-        self.metrics = None
+        self._matrices = None
         rng, self.restore_rng_states = self.restore_rng_states, False
         try:
             self.load_state_dict(state)
@@ -713,7 +778,7 @@ class ContinualEvalCallback(Callback):
             self.restore_rng_states = rng
         if self.metrics is None and self._pending_state is not None:
             # loaders are resolved in the children (datamodule): rebuild from the state alone
-            self.metrics = self._new_metrics(int(state["num_tasks"]))
+            self._matrices = self._new_matrices(int(state["num_tasks"]))
             self.task_names = list(state["task_names"])
             self._apply_pending_state()
         if published["results_dir"] is not None:
@@ -771,14 +836,18 @@ class ContinualEvalCallback(Callback):
         pl_module: LightningModule,
         task_ids: Sequence[int],
         subset: bool = False,
-    ) -> Tensor:
+        primary_only: bool = False,
+    ) -> dict[str, Tensor]:
+        """Score ``task_ids`` with every scorer (or the primary one); ``name -> row [T]``, NaN
+        for tasks not scored."""
         assert self._loaders is not None
         world = trainer.world_size
+        names = [self.primary] if primary_only else list(self.scorers)
         evaluation = evaluate_tasks(
             pl_module,
             self._evaluation_loaders(trainer, task_ids, subset),
             task_ids,
-            scorer=self.scorer,
+            scorers=[self.scorers[name] for name in names],
             device=trainer.strategy.root_device,
             forward_context=trainer.precision_plugin.forward_context,
             convert_input=trainer.precision_plugin.convert_input,
@@ -790,9 +859,11 @@ class ContinualEvalCallback(Callback):
             unsharded=self._unsharded,
         )
         self._log_cache(trainer)
-        row = torch.full((len(self._loaders),), math.nan, dtype=torch.float64)
-        row[list(task_ids)] = evaluation.scores
-        return row
+        rows = {}
+        for name, scores in zip(names, evaluation.scores_by_scorer, strict=True):
+            rows[name] = torch.full((len(self._loaders),), math.nan, dtype=torch.float64)
+            rows[name][list(task_ids)] = scores
+        return rows
 
     # ------------------------------------------------------------------ per-step evaluation
     def _current_step(self, trainer: Trainer) -> int:
@@ -802,15 +873,18 @@ class ContinualEvalCallback(Callback):
         assert self.task_names is not None
         stage = self.stages_completed
         subset = self._subset_loaders is not None
-        row = self._evaluate(trainer, pl_module, range(stage + 1), subset=subset)
+        row = self._evaluate(
+            trainer, pl_module, range(stage + 1), subset=subset, primary_only=True
+        )[self.primary]
         self._curves.add(step, stage, row, full=not subset)
         if trainer.is_global_zero:
             log_step(trainer.loggers, self.task_names, row, step, prefix=self.prefix, subset=subset)
 
     def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        assert self.metrics is not None
-        baseline = self._evaluate(trainer, pl_module, range(self.metrics.num_tasks))
-        self.metrics.update_baseline(baseline)
+        assert self.metrics is not None and self._matrices is not None
+        baselines = self._evaluate(trainer, pl_module, range(self.metrics.num_tasks))
+        for name, metric in self._matrices.items():
+            metric.update_baseline(baselines[name])
         self._baseline_done = True
         if trainer.is_global_zero:
             results = self._write(trainer)
@@ -822,15 +896,24 @@ class ContinualEvalCallback(Callback):
         if stage >= T:
             raise _too_many_stages(stage, T)
         tasks = range(T) if self.evaluate == "all" else range(min(stage + 2, T))
-        row = self._evaluate(trainer, pl_module, tasks)
-        try:
-            self.metrics.update(row)
-        except ValueError as err:
-            raise ValueError(
-                f"ContinualEvalCallback: stage {stage} produced scores the metrics cannot use: "
-                f"{err}"
-            ) from err
-        self.metrics.compute()  # every rank: checks that all ranks hold the same R
+        rows = self._evaluate(trainer, pl_module, tasks)
+        row = rows[self.primary]
+        assert self._matrices is not None
+        updated: list[ContinualMetrics] = []
+        for name, metric in self._matrices.items():
+            try:
+                metric.update(rows[name])
+            except ValueError as err:
+                for done in updated:  # all matrices or none get the row of this stage
+                    done.scores_state[stage] = math.nan
+                    done.stages -= 1
+                raise ValueError(
+                    f"ContinualEvalCallback: stage {stage} produced {name!r} scores the metrics "
+                    f"cannot use: {err}"
+                ) from err
+            updated.append(metric)
+        for metric in updated:
+            metric.compute()  # every rank: checks that all ranks hold the same R
         if self.eval_every_n_steps is not None:
             self._steps_done = self._current_step(trainer)
             replaced = self._curves.add(self._steps_done, stage, row, full=True)
@@ -895,7 +978,8 @@ class ContinualEvalCallback(Callback):
             )
         if k is not None:
             stages = T if trainer.max_epochs in (None, -1) else math.ceil(trainer.max_epochs / k)
-            reload = trainer.reload_dataloaders_every_n_epochs
+            # set on the Trainer by Lightning's data connector, not declared on the class
+            reload: int = trainer.reload_dataloaders_every_n_epochs  # type: ignore[attr-defined]
             if stages > 1 and (reload < 1 or k % reload):
                 raise ValueError(
                     f"ContinualEvalCallback(epochs_per_task={k}): the training data must switch "
@@ -1054,8 +1138,8 @@ def _as_loader_list(loaders: Any, source: str) -> list[Any]:
             f"{source} must be a list with one test loader per task (index = task id), got "
             f"{type(loaders).__name__}"
         )
-    loaders = list(loaders)
-    for j, loader in enumerate(loaders):
+    loader_list: list[Any] = list(loaders)
+    for j, loader in enumerate(loader_list):
         if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
             raise TypeError(
                 f"{source}: test dataloader {j} is a {type(loader).__name__}, not an iterable of "
@@ -1067,7 +1151,60 @@ def _as_loader_list(loaders: Any, source: str) -> list[Any]:
                 "be read only once (the baseline would use it up); every test set is read after "
                 "every stage: give a DataLoader, a list of batches, or another re-iterable object"
             )
-    return loaders
+    return loader_list
+
+
+_SCORER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _resolve_scorers(
+    scorers: Mapping[str, Any] | Sequence[Any] | None, metric: Any
+) -> dict[str, Scorer]:
+    """``name -> Scorer`` from the ``scorers`` argument (or the ``metric`` shorthand); the first
+    is the primary scorer. Names become log keys and file names (``scores_<name>.csv``)."""
+    if scorers is not None and metric is not None:
+        raise ValueError("give either metric= (one scorer) or scorers=, not both")
+    if scorers is None:
+        if metric is None:
+            return {"acc": AccuracyScorer()}
+        scorer = MetricScorer(metric)
+        return {scorer.name: scorer}
+    if isinstance(scorers, Mapping):
+        pairs = [(name, make_scorer(spec)) for name, spec in scorers.items()]
+    elif isinstance(scorers, Sequence) and not isinstance(scorers, str):
+        built = [make_scorer(spec) for spec in scorers]
+        pairs = [(scorer.name, scorer) for scorer in built]
+    else:
+        raise TypeError(
+            f"scorers must be a mapping name -> scorer or a list of scorers, got "
+            f"{type(scorers).__name__}"
+        )
+    if not pairs:
+        raise ValueError("scorers is empty: give at least one scorer (default: accuracy)")
+    resolved: dict[str, Scorer] = {}
+    for name, scorer in pairs:
+        if not isinstance(name, str) or not _SCORER_KEY.match(name):
+            raise ValueError(
+                f"scorer name {name!r}: use 1 to 64 letters, digits, '_', '.' or '-' (it names "
+                "log keys and files)"
+            )
+        if name in resolved:
+            raise ValueError(f"two scorers are named {name!r}: give them distinct names")
+        resolved[name] = scorer
+    return resolved
+
+
+def _higher_is_better(scorer: Scorer) -> bool:
+    value = getattr(scorer, "higher_is_better", True)
+    return True if value is None else bool(value)
+
+
+def _bounds(scorer: Scorer) -> tuple[float, float] | None:
+    """The scorer's validation range (accuracy: ``[0, 1]``; unknown: unbounded)."""
+    if isinstance(scorer, AccuracyScorer):
+        return (0.0, 1.0)
+    bounds: tuple[float, float] | None = getattr(scorer, "bounds", None)
+    return bounds
 
 
 def _check_metadata(metadata: Mapping[str, Any] | None) -> None:

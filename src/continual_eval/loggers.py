@@ -43,6 +43,7 @@ from lightning.pytorch.loggers import (
 
 from continual_eval.results import (
     METRIC_KEYS,
+    matrix_key,
     results_to_curves,
     results_to_tensors,
     write_scores_csv,
@@ -65,15 +66,49 @@ def _fmt(value: float | None, digits: int = 4) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def matrix_sections(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(name, section)`` of every score matrix of a results document, the primary first (a
+    version-1 document has one, the top level)."""
+    matrices = results.get("matrices")
+    if matrices:
+        return list(matrices.items())
+    score = results.get("conventions", {}).get("score", "accuracy")
+    return [(matrix_key(score), {**results, "score": score})]
+
+
+def _matrix_base(name: str, section: Mapping[str, Any], primary: bool, prefix: str) -> str:
+    """Key prefix of a matrix's metrics: ``{prefix}`` for the primary accuracy matrix (the keys
+    ``{prefix}acc`` ... of version 1), else ``{prefix}{name}/``."""
+    return prefix if primary and section["score"] == "accuracy" else f"{prefix}{name}/"
+
+
 def format_matrix_table(results: Mapping[str, Any], *, markdown: bool = False) -> str:
-    """The matrix (baseline row, one row per stage) and the metrics as a compact text table."""
+    """Every matrix (baseline row, one row per stage) and its metrics as compact text tables."""
+    sections = matrix_sections(results)
+    return "\n\n".join(
+        _format_one_table(results, name, section, markdown=markdown, named=len(sections) > 1)
+        for name, section in sections
+    )
+
+
+def _format_one_table(
+    results: Mapping[str, Any],
+    name: str,
+    section: Mapping[str, Any],
+    *,
+    markdown: bool,
+    named: bool,
+) -> str:
     names = list(results["task_names"])
     header = ["stage", *names]
-    rows = [["baseline", *(_fmt(v) for v in results["baseline"])]]
-    rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(results["scores"])]
-    metrics = results.get("metrics", {})
+    rows = [["baseline", *(_fmt(v) for v in section["baseline"])]]
+    rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(section["scores"])]
+    metrics = section.get("metrics", {})
     summary = "  ".join(f"{k}={_fmt(metrics.get(k))}" for k in METRIC_KEYS if k in metrics)
-    score = results.get("conventions", {}).get("score", "score")
+    score = section.get("score", "score")
+    if named:
+        direction = "" if section.get("higher_is_better", True) else ", lower is better"
+        score = f"{name} ({score}{direction})"
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -94,19 +129,22 @@ def stage_scalars(
 ) -> dict[str, float]:
     """Scalars of ``stage``: the four metrics and the per-task scores of row ``stage``.
 
-    The metrics of an accuracy matrix are ``{prefix}acc|bwt|fwt|forgetting``; those of another
-    score (``metric=``, e.g. ``MulticlassF1Score``) carry its name,
-    ``{prefix}{score}/acc|bwt|fwt|forgetting``, so an F1 average is never logged as accuracy.
-    Per-task scores are ``{prefix}{score}/{task}``. Undefined values (not evaluated, NaN) are left
+    The metrics of the primary accuracy matrix are ``{prefix}acc|bwt|fwt|forgetting``; those of
+    every other matrix carry its name, ``{prefix}{name}/acc|bwt|fwt|forgetting`` (``metric=``
+    names its matrix by the score, e.g. ``MulticlassF1Score``), so an F1 average is never logged
+    as accuracy. Per-task scores are ``{prefix}{score}/{task}`` for the primary matrix and
+    ``{prefix}{name}/{task}`` for the others. Undefined values (not evaluated, NaN) are left
     out rather than logged as 0.
     """
-    score = results["conventions"]["score"]
-    base = prefix if score == "accuracy" else f"{prefix}{score}/"
-    scalars = {f"{base}{k}": v for k, v in results["metrics"].items() if v is not None}
-    row = results["scores"][stage]
-    for name, value in zip(results["task_names"], row, strict=True):
-        if value is not None:
-            scalars[f"{prefix}{score}/{name}"] = value
+    scalars: dict[str, float] = {}
+    for k, (key, section) in enumerate(matrix_sections(results)):
+        base = _matrix_base(key, section, k == 0, prefix)
+        scalars |= {f"{base}{m}": v for m, v in section["metrics"].items() if v is not None}
+        # per-task keys: {prefix}{score}/{task} for the primary matrix (as in version 1)
+        tasks = f"{prefix}{section['score']}/" if k == 0 else f"{prefix}{key}/"
+        for name, value in zip(results["task_names"], section["scores"][stage], strict=True):
+            if value is not None:
+                scalars[f"{tasks}{name}"] = value
     scalars[f"{prefix}stage"] = float(stage)
     stability = results.get("stability")
     if stability is not None:
@@ -172,16 +210,22 @@ def log_baseline(
         logger.save()
 
 
-def _figure(results: Mapping[str, Any]) -> Any:
+def _figure(results: Mapping[str, Any], name: str | None = None) -> Any:
+    """The heatmap of the matrix ``name`` (default: the primary one)."""
     from continual_eval.plotting import plot_accuracy_matrix
 
-    scores, baseline = results_to_tensors(results)
-    score = results.get("conventions", {}).get("score", "score")
+    scores, baseline = results_to_tensors(results, name)
+    section = dict(matrix_sections(results)).get(name) if name is not None else None
+    score = (section or {}).get("score") or results.get("conventions", {}).get("score", "score")
+    bounds = (section or {}).get("bounds", [0.0, 1.0])
+    finite = bounds is not None and all(v is not None for v in bounds)
     fig, _ = plot_accuracy_matrix(
         scores,
         baseline,
         task_names=results["task_names"],
         title=f"{score} after stage {results['stages_completed'] - 1}",
+        value_range=(float(bounds[0]), float(bounds[1])) if finite else None,
+        value_label=score,
     )
     return fig
 
@@ -210,6 +254,15 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
+def _matrix_tags(results: Mapping[str, Any], prefix: str) -> dict[str, str]:
+    """Heatmap tag of every matrix: ``{prefix}{score}_matrix`` for the primary one (as in
+    version 1), ``{prefix}{name}_matrix`` for the others; name -> tag."""
+    return {
+        name: f"{prefix}{section['score']}_matrix" if k == 0 else f"{prefix}{name}_matrix"
+        for k, (name, section) in enumerate(matrix_sections(results))
+    }
+
+
 def log_stage(
     loggers: Sequence[Logger],
     results: Mapping[str, Any],
@@ -219,21 +272,27 @@ def log_stage(
     log_images: bool = True,
     results_dir: str | Path | None = None,
 ) -> None:
-    """Log stage ``stage`` (scalars, heatmap, table) to every logger, then ``save()`` each one.
+    """Log stage ``stage`` (scalars, a heatmap and a table per matrix) to every logger, then
+    ``save()`` each one.
 
-    ``results_dir`` is where ``scores.csv`` already lives; a CSVLogger elsewhere gets its own copy.
+    ``results_dir`` is where the CSV files already live; a CSVLogger elsewhere gets its own copy
+    of ``scores.csv``.
     """
     scalars = stage_scalars(results, stage, prefix=prefix)
-    tag = f"{prefix}{results['conventions']['score']}_matrix"
+    tags = _matrix_tags(results, prefix)
+    primary_tag = next(iter(tags.values()))
     curves_tag = f"{prefix}{results['conventions']['score']}_curves"
-    fig = curves_fig = None
+    figures: dict[str, Any] = {}
+    curves_fig = None
     has_curves = results.get("curves") is not None
     image_loggers = any(
         isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
     )
     if log_images and (image_loggers or (has_curves and results_dir is not None)):
         try:
-            fig = _figure(results) if image_loggers else None
+            if image_loggers:
+                for k, (name, tag) in enumerate(tags.items()):
+                    figures[tag] = _figure(results, None if k == 0 else name)
             if has_curves:
                 curves_fig = _curves_figure(results)
                 if results_dir is not None:
@@ -244,40 +303,40 @@ def log_stage(
     try:
         for logger in loggers:
             if isinstance(logger, WandbLogger):
-                images = {tag: fig, curves_tag: curves_fig}
-                _log_wandb(logger, results, stage, tag, images, scalars)  # one W&B step a stage
+                images = {**figures, curves_tag: curves_fig}
+                _log_wandb(logger, results, stage, tags, images, scalars)  # one W&B step a stage
             else:
                 logger.log_metrics(scalars, step=stage)
             if isinstance(logger, TensorBoardLogger):
-                if fig is not None:
+                for tag, fig in figures.items():
                     logger.experiment.add_figure(tag, fig, global_step=stage, close=False)
                 if curves_fig is not None:
                     logger.experiment.add_figure(
                         curves_tag, curves_fig, global_step=stage, close=False
                     )
                 logger.experiment.add_text(
-                    tag, format_matrix_table(results, markdown=True), global_step=stage
+                    primary_tag, format_matrix_table(results, markdown=True), global_step=stage
                 )
             elif isinstance(logger, MLFlowLogger):
                 run_id = logger.run_id
-                if fig is not None:
+                for tag, fig in figures.items():
                     logger.experiment.log_figure(run_id, fig, f"{tag}_stage_{stage:03d}.png")
                 if curves_fig is not None:
                     logger.experiment.log_figure(
                         run_id, curves_fig, f"{curves_tag}_stage_{stage:03d}.png"
                     )
                 logger.experiment.log_dict(run_id, dict(results), f"{prefix}results.json")
-                csv_path = None if results_dir is None else Path(results_dir) / "scores.csv"
-                if csv_path is not None and csv_path.is_file():
+                if results_dir is not None:
                     folder = prefix.rstrip("/") or None
-                    logger.experiment.log_artifact(run_id, str(csv_path), folder)
+                    for csv_path in sorted(Path(results_dir).glob("scores*.csv")):
+                        logger.experiment.log_artifact(run_id, str(csv_path), folder)
             elif isinstance(logger, CSVLogger):
                 log_dir = Path(logger.log_dir)
                 if results_dir is None or log_dir.resolve() != Path(results_dir).resolve():
                     write_scores_csv(log_dir / "scores.csv", results)
             logger.save()
     finally:
-        for figure in (fig, curves_fig):
+        for figure in (*figures.values(), curves_fig):
             if figure is not None:
                 import matplotlib.pyplot as plt
 
@@ -288,16 +347,18 @@ def _log_wandb(
     logger: WandbLogger,
     results: Mapping[str, Any],
     stage: int,
-    tag: str,
+    tags: Mapping[str, str],
     figures: Mapping[str, Any],
     scalars: Mapping[str, float],
 ) -> None:
     import wandb
 
     columns = ["stage", *results["task_names"]]
-    data = [["baseline", *results["baseline"]]]
-    data += [[str(i), *row] for i, row in enumerate(results["scores"])]
-    payload: dict[str, Any] = {**scalars, f"{tag}_table": wandb.Table(columns=columns, data=data)}
+    payload: dict[str, Any] = dict(scalars)
+    for name, section in matrix_sections(results):
+        data = [["baseline", *section["baseline"]]]
+        data += [[str(i), *row] for i, row in enumerate(section["scores"])]
+        payload[f"{tags[name]}_table"] = wandb.Table(columns=columns, data=data)
     for key, fig in figures.items():
         if fig is not None:
             from PIL import Image

@@ -189,7 +189,7 @@ class ContinualMetrics(Metric):
         self.baseline_state.copy_(baseline)
         self._computed = None
 
-    def update(self, row: Tensor) -> None:  # type: ignore[override]
+    def update(self, row: Tensor) -> None:
         """Append the next stage's row ``R[s, :]`` (accuracy on every task after stage ``s``)."""
         stage = self.num_stages
         if stage >= self.num_tasks:
@@ -204,7 +204,7 @@ class ContinualMetrics(Metric):
         self.scores_state[stage] = row
         self.stages += 1
 
-    def forward(self, row: Tensor) -> dict[str, Tensor]:  # type: ignore[override]
+    def forward(self, row: Tensor) -> dict[str, Tensor]:
         """Record ``row`` as the next stage and return :meth:`compute` of all stages so far.
 
         torchmetrics' default forward computes a "batch value" on a reset metric and then merges
@@ -218,8 +218,9 @@ class ContinualMetrics(Metric):
                 "HINT: Did you forget to call ``unsync`` ?."
             )
         self.update(row)
-        self._forward_cache = self.compute()
-        return self._forward_cache
+        result: dict[str, Tensor] = self.compute()
+        self._forward_cache = result  # type: ignore[assignment]  # torchmetrics types it as None
+        return result
 
     # ------------------------------------------------------------------ results
     def compute(self) -> dict[str, Tensor]:

@@ -78,8 +78,13 @@ def plot_accuracy_matrix(
     task_names: Sequence[str] | None = None,
     title: str | None = "Accuracy matrix R[i, j]",
     annotate: bool | None = None,
+    value_range: tuple[float, float] | None = (0.0, 1.0),
+    value_label: str = "accuracy",
 ) -> tuple[Any, Any]:
     """Heatmap of ``R[i, j]`` (rows: after training stage i; columns: evaluated task j).
+
+    ``value_range`` fixes the colour scale (``None``: the range of the finite values, e.g. for
+    a loss); ``value_label`` names it.
 
     Unevaluated cells (NaN or None) are drawn empty. With ``baseline`` an extra top row shows the
     untrained accuracies ``b[j]``. Cells are annotated with their values when the matrix is small
@@ -98,8 +103,9 @@ def plot_accuracy_matrix(
     plt = _pyplot()
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")
     masked = np.ma.masked_invalid(R.numpy())
-    image = ax.imshow(masked, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
-    fig.colorbar(image, ax=ax, label="accuracy")
+    low, high = value_range if value_range is not None else (None, None)
+    image = ax.imshow(masked, cmap=cmap, vmin=low, vmax=high, aspect="auto")
+    fig.colorbar(image, ax=ax, label=value_label)
     slanted = num_tasks > 6 or max(map(len, labels), default=0) > 12
     columns, rows = _ticks(num_tasks), _ticks(R.shape[0])
     ax.set_xticks(
@@ -125,7 +131,7 @@ def plot_accuracy_matrix(
                     ha="center",
                     va="center",
                     fontsize=8,
-                    color="black" if value > 0.6 else "white",
+                    color="black" if float(image.norm(value)) > 0.6 else "white",
                 )
     if title:
         ax.set_title(title)

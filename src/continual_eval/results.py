@@ -26,13 +26,14 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from continual_eval.functional import CURVE_KEYS, all_continual_metrics, continual_metrics
+from continual_eval.functional import CURVE_KEYS, all_continual_metrics
 from continual_eval.functional.stability import (
     min_accuracy,
     stability_gap,
@@ -44,11 +45,13 @@ __all__ = [
     "FORMAT_VERSION",
     "RESULTS_FILE",
     "SCORES_FILE",
+    "ScoreMatrix",
     "build_curves",
     "build_results",
     "check_results_files",
     "default_results_dir",
     "load_results",
+    "matrix_key",
     "new_version_dir",
     "read_run_id",
     "remove_stale_temporaries",
@@ -64,7 +67,7 @@ METRIC_KEYS = ("acc", "bwt", "fwt", "forgetting")
 PER_TASK_KEYS = ("bwt", "fwt", "forgetting")
 
 
-def default_results_dir(trainer: Any, dirpath: str | os.PathLike | None = None) -> Path:
+def default_results_dir(trainer: Any, dirpath: str | os.PathLike[str] | None = None) -> Path:
     """Where a run's ``results.json`` goes; every run gets its own directory.
 
     ``dirpath`` when given; else, by the Trainer's first logger: its ``log_dir`` (TensorBoard,
@@ -91,7 +94,7 @@ def default_results_dir(trainer: Any, dirpath: str | os.PathLike | None = None) 
     return new_version_dir(root / "continual_eval")
 
 
-def new_version_dir(parent: str | os.PathLike) -> Path:
+def new_version_dir(parent: str | os.PathLike[str]) -> Path:
     """Create and return ``parent/version_N`` with ``N`` one more than the highest existing
     (0 for the first); the directory is claimed with an exclusive ``mkdir``, so two runs starting
     together never share one."""
@@ -124,6 +127,59 @@ def _list(t: Tensor) -> list[Any]:
     return [_list(x) if x.ndim else _float_or_none(x.item()) for x in t.detach().cpu().double()]
 
 
+@dataclass(frozen=True)
+class ScoreMatrix:
+    """One scorer's matrix: what its cells hold (``score``), the rows so far ``[s, T]``, the
+    untrained baseline ``[T]``, its direction and its validation range (``None`` = unbounded)."""
+
+    score: str
+    scores: Tensor
+    baseline: Tensor
+    higher_is_better: bool = True
+    bounds: tuple[float, float] | None = (0.0, 1.0)
+
+
+def matrix_key(score_name: str) -> str:
+    """The ``matrices`` key of a single scorer: ``"acc"`` for accuracy, else its score name."""
+    return "acc" if score_name == "accuracy" else score_name
+
+
+def _direction(matrix: ScoreMatrix) -> dict[str, Any]:
+    """Keyword arguments for the functional layer (none for the seed-000 default)."""
+    if matrix.higher_is_better and matrix.bounds == (0.0, 1.0):
+        return {}
+    return {"higher_is_better": matrix.higher_is_better, "bounds": matrix.bounds}
+
+
+def _matrix_section(matrix: ScoreMatrix, forgetting: str, validate: bool) -> dict[str, Any]:
+    """Rows, baseline and the metric family of one matrix, from ONE ``all_continual_metrics``
+    pass: ``metrics`` is exactly the last point of ``metrics_per_stage``."""
+    scores = torch.as_tensor(matrix.scores, dtype=torch.float64).cpu()
+    baseline = torch.as_tensor(matrix.baseline, dtype=torch.float64).cpu()
+    s = scores.shape[0]
+    metrics: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
+    curves: dict[str, list[Any]] = {k: [] for k in CURVE_KEYS}
+    per_task: dict[str, list[Any]] = {k: [] for k in PER_TASK_KEYS}
+    if s > 0:
+        R, b = scores[:, :s], baseline[:s]
+        family = all_continual_metrics(
+            R, b, forgetting=forgetting, validate=validate, **_direction(matrix)
+        )
+        curves = {k: _list(family["curve"][k]) for k in CURVE_KEYS}
+        per_task = {k: _list(family["per_task"][k]) for k in PER_TASK_KEYS}
+        metrics = {k: curves[k][-1] for k in METRIC_KEYS}
+    return {
+        "score": matrix.score,
+        "higher_is_better": bool(matrix.higher_is_better),
+        "bounds": None if matrix.bounds is None else [_float_or_none(v) for v in matrix.bounds],
+        "scores": _list(scores) if s else [],
+        "baseline": _list(baseline),
+        "metrics": metrics,
+        "metrics_per_stage": curves,
+        "per_task": per_task,
+    }
+
+
 def build_results(
     scores: Tensor,
     baseline: Tensor,
@@ -135,20 +191,29 @@ def build_results(
     validate: bool = False,
     step_curves: Mapping[str, Any] | None = None,
     run_id: str | None = None,
+    matrices: Mapping[str, ScoreMatrix] | None = None,
 ) -> dict[str, Any]:
-    """The ``results.json`` document for ``s`` completed stages.
+    """The ``results.json`` document (``format_version`` 2) for ``s`` completed stages.
+
+    The top level holds the primary matrix (``scores``, ``baseline``, ``metrics``, ... as in
+    version 1, which readers of version 1 keep reading); ``matrices`` holds every scorer's matrix
+    by name, each with ``score``, ``higher_is_better``, ``bounds`` and its metric family
+    (``metrics`` equal to the last point of ``metrics_per_stage``, one functional pass).
 
     Args:
-        scores: ``[s, T]`` rows of R so far (NaN = not evaluated), ``0 <= s <= T``.
-        baseline: ``[T]`` untrained scores (NaN = not evaluated).
+        scores: ``[s, T]`` rows of the primary R so far (NaN = not evaluated), ``0 <= s <= T``.
+        baseline: ``[T]`` untrained scores of the primary scorer (NaN = not evaluated).
         task_names: defaults to ``task_0 .. task_{T-1}``.
         forgetting: forgetting convention passed to the functional layer.
-        score_name: what a cell holds (e.g. ``"accuracy"``).
+        score_name: what a primary cell holds (e.g. ``"accuracy"``).
         metadata: free-form, JSON-serialisable.
         validate: check the cells the metrics read (off by default: the caller already did).
         step_curves: the ``curves`` and ``stability`` sections from :func:`build_curves` (per-step
             evaluation); left out of the document when ``None``.
         run_id: the identifier of the run writing the document (left out when ``None``).
+        matrices: every scorer's :class:`ScoreMatrix` by name, the primary first (its rows must
+            be ``scores``/``baseline``); default: the primary alone, named by
+            :func:`matrix_key`.
     """
     scores = torch.as_tensor(scores, dtype=torch.float64).cpu()
     baseline = torch.as_tensor(baseline, dtype=torch.float64).cpu()
@@ -156,18 +221,12 @@ def build_results(
     names = list(task_names) if task_names is not None else [f"task_{j}" for j in range(T)]
     if len(names) != T:
         raise ValueError(f"{len(names)} task names for {T} tasks")
-    metrics: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
-    curves: dict[str, list[Any]] = {k: [] for k in CURVE_KEYS}
-    per_task: dict[str, list[Any]] = {k: [] for k in PER_TASK_KEYS}
-    if s > 0:
-        R, b = scores[:, :s], baseline[:s]
-        metrics = {
-            k: _list(v)
-            for k, v in continual_metrics(R, b, forgetting=forgetting, validate=validate).items()
-        }
-        family = all_continual_metrics(R, b, forgetting=forgetting, validate=False)
-        curves = {k: _list(family["curve"][k]) for k in CURVE_KEYS}
-        per_task = {k: _list(family["per_task"][k]) for k in PER_TASK_KEYS}
+    if not matrices:
+        matrices = {matrix_key(score_name): ScoreMatrix(score_name, scores, baseline)}
+    sections = {
+        name: _matrix_section(matrix, forgetting, validate) for name, matrix in matrices.items()
+    }
+    primary = next(iter(sections.values()))
     document: dict[str, Any] = {"format_version": FORMAT_VERSION}
     if run_id is not None:
         document["run_id"] = run_id
@@ -175,19 +234,20 @@ def build_results(
         "num_tasks": T,
         "task_names": names,
         "stages_completed": s,
-        "scores": _list(scores) if s else [],
-        "baseline": _list(baseline),
-        "metrics": metrics,
-        "metrics_per_stage": curves,
-        "per_task": per_task,
+        "scores": primary["scores"],
+        "baseline": primary["baseline"],
+        "metrics": primary["metrics"],
+        "metrics_per_stage": primary["metrics_per_stage"],
+        "per_task": primary["per_task"],
         "conventions": {
             "indexing": "zero-based",
             "weighting": "equal-task",
             "forgetting": forgetting,
-            "fwt": "R[j-1,j] - b[j] (GEM)",
-            "score": score_name,
+            "fwt": "R[j-1,j] - b[j] (GEM; b[j] - R[j-1,j] where lower is better)",
+            "score": primary["score"],
         },
         "metadata": dict(metadata or {}),
+        "matrices": sections,
     }
     if step_curves is not None:
         document.update(step_curves)
@@ -288,7 +348,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(dirpath: str | os.PathLike) -> list[Path]:
+def remove_stale_temporaries(dirpath: str | os.PathLike[str]) -> list[Path]:
     """Delete the temporary files (``.NAME.PID.tmp``) that writers killed mid-write left in
     ``dirpath``; temporaries of live processes are kept. Returns the removed paths."""
     dirpath = Path(dirpath)
@@ -309,23 +369,39 @@ def _csv_field(value: float | None) -> str:
     return "" if value is None else repr(float(value))
 
 
-def _scores_csv_text(results: Mapping[str, Any]) -> str:
+def _scores_csv_text(results: Mapping[str, Any], matrix: Mapping[str, Any] | None = None) -> str:
+    """The CSV of ``matrix`` (a ``matrices`` section; default: the top-level, primary one)."""
     T = int(results["num_tasks"])
     names = results.get("task_names") or [f"task_{j}" for j in range(T)]
+    matrix = results if matrix is None else matrix
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["stage", *names])
-    writer.writerow(["baseline", *(_csv_field(v) for v in results["baseline"])])
-    for i, row in enumerate(results["scores"]):
+    writer.writerow(["baseline", *(_csv_field(v) for v in matrix["baseline"])])
+    for i, row in enumerate(matrix["scores"]):
         writer.writerow([i, *(_csv_field(v) for v in row)])
     return buf.getvalue()
+
+
+def scores_csv_name(name: str, primary: bool) -> str:
+    """``scores.csv`` for the primary matrix, ``scores_<name>.csv`` for the others."""
+    return SCORES_FILE if primary else f"scores_{name}.csv"
+
+
+def _csv_files(results: Mapping[str, Any]) -> dict[str, str]:
+    """File name -> CSV text for every matrix of the document (the primary as ``scores.csv``)."""
+    files = {SCORES_FILE: _scores_csv_text(results)}
+    for k, (name, section) in enumerate((results.get("matrices") or {}).items()):
+        if k > 0:
+            files[scores_csv_name(name, primary=False)] = _scores_csv_text(results, section)
+    return files
 
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def write_scores_csv(path: str | os.PathLike, results: Mapping[str, Any]) -> Path:
+def write_scores_csv(path: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
     """Write ``scores.csv`` atomically: a header ``stage,<task names>``; a ``baseline`` row; one
     row per stage (an empty field is a cell that was not evaluated)."""
     path = Path(path)
@@ -333,49 +409,51 @@ def write_scores_csv(path: str | os.PathLike, results: Mapping[str, Any]) -> Pat
     return path
 
 
-def write_results(dirpath: str | os.PathLike, results: Mapping[str, Any]) -> Path:
-    """Write ``scores.csv`` and then ``results.json`` into ``dirpath``, each atomically; return the
-    JSON path.
+def write_results(dirpath: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
+    """Write ``scores.csv`` (and ``scores_<name>.csv`` per further matrix) and then
+    ``results.json`` into ``dirpath``, each atomically; return the JSON path.
 
-    ``results.json`` is written last and records the SHA-256 and stage count of the
-    ``scores.csv`` written with it (``files``): it is the commit record of the pair.
+    ``results.json`` is written last and records the SHA-256 and stage count of every CSV
+    written with it (``files``): it is the commit record of the set.
     """
     dirpath = Path(dirpath)
-    csv_text = _scores_csv_text(results)
+    csv_files = _csv_files(results)
+    stages = int(results["stages_completed"])
     document = dict(results)
     document["files"] = {
-        SCORES_FILE: {"sha256": _sha256(csv_text), "stages": int(results["stages_completed"])}
+        name: {"sha256": _sha256(text), "stages": stages} for name, text in csv_files.items()
     }
     text = json.dumps(document, indent=2, allow_nan=False) + "\n"  # serialisable before writing
-    _atomic_write(dirpath / SCORES_FILE, csv_text)
+    for name, csv_text in csv_files.items():
+        _atomic_write(dirpath / name, csv_text)
     json_path = dirpath / RESULTS_FILE
     _atomic_write(json_path, text)
     return json_path
 
 
-def check_results_files(dirpath: str | os.PathLike) -> str | None:
-    """``None`` when ``results.json`` and ``scores.csv`` in ``dirpath`` belong together, else why
-    not (a write interrupted between the two files, or a file edited by hand). ``results.json``
-    is authoritative; files written before ``files`` was recorded are not checked."""
+def check_results_files(dirpath: str | os.PathLike[str]) -> str | None:
+    """``None`` when ``results.json`` and the CSV files in ``dirpath`` belong together, else why
+    not (a write interrupted between them, or a file edited by hand). ``results.json`` is
+    authoritative; files written before ``files`` was recorded are not checked."""
     dirpath = Path(dirpath)
     results = _read_document(dirpath / RESULTS_FILE)
-    recorded = (results.get("files") or {}).get(SCORES_FILE)
-    if recorded is None:
-        return None
-    csv_path = dirpath / SCORES_FILE
-    if not csv_path.is_file():
-        return f"{csv_path} is missing"
-    with open(csv_path, encoding="utf-8", newline="") as fh:
-        actual = _sha256(fh.read())
-    if actual != recorded["sha256"]:
-        return (
-            f"{csv_path} is not the file {dirpath / RESULTS_FILE} was written with (it records "
-            f"{recorded['stages']} stages); results.json is authoritative"
-        )
+    for name, recorded in (results.get("files") or {}).items():
+        csv_path = dirpath / name
+        if Path(name).name != name:
+            return f"{dirpath / RESULTS_FILE} names {name!r}, not a file of the directory"
+        if not csv_path.is_file():
+            return f"{csv_path} is missing"
+        with open(csv_path, encoding="utf-8", newline="") as fh:
+            actual = _sha256(fh.read())
+        if actual != recorded["sha256"]:
+            return (
+                f"{csv_path} is not the file {dirpath / RESULTS_FILE} was written with (it "
+                f"records {recorded['stages']} stages); results.json is authoritative"
+            )
     return None
 
 
-def read_run_id(dirpath: str | os.PathLike) -> tuple[bool, str | None, int | None]:
+def read_run_id(dirpath: str | os.PathLike[str]) -> tuple[bool, str | None, int | None]:
     """``(exists, run_id, stages_completed)`` of the ``results.json`` in ``dirpath``; a file that
     cannot be read as a results document gives ``(True, None, None)``."""
     path = Path(dirpath) / RESULTS_FILE
@@ -401,7 +479,7 @@ def _read_document(path: Path) -> dict[str, Any]:
     return read_results_json(path)
 
 
-def load_results(path: str | os.PathLike) -> dict[str, Any]:
+def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a ``results.json`` (or the directory holding one) written by the callback.
 
     Returns the document as written (``None`` for cells that were not evaluated or metrics that are
@@ -423,13 +501,24 @@ def load_results(path: str | os.PathLike) -> dict[str, Any]:
     return results
 
 
-def results_to_tensors(results: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
-    """``(scores [s, T], baseline [T])`` as float64 tensors, NaN where the document has ``None``."""
+def results_to_tensors(
+    results: Mapping[str, Any], name: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(scores [s, T], baseline [T])`` as float64 tensors, NaN where the document has ``None``:
+    the primary matrix, or the matrix ``name`` of a version-2 document's ``matrices``."""
     T = int(results["num_tasks"])
+    section: Mapping[str, Any] = results
+    if name is not None:
+        matrices = results.get("matrices") or {}
+        if name not in matrices:
+            raise KeyError(
+                f"these results hold no matrix {name!r}; they hold {sorted(matrices) or 'one'}"
+            )
+        section = matrices[name]
 
     def conv(values: Sequence[Any]) -> list[float]:
         return [math.nan if v is None else float(v) for v in values]
 
-    scores = torch.tensor([conv(r) for r in results["scores"]], dtype=torch.float64).reshape(-1, T)
-    baseline = torch.tensor(conv(results["baseline"]), dtype=torch.float64)
+    scores = torch.tensor([conv(r) for r in section["scores"]], dtype=torch.float64).reshape(-1, T)
+    baseline = torch.tensor(conv(section["baseline"]), dtype=torch.float64)
     return scores, baseline

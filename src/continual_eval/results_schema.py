@@ -52,8 +52,12 @@ __all__ = [
     "validate_results",
 ]
 
-#: the ``format_version`` this reader understands (``continual_eval.results`` writes it)
-FORMAT_VERSION = 1
+#: at most this many score matrices in one document
+MAX_MATRICES = 64
+#: the ``format_version`` ``continual_eval.results`` writes
+FORMAT_VERSION = 2
+#: the versions this reader understands (1: one matrix; 2: adds ``matrices``)
+SUPPORTED_VERSIONS = (1, 2)
 #: largest ``results.json`` read (bytes); T = 2000 with full curves fits comfortably
 MAX_FILE_BYTES = 256 * 1024 * 1024
 #: most tasks a document may hold (``num_tasks``)
@@ -284,12 +288,44 @@ def _check_stability(check: _Checker, stability: Any, T: int) -> None:
         check.string(stability["source"], "stability.source", MAX_TEXT_LENGTH)
 
 
+def _check_matrices(check: _Checker, matrices: Any, T: int, s: int) -> None:
+    """``matrices``: name -> one scorer's matrix (format_version 2)."""
+    matrices = check.mapping(matrices, "matrices")
+    if len(matrices) > MAX_MATRICES:
+        check.fail("matrices", f"at most {MAX_MATRICES} matrices", f"{len(matrices)} entries")
+    for name, section in matrices.items():
+        field = _key_path("matrices", name)
+        check.string(name, f"{field} (name)")
+        section = check.mapping(section, field)
+        for key in ("score", "scores", "baseline", "metrics"):
+            if key not in section:
+                raise InvalidResultsError(check.source, f"{field}.{key}", "missing")
+        check.string(section["score"], f"{field}.score")
+        if "higher_is_better" in section and type(section["higher_is_better"]) is not bool:
+            check.fail(f"{field}.higher_is_better", "true or false", section["higher_is_better"])
+        bounds = section.get("bounds")
+        if bounds is not None:
+            values = check.array(bounds, f"{field}.bounds", 2)
+            for k, value in enumerate(values):
+                if not (value is None or _is_cell(value)):
+                    check.fail(f"{field}.bounds[{k}]", "a number or null (infinite)", value)
+        check.matrix(section["scores"], f"{field}.scores", s, T)
+        check.cells(section["baseline"], f"{field}.baseline", T)
+        for key, value in check.mapping(section["metrics"], f"{field}.metrics").items():
+            if not _is_cell(value):
+                check.fail(_key_path(f"{field}.metrics", key), "a finite number or null", value)
+        if "metrics_per_stage" in section:
+            check.cell_table(section["metrics_per_stage"], f"{field}.metrics_per_stage", s)
+        if "per_task" in section:
+            check.cell_table(section["per_task"], f"{field}.per_task", max(s - 1, 0))
+
+
 def _check_files(check: _Checker, files: Any, T: int) -> None:
     files = check.mapping(files, "files")
     for name, entry in files.items():
         check.mapping(entry, _key_path("files", name))
-    if _SCORES_CSV in files:
-        entry, field = files[_SCORES_CSV], _key_path("files", _SCORES_CSV)
+    for csv_name in files:
+        entry, field = files[csv_name], _key_path("files", csv_name)
         for key in ("sha256", "stages"):
             if key not in entry:
                 raise InvalidResultsError(check.source, f"{field}.{key}", "missing")
@@ -326,11 +362,12 @@ def validate_results(document: Any, source: str | os.PathLike = "results.json") 
         if key not in doc:
             raise InvalidResultsError(source, key, "missing")
     version = doc["format_version"]
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise InvalidResultsError(
             source,
             "format_version",
-            f"unsupported format_version: expected {FORMAT_VERSION}, found {_describe(version)}",
+            f"unsupported format_version: expected one of {SUPPORTED_VERSIONS}, found "
+            f"{_describe(version)}",
         )
     T = check.integer(doc["num_tasks"], "num_tasks", 1, MAX_TASKS)
     for j, name in enumerate(check.array(doc["task_names"], "task_names", T)):
@@ -358,8 +395,10 @@ def validate_results(document: Any, source: str | os.PathLike = "results.json") 
         check.string(doc["run_id"], "run_id")
     if "files" in doc:
         _check_files(check, doc["files"], T)
+    if "matrices" in doc:
+        _check_matrices(check, doc["matrices"], T, s)
     known = {*_REQUIRED, "metrics_per_stage", "per_task", "conventions", "metadata"}
-    known |= {"curves", "stability", "run_id", "files"}
+    known |= {"curves", "stability", "run_id", "files", "matrices"}
     for key, value in doc.items():
         if key not in known:
             check.nesting(value, _key_path("", key), 2)

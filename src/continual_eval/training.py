@@ -59,8 +59,8 @@ def fit_tasks(
     train_dataloaders: Sequence[Any],
     *,
     val_dataloaders: Sequence[Any] | None = None,
-    ckpt_path: str | os.PathLike | None = None,
-    checkpoint_dir: str | os.PathLike | None = None,
+    ckpt_path: str | os.PathLike[str] | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
     seed: int | None = None,
 ) -> ContinualEvalCallback:
     """Train ``model`` on ``train_dataloaders[i]`` for ``i = 0, 1, ...``, one ``fit`` per task.

@@ -126,9 +126,14 @@ def _wandb_history(run_dir: str) -> list[dict[str, str]]:
         elif kind == 4:
             records.append(partial + chunk)
     history = []
+    from google.protobuf.message import DecodeError
+
     for raw in records:
         record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+        try:
+            record.ParseFromString(raw)
+        except DecodeError:  # a record of another kind this reader splits wrongly; not history
+            continue
         if record.WhichOneof("record_type") == "history":
             history.append(
                 {"/".join(i.nested_key) or i.key: i.value_json for i in record.history.item}

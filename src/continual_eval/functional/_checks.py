@@ -56,6 +56,7 @@ def workspace(shape: tuple[int, ...], like: Tensor) -> Tensor:
     # inference tensors cannot be written outside inference mode (nor normal ones inside it
     # by autograd-visible ops), so each mode keeps its own buffer
     key = (like.dtype, like.device, torch.is_inference_mode_enabled())
+    buffers: dict[tuple[torch.dtype, torch.device, bool], Tensor]
     buffers = _WORKSPACE.__dict__.setdefault("buffers", {})
     flat = buffers.get(key)
     if flat is None or flat.numel() < numel:

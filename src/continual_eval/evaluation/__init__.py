@@ -1,0 +1,125 @@
+"""Evaluation engine: score a module on several task test loaders, exactly, on every rank.
+
+Kept apart from :class:`~continual_eval.callback.ContinualEvalCallback`'s hook plumbing so that
+other callers (evaluation every k steps inside a stage, cached device batches) can reuse it.
+
+:func:`evaluate_tasks` runs the module in eval mode under a no-grad/inference context, restores
+every submodule's own ``training`` flag and the RNG states afterwards, moves batches with a plain
+device move (no user transfer hooks), and reduces per-task counts across ranks with one collective
+per call. Under data parallelism each map-style test set is sharded *without padding*
+(:func:`shard_dataloader`), so the reduced counts equal the single-process counts exactly; a test
+loader over a ``DistributedSampler`` means its whole dataset, and a loader whose samples cannot be
+split exactly (a random ``drop_last`` tail) is refused. Non-finite predictions and targets that are
+not labels are counted on the device and reported after each task, naming it.
+
+Reading the batches (exact: the scores are identical with either switch off): tensor-backed test
+sets are sliced a batch at a time instead of fetched and collated sample by sample
+(:func:`fast_loader`; ``FAST_PATH = False`` turns it off). Test loaders with worker processes
+that :func:`fast_loader` cannot read share one persistent worker pool per group of equal settings
+(``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``, ``multiprocessing_context``,
+``prefetch_factor``; batch sizes may differ; no ``worker_init_fn``, which may read
+``get_worker_info().dataset``): one DataLoader over the concatenated test sets whose batch sampler
+yields each task's batches as its own loader makes them, never mixing two tasks. The pool is kept
+for the next evaluation while its loaders and datasets are the same objects (a dataset edited in
+place after the workers started is not seen: replace the loader), and shut down when they are gone
+or more than two pools are kept. ``POOLED_LOADERS = False`` gives each loader its own workers.
+
+Layout (every name is re-exported here):
+
+* :mod:`~continual_eval.evaluation.loop`: :func:`evaluate_tasks`, :class:`TaskEvaluation`;
+* :mod:`~continual_eval.evaluation.guards`: train/eval flags, RNG states, grad context;
+* :mod:`~continual_eval.evaluation.step`: the batch step, :func:`default_batch_step`;
+* :mod:`~continual_eval.evaluation.scorers`: the :class:`Scorer` protocol, the built-in scorers,
+  :func:`make_scorer`;
+* :mod:`~continual_eval.evaluation.loaders`: :func:`shard_dataloader`, :func:`subset_dataloader`;
+* :mod:`~continual_eval.evaluation.fast_path`, :mod:`~continual_eval.evaluation.pools`: reading
+  the batches (:func:`fast_loader`, worker pools);
+* :mod:`~continual_eval.evaluation.cache`: :class:`BatchCache`, :func:`cache_safety`;
+* :mod:`~continual_eval.evaluation.errors`: :class:`EvaluationError`.
+
+The two switches :data:`FAST_PATH` and :data:`POOLED_LOADERS` live in this module only and are read
+at call time, so ``continual_eval.evaluation.FAST_PATH = False`` (or a ``monkeypatch.setattr`` on
+this module) takes effect on the next evaluation.
+"""
+
+from __future__ import annotations
+
+#: Read tensor-backed test sets without the DataLoader (see :func:`fast_loader`). Set to ``False``
+#: (``continual_eval.evaluation.FAST_PATH = False``) to read every test set through its DataLoader;
+#: the batches, and so the scores, are identical either way.
+FAST_PATH = True
+
+#: Evaluate test loaders with worker processes through one persistent worker pool per group of
+#: equal DataLoader settings (see :func:`evaluate_tasks`). ``False``: each loader starts its own
+#: workers, as a plain ``for batch in loader`` does; the scores are identical either way.
+POOLED_LOADERS = True
+
+# the submodules read the switches above through this module at call time; private names are
+# re-exported for the tests and tools that reach into the engine
+from continual_eval.evaluation.cache import (  # noqa: E402
+    DETERMINISTIC_ATTR,
+    BatchCache,
+    cache_safety,
+)
+from continual_eval.evaluation.cache import _CachedLoader as _CachedLoader  # noqa: E402
+from continual_eval.evaluation.errors import EvaluationError  # noqa: E402
+from continual_eval.evaluation.fast_path import fast_loader  # noqa: E402
+from continual_eval.evaluation.guards import (  # noqa: E402
+    grad_free_context,
+    preserve_rng_state,
+    preserve_training_flags,
+)
+from continual_eval.evaluation.loaders import (  # noqa: E402
+    _loader_label as _loader_label,
+)
+from continual_eval.evaluation.loaders import (  # noqa: E402
+    _rebuildable as _rebuildable,
+)
+from continual_eval.evaluation.loaders import (  # noqa: E402
+    _sampled_indices as _sampled_indices,
+)
+from continual_eval.evaluation.loaders import (  # noqa: E402
+    _ShardSampler as _ShardSampler,
+)
+from continual_eval.evaluation.loaders import (  # noqa: E402
+    shard_dataloader,
+    subset_dataloader,
+)
+from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks  # noqa: E402
+from continual_eval.evaluation.loop import _batch_sources as _batch_sources  # noqa: E402
+from continual_eval.evaluation.pools import _POOLS as _POOLS  # noqa: E402
+from continual_eval.evaluation.pools import _PoolView as _PoolView  # noqa: E402
+from continual_eval.evaluation.scorers import (  # noqa: E402
+    AccuracyScorer,
+    LossScorer,
+    MetricScorer,
+    Scorer,
+    TopKAccuracyScorer,
+    make_scorer,
+)
+from continual_eval.evaluation.step import BatchStep, default_batch_step  # noqa: E402
+
+__all__ = [
+    "DETERMINISTIC_ATTR",
+    "FAST_PATH",
+    "POOLED_LOADERS",
+    "AccuracyScorer",
+    "BatchCache",
+    "BatchStep",
+    "EvaluationError",
+    "LossScorer",
+    "MetricScorer",
+    "Scorer",
+    "TaskEvaluation",
+    "TopKAccuracyScorer",
+    "cache_safety",
+    "default_batch_step",
+    "evaluate_tasks",
+    "fast_loader",
+    "grad_free_context",
+    "make_scorer",
+    "preserve_rng_state",
+    "preserve_training_flags",
+    "shard_dataloader",
+    "subset_dataloader",
+]

@@ -1,0 +1,257 @@
+"""Test loaders for exact evaluation: unpadded shards per rank, seeded subsets, re-built loaders."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    Subset,
+    SubsetRandomSampler,
+)
+
+from continual_eval.evaluation.errors import EvaluationError
+
+
+class _ShardSampler(Sampler[int]):
+    """Strided shard ``rank, rank + world, ...`` of ``range(n)``: no padding, no duplicates."""
+
+    def __init__(self, base: Sequence[int] | range, rank: int, world_size: int) -> None:
+        self.indices = list(base)[rank::world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class _UnreproducibleError(Exception):
+    """The loader reads a sample set that no re-built loader can read (a random one)."""
+
+
+def _distributed_sampler_types() -> tuple[type, ...]:
+    """Distributed samplers whose samples are known: torch's and Lightning's unpadded fork."""
+    try:
+        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+    except ImportError:  # pragma: no cover - an internal module of Lightning
+        return (DistributedSampler,)
+    return (DistributedSampler, UnrepeatedDistributedSampler)
+
+
+def _distributed_indices(loader: DataLoader, sampler: DistributedSampler, n: int) -> Sequence[int]:
+    """The samples a loader over a ``DistributedSampler`` means: what all its replicas read
+    together, without the padding (for ``drop_last=False`` the whole dataset; for
+    ``shuffle=False, drop_last=True`` the first ``num_samples * num_replicas``)."""
+    if type(sampler) not in _distributed_sampler_types():
+        raise _UnreproducibleError(
+            f"its sampler, {type(sampler).__name__}, is a DistributedSampler subclass whose "
+            "samples cannot be known, and each rank's copy reads only part of the test set; use "
+            "torch's DistributedSampler, or a plain (sequential) sampler: continual-eval shards "
+            "test sets itself"
+        )
+    if len(sampler.dataset) != n:  # type: ignore[arg-type]
+        raise _UnreproducibleError(
+            f"its DistributedSampler draws from {len(sampler.dataset)} samples but the loader's "  # type: ignore[arg-type]
+            f"dataset has {n}"
+        )
+    replicas, batch_size = sampler.num_replicas, loader.batch_size
+    assert batch_size is not None
+    # samples per replica: num_samples for torch's sampler (total_size is padded to a multiple of
+    # num_replicas), ceil or floor of n / num_replicas for the unpadded fork (total_size = n)
+    per_replica = {len(range(r, sampler.total_size, replicas)) for r in range(replicas)}
+    if loader.drop_last and any(k % batch_size for k in per_replica):
+        shown = " or ".join(str(k) for k in sorted(per_replica, reverse=True))
+        raise _UnreproducibleError(
+            f"drop_last=True on the DataLoader drops each replica's last partial batch (its "
+            f"{type(sampler).__name__} gives each of {replicas} replicas {shown} samples, "
+            f"batch_size={batch_size}), which depends on the number of processes; pass "
+            "drop_last=False to the DataLoader"
+        )
+    if type(sampler) is not DistributedSampler or not sampler.drop_last or sampler.total_size == n:
+        return range(n)
+    if not sampler.shuffle:
+        return range(sampler.total_size)
+    raise _UnreproducibleError(
+        f"DistributedSampler(shuffle=True, drop_last=True) drops a random {n - sampler.total_size}"
+        f" of the {n} samples (drawn from seed + epoch, which set_epoch changes), so the test set "
+        "is not fixed; pass drop_last=False to the DistributedSampler (every sample, once: "
+        "continual-eval never pads) or shuffle=False"
+    )
+
+
+def _sampled_indices(loader: Any) -> Sequence[int] | None:
+    """The fixed set of dataset indices ``loader`` reads, in index order, or ``None`` when it is not
+    a DataLoader over a map-style dataset with a batch size whose sampler reads a fixed set
+    (sequential, random without replacement, a subset, a distributed sampler, or one of our
+    shards).
+
+    ``drop_last=True`` with a partial last batch: a sequential sampler reads all but the last
+    ``len % batch_size`` indices; a shuffling one drops a random tail, which raises
+    :class:`_UnreproducibleError`, as does a distributed sampler whose samples cannot be known.
+    """
+    if (
+        not isinstance(loader, DataLoader)
+        or isinstance(loader.dataset, IterableDataset)
+        or loader.batch_size is None
+    ):
+        return None
+    sampler, n = loader.sampler, len(loader.dataset)  # type: ignore[arg-type]
+    ordered = True
+    indices: Sequence[int]
+    if isinstance(sampler, DistributedSampler):
+        return _distributed_indices(loader, sampler, n)
+    if type(sampler) is SequentialSampler:
+        indices = range(n)
+    elif type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == n:
+        indices, ordered = range(n), False
+    elif type(sampler) is SubsetRandomSampler:
+        indices, ordered = sorted(int(i) for i in sampler.indices), False
+    elif type(sampler) is _ShardSampler:
+        indices = sampler.indices
+    else:
+        return None
+    tail = len(indices) % loader.batch_size
+    if not loader.drop_last or tail == 0:
+        return indices
+    if ordered:
+        return indices[: len(indices) - tail]
+    raise _UnreproducibleError(
+        f"drop_last=True with a shuffling {type(sampler).__name__}: the loader drops a random "
+        f"{tail} of its {len(indices)} samples (batch_size={loader.batch_size}) on every pass, so "
+        f"its samples cannot be split exactly across processes; pass drop_last=False (score all "
+        f"{len(indices)}) or shuffle=False (one process then drops the last {tail})"
+    )
+
+
+def _loader_label(loader: Any, task: int | None, task_name: str | None) -> str:
+    """``task 3 ('cars'), test dataloader 3``, or a description of ``loader`` without a task."""
+    if task is not None:
+        return f"task {task} ({task_name or f'task_{task}'!r}), test dataloader {task}"
+    if not isinstance(loader, DataLoader):
+        return f"test dataloader ({type(loader).__name__})"
+    dataset = loader.dataset
+    size = f" of {len(dataset)} samples" if hasattr(dataset, "__len__") else ""  # type: ignore[arg-type]
+    return (
+        f"test dataloader (DataLoader over {type(dataset).__name__}{size}, "
+        f"batch_size={loader.batch_size}, {type(loader.sampler).__name__}, "
+        f"drop_last={loader.drop_last})"
+    )
+
+
+def _rebuildable(loader: Any) -> bool:
+    """Whether :func:`_rebuild_loader` can re-create ``loader`` over the same samples."""
+    try:
+        return _sampled_indices(loader) is not None
+    except _UnreproducibleError:
+        return False
+
+
+def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoader:
+    """A DataLoader over ``dataset`` with ``loader``'s batch size, collate function and worker
+    settings, keeping the last partial batch; ``options`` (sampler, shuffle, generator) are passed
+    on."""
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "drop_last": False,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "persistent_workers": loader.persistent_workers,
+        **options,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(dataset, **kwargs)
+
+
+def shard_dataloader(
+    loader: Any,
+    rank: int,
+    world_size: int,
+    *,
+    task: int | None = None,
+    task_name: str | None = None,
+) -> tuple[Any, bool]:
+    """Return ``(loader for this rank, sharded)``.
+
+    The indices the loader reads (the whole map-style dataset, a ``SubsetRandomSampler``'s subset,
+    a sequential loader's samples before a ``drop_last`` tail) are split into strided, unpadded
+    shards (any shuffling is dropped: a score does not depend on the order), so the counts summed
+    over ranks equal the counts of one process.
+
+    A ``DistributedSampler`` (e.g. a ``test_dataloader()`` built for ``trainer.test``) means its
+    whole dataset, whatever the sampler's ``num_replicas``/``rank``: what all its replicas read
+    together without the padding. It is re-sharded over ``world_size`` ranks, and in a single
+    process (``world_size=1``) re-built over that whole set; its shuffle/seed only matter with
+    ``drop_last=True``.
+
+    Loaders that cannot be re-built over the same samples (iterable datasets, custom samplers or
+    batch samplers, non-DataLoader iterables) come back unchanged with ``sharded=False``: the
+    caller then counts them on rank 0 only. With ``world_size <= 1`` every loader except one over a
+    ``DistributedSampler`` comes back unchanged.
+
+    Raises:
+        EvaluationError: the samples cannot be reproduced on several ranks (``drop_last=True``
+            with a shuffling sampler and a partial last batch; a ``DistributedSampler`` dropping a
+            random tail, or a subclass of unknown behaviour). The message names ``task`` and
+            ``task_name`` when given, else describes the loader, and says how to fix it.
+    """
+    distributed = isinstance(getattr(loader, "sampler", None), DistributedSampler)
+    if world_size <= 1 and not distributed:
+        return loader, True
+    try:
+        indices = _sampled_indices(loader)
+    except _UnreproducibleError as err:
+        raise EvaluationError(f"{_loader_label(loader, task, task_name)}: {err}") from None
+    if indices is None:
+        return loader, False
+    shard = _ShardSampler(indices, rank, max(world_size, 1))
+    rebuilt = _rebuild_loader(loader, loader.dataset, sampler=shard, generator=loader.generator)
+    return rebuilt, True
+
+
+def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
+    """A loader over a fixed, seeded subset of ``loader``'s map-style dataset, in index order.
+
+    With ``I`` the indices the loader reads (``range(len(dataset))``, a ``SubsetRandomSampler``'s
+    subset, a sequential loader's samples before a ``drop_last`` tail, a ``DistributedSampler``'s
+    whole dataset), the subset is
+    ``sorted(I[randperm(len(I), generator=Generator().manual_seed(seed))[:size]])`` (all of ``I``
+    when ``size >= len(I)``). Returns ``(loader, dataset indices)``.
+
+    Raises:
+        ValueError: ``loader`` is not a DataLoader with a batch size over a map-style dataset whose
+            sampler reads a fixed set of samples.
+    """
+    try:
+        readable = _sampled_indices(loader)
+    except _UnreproducibleError as err:
+        raise EvaluationError(f"a test subset needs a fixed set of samples: {err}") from None
+    if readable is None:
+        raise ValueError(
+            "a test subset needs a torch DataLoader with batch_size set over a map-style dataset, "
+            "read by a sequential, random (without replacement), SubsetRandomSampler or "
+            f"DistributedSampler sampler; got {type(loader).__name__}"
+            + (
+                f" over {type(loader.dataset).__name__} with {type(loader.sampler).__name__}"
+                if isinstance(loader, DataLoader)
+                else ""
+            )
+        )
+    pool = torch.as_tensor(list(readable), dtype=torch.long)
+    perm = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
+    indices = pool[perm[: min(size, len(pool))]].sort().values
+    subset = Subset(loader.dataset, indices.tolist())
+    return _rebuild_loader(loader, subset, shuffle=False), indices

@@ -1,0 +1,164 @@
+"""Standalone DDP run for test_scorers.py: every built-in scorer kind in one evaluation on 2 CPU
+processes (gloo), on test sets of odd sizes sharded without padding.
+
+Usage: python scorers_ddp_script.py OUT_DIR. Lightning re-launches this script for rank 1. At
+``on_fit_start`` a callback evaluates the (seeded, untrained) model with :func:`make_scorers` on
+its rank's shards and the loop's sum reduction; every rank saves what it got. The test module
+imports :func:`make_problem` and :func:`make_scorers` to compute the single-process reference.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from continual_eval.evaluation import evaluate_tasks, shard_dataloader
+
+NUM_FEATURES = 6
+NUM_CLASSES = 7
+TEST_SIZES = (37, 29, 41)  # odd: a padded shard would count a sample twice
+BATCH = 8
+
+
+def make_problem(seed: int = 0) -> tuple[nn.Module, list[tuple[Tensor, Tensor]]]:
+    """A seeded linear classifier over ``NUM_CLASSES`` classes and one test set per size."""
+    g = torch.Generator().manual_seed(seed)
+    net = nn.Linear(NUM_FEATURES, NUM_CLASSES)
+    with torch.no_grad():
+        net.weight.copy_(torch.randn(NUM_CLASSES, NUM_FEATURES, generator=g))
+        net.bias.copy_(torch.randn(NUM_CLASSES, generator=g))
+    tests = [
+        (
+            torch.randn(n, NUM_FEATURES, generator=g),
+            torch.randint(0, NUM_CLASSES, (n,), generator=g),
+        )
+        for n in TEST_SIZES
+    ]
+    return net, tests
+
+
+def loaders(tests: list[tuple[Tensor, Tensor]]) -> list[DataLoader]:
+    return [DataLoader(TensorDataset(x, y), batch_size=BATCH) for x, y in tests]
+
+
+def brier(preds: Tensor, target: Tensor) -> Tensor:
+    """Per-sample Brier score: squared distance of the softmax to the one-hot target."""
+    one_hot = nn.functional.one_hot(target, preds.shape[1]).to(preds.dtype)
+    return (preds.softmax(dim=1) - one_hot).pow(2).sum(dim=1)
+
+
+class Confidence:
+    """A user's scorer (the protocol, no base class): the mean top softmax probability, summed
+    in float64 on each rank and reduced by the loop."""
+
+    name = "confidence"
+    higher_is_better = True
+    bounds = (0.0, 1.0)
+    count_based = True
+
+    def start(self, device: torch.device) -> None:
+        self._sums: list[Tensor] = []
+        self._total = 0
+        self._device = device
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        self._sums.append(preds.softmax(dim=1).amax(dim=1).sum(dtype=torch.float64))
+        self._total += preds.shape[0]
+
+    def local_counts(self) -> Tensor:
+        total = torch.tensor(float(self._total), dtype=torch.float64, device=self._device)
+        if not self._sums:
+            return torch.stack([torch.zeros_like(total), total])
+        return torch.stack([torch.stack(self._sums).sum(), total])
+
+    def result(self, reduced_counts: Tensor) -> Tensor:
+        return reduced_counts[:, 0] / reduced_counts[:, 1]
+
+
+def make_scorers() -> list:
+    """Accuracy, cross-entropy, top-5, a torchmetrics F1, a per-sample loss callable, a
+    batch-mean loss callable and a user's protocol object."""
+    from torchmetrics.classification import MulticlassF1Score
+
+    return [
+        "accuracy",
+        "cross_entropy",
+        "top5",
+        MulticlassF1Score(num_classes=NUM_CLASSES, average="macro"),
+        brier,
+        nn.functional.nll_loss,  # a scalar batch mean (of -preds[n, y_n])
+        Confidence(),
+    ]
+
+
+class Probe(pl.Callback):
+    def __init__(self, out: Path, tests: list[tuple[Tensor, Tensor]]) -> None:
+        self.out, self.tests = out, tests
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        rank, world = trainer.global_rank, trainer.world_size
+        sharded = [shard_dataloader(dl, rank, world)[0] for dl in loaders(self.tests)]
+        result = evaluate_tasks(
+            pl_module,
+            sharded,
+            range(len(sharded)),
+            scorers=make_scorers(),
+            all_reduce=partial(trainer.strategy.reduce, reduce_op="sum"),
+            rank=rank,
+            world_size=world,
+        )
+        torch.save(
+            {
+                "world_size": world,
+                "shard_sizes": [len(dl.sampler) for dl in sharded],
+                "names": result.scorer_names,
+                "scores": result.scores_by_scorer,
+                "total": result.total,
+            },
+            self.out / f"rank{rank}.pt",
+        )
+
+
+class Wrapped(pl.LightningModule):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    net, tests = make_problem()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=1,
+        limit_train_batches=1,
+        callbacks=[Probe(out, tests)],
+        default_root_dir=str(out),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(Wrapped(net), loaders(tests)[0])
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
