@@ -1167,8 +1167,8 @@ def _resolve_scorers(
     if scorers is None:
         if metric is None:
             return {"acc": AccuracyScorer()}
-        scorer = MetricScorer(metric)
-        return {scorer.name: scorer}
+        only = MetricScorer(metric)
+        return {only.name: only}
     if isinstance(scorers, Mapping):
         pairs = [(name, make_scorer(spec)) for name, spec in scorers.items()]
     elif isinstance(scorers, Sequence) and not isinstance(scorers, str):
@@ -1195,16 +1195,12 @@ def _resolve_scorers(
 
 
 def _higher_is_better(scorer: Scorer) -> bool:
-    value = getattr(scorer, "higher_is_better", True)
-    return True if value is None else bool(value)
+    return bool(scorer.higher_is_better)
 
 
 def _bounds(scorer: Scorer) -> tuple[float, float] | None:
-    """The scorer's validation range (accuracy: ``[0, 1]``; unknown: unbounded)."""
-    if isinstance(scorer, AccuracyScorer):
-        return (0.0, 1.0)
-    bounds: tuple[float, float] | None = getattr(scorer, "bounds", None)
-    return bounds
+    """The scorer's validation range (``None``: unbounded)."""
+    return scorer.bounds
 
 
 def _check_metadata(metadata: Mapping[str, Any] | None) -> None:
