@@ -102,10 +102,10 @@ def test_results_json_is_written_last_and_names_the_csv(tasks, tmp_path, monkeyp
 
     real = results_module._atomic_write
 
-    def crash_on_json(path, text):
+    def crash_on_json(path, text, **options):
         if path.name == RESULTS_FILE:
             raise KeyboardInterrupt("killed between the two files")
-        real(path, text)
+        real(path, text, **options)
 
     monkeypatch.setattr(results_module, "_atomic_write", crash_on_json)
     with pytest.raises(KeyboardInterrupt):
