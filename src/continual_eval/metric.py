@@ -11,12 +11,14 @@ from torchmetrics import Metric
 from torchmetrics.utilities.exceptions import TorchMetricsUserError
 
 from continual_eval.functional import continual_metrics
-from continual_eval.functional._checks import (
+from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_cells,
     check_direction,
     check_forgetting_convention,
     resolve_bounds,
+)
+from continual_eval.functional._workspace import (
     triangle_masks,
 )
 

@@ -7,10 +7,12 @@ value checks (which read back from the device) in hot loops. Every accuracy-matr
 stability functions take ``higher_is_better``.
 """
 
-from continual_eval.functional._checks import (
+from continual_eval.functional._validation import (
     FORGETTING_CONVENTIONS,
     UNIT_BOUNDS,
     check_scores,
+)
+from continual_eval.functional._workspace import (
     used_cells,
 )
 from continual_eval.functional.accuracy_matrix import (

@@ -51,13 +51,15 @@ import math
 import torch
 from torch import Tensor
 
-from continual_eval.functional._checks import (
+from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_direction,
     check_forgetting_convention,
     check_scores,
     check_vector,
     resolve_bounds,
+)
+from continual_eval.functional._workspace import (
     scratch_for,
     triangle_masks,
 )

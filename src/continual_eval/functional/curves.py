@@ -19,11 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional._checks import (
+from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_forgetting_convention,
     check_scores,
     check_vector,
+)
+from continual_eval.functional._workspace import (
     triangle_masks,
     workspace,
 )

@@ -35,7 +35,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from continual_eval.functional._checks import check_direction
+from continual_eval.functional._validation import (
+    check_direction,
+)
 
 
 def _first(mask: Tensor) -> int:
