@@ -48,15 +48,12 @@ from typing_extensions import override
 
 from continual_eval.evaluation import (
     AccuracyScorer,
-    BatchCache,
     MetricScorer,
     Scorer,
-    cache_safety,
+    TaskLoaders,
     evaluate_tasks,
     grad_free_context,
     make_scorer,
-    shard_dataloader,
-    subset_dataloader,
 )
 from continual_eval.functional import FORGETTING_CONVENTIONS
 from continual_eval.loggers import format_matrix_table, log_baseline, log_stage, log_step
@@ -294,8 +291,7 @@ class ContinualEvalCallback(Callback):
         self._matrices: dict[str, ContinualMetrics] | None = None
         self.task_names: list[str] | None = None
         self._loaders: list[Any] | None = None
-        self._rank_loaders: list[Any] = []
-        self._unsharded: frozenset[int] = frozenset()
+        self._task_loaders: TaskLoaders | None = None
         self._baseline_done = False
         self._pending_state: dict[str, Any] | None = None
         self._results_dir: Path | None = None
@@ -307,12 +303,6 @@ class ContinualEvalCallback(Callback):
         self._fit_step_base = 0  # trainer.global_step when this fit's training started
         self._fit_steps_before = 0  # self._steps_done at that moment
         self._curves = StepCurves()
-        self._subset_loaders: list[Any] | None = None
-        self._subset_sizes: list[int] = []
-        self._rank_subset_loaders: list[Any] = []
-        self._cache = BatchCache(cache_max_bytes)
-        self._cache_safe: list[bool] = []
-        self._cache_logged = False
         self._loaders_given = test_dataloaders is not None
         if test_dataloaders is not None:
             self._set_loaders(test_dataloaders)
@@ -331,8 +321,6 @@ class ContinualEvalCallback(Callback):
         self._steps_done = 0
         self._fit_step_base = self._fit_steps_before = self._stage_start_step = 0
         self._curves.clear()
-        self._cache.clear()
-        self._cache_logged = False
         self._warned_unsharded = False
         self.run_id = uuid.uuid4().hex
         if self._loaders is not None and self._loaders_given:
@@ -443,7 +431,9 @@ class ContinualEvalCallback(Callback):
             subset = {
                 "size": self.step_eval_subset,
                 "seed": self.step_eval_subset_seed,
-                "samples_per_task": list(self._subset_sizes),
+                "samples_per_task": list(
+                    self._task_loaders.subset_sizes if self._task_loaders else []
+                ),
                 "rule": "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])",
             }
         return build_curves(
@@ -472,21 +462,15 @@ class ContinualEvalCallback(Callback):
             )
         self._loaders = loaders
         self.task_names = self._given_names or [f"task_{j}" for j in range(T)]
-        self._subset_loaders = None
-        if self.step_eval_subset is not None:
-            subsets = []
-            for j, dl in enumerate(loaders):
-                try:
-                    subsets.append(
-                        subset_dataloader(dl, self.step_eval_subset, self.step_eval_subset_seed + j)
-                    )
-                except ValueError as err:
-                    raise ValueError(
-                        f"step_eval_subset: test dataloader {j} ({self.task_names[j]!r}): {err}"
-                    ) from err
-            self._subset_loaders = [dl for dl, _ in subsets]
-            self._subset_sizes = [len(idx) for _, idx in subsets]
-        self._cache_safe = [cache_safety(dl) is None for dl in loaders]
+        self._task_loaders = TaskLoaders(
+            loaders,
+            self.task_names,
+            subset_size=self.step_eval_subset,
+            subset_seed=self.step_eval_subset_seed,
+            cache=self.cache_test_batches,
+            cache_max_bytes=self.cache_max_bytes,
+            per_step=self.eval_every_n_steps is not None,
+        )
         if self.metrics is not None and self.metrics.num_tasks != T:
             raise ValueError(
                 f"ContinualEvalCallback recorded a run of {self.metrics.num_tasks} tasks but "
@@ -532,24 +516,12 @@ class ContinualEvalCallback(Callback):
 
     def _prepare_fit(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve_loaders(trainer, pl_module)
-        assert self._loaders is not None
-        assert self.task_names is not None
-        sharded = [
-            shard_dataloader(
-                dl, trainer.global_rank, trainer.world_size, task=j, task_name=self.task_names[j]
-            )
-            for j, dl in enumerate(self._loaders)
-        ]
-        self._rank_loaders = [dl for dl, _ in sharded]
-        self._unsharded = frozenset(j for j, (_, ok) in enumerate(sharded) if not ok)
-        self._rank_subset_loaders = [
-            shard_dataloader(dl, trainer.global_rank, trainer.world_size)[0]
-            for dl in self._subset_loaders or []
-        ]
-        if self._unsharded and trainer.is_global_zero and not self._warned_unsharded:
+        assert self._task_loaders is not None
+        unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
+        if unsharded and trainer.is_global_zero and not self._warned_unsharded:
             self._warned_unsharded = True
             warnings.warn(
-                f"ContinualEvalCallback: test dataloaders {sorted(self._unsharded)} cannot be "
+                f"ContinualEvalCallback: test dataloaders {sorted(unsharded)} cannot be "
                 "sharded (an iterable dataset, a custom sampler or batch sampler, or not a torch "
                 "DataLoader); rank 0 scores them alone",
                 stacklevel=2,
@@ -786,50 +758,6 @@ class ContinualEvalCallback(Callback):
         self._dir_checked = bool(published["dir_checked"])
 
     # ------------------------------------------------------------------ evaluation
-    def _cache_enabled(self, j: int, per_step_loader: bool) -> bool:
-        if self.cache_test_batches is not None:
-            return self.cache_test_batches
-        return self.eval_every_n_steps is not None and per_step_loader and self._cache_safe[j]
-
-    def _evaluation_loaders(
-        self, trainer: Trainer, task_ids: Sequence[int], subset: bool
-    ) -> list[Any]:
-        assert self._loaders is not None
-        loaders = list(self._rank_subset_loaders if subset else self._rank_loaders)
-        device = trainer.strategy.root_device
-        per_step = subset or self._subset_loaders is None
-        wanted = [j for j in task_ids if self._cache_enabled(j, per_step)]
-        if not wanted:
-            return loaders
-        self._cache.set_key(
-            (
-                str(device),
-                trainer.global_rank,
-                trainer.world_size,
-                tuple(id(dl) for dl in self._loaders),
-                tuple(id(getattr(dl, "dataset", None)) for dl in self._loaders),
-                self.step_eval_subset,
-                self.step_eval_subset_seed,
-            )
-        )
-        for j in wanted:
-            loaders[j] = self._cache.wrap(("subset" if subset else "full", j), loaders[j], device)
-        return loaders
-
-    def _log_cache(self, trainer: Trainer) -> None:
-        if self._cache_logged or not self._cache.num_cached:
-            return
-        self._cache_logged = True
-        if trainer.is_global_zero:
-            refused = self._cache.num_refused
-            rank_zero_info(
-                f"[continual-eval] caching collated test batches on {trainer.strategy.root_device}"
-                f": {self._cache.num_cached} test loader(s), {self._cache.nbytes / 2**20:.1f} MB "
-                f"so far (cap {self._cache.max_bytes / 2**20:.0f} MB"
-                + (f"; {refused} too large, read each time" if refused else "")
-                + "); cache_test_batches=False turns it off"
-            )
-
     def _evaluate(
         self,
         trainer: Trainer,
@@ -843,12 +771,16 @@ class ContinualEvalCallback(Callback):
         assert self._loaders is not None
         world = trainer.world_size
         names = [self.primary] if primary_only else list(self.scorers)
+        assert self._task_loaders is not None
+        device = trainer.strategy.root_device
         evaluation = evaluate_tasks(
             pl_module,
-            self._evaluation_loaders(trainer, task_ids, subset),
+            self._task_loaders.for_evaluation(
+                task_ids, device=device, rank=trainer.global_rank, world_size=world, subset=subset
+            ),
             task_ids,
             scorers=[self.scorers[name] for name in names],
-            device=trainer.strategy.root_device,
+            device=device,
             forward_context=trainer.precision_plugin.forward_context,
             convert_input=trainer.precision_plugin.convert_input,
             grad_context=partial(grad_free_context, self.inference_mode),
@@ -856,9 +788,11 @@ class ContinualEvalCallback(Callback):
             rank=trainer.global_rank,
             world_size=world,
             task_names=self.task_names,
-            unsharded=self._unsharded,
+            unsharded=self._task_loaders.unsharded,
         )
-        self._log_cache(trainer)
+        report = self._task_loaders.cache_report(device)
+        if report is not None and trainer.is_global_zero:
+            rank_zero_info(report)
         rows = {}
         for name, scores in zip(names, evaluation.scores_by_scorer, strict=True):
             rows[name] = torch.full((len(self._loaders),), math.nan, dtype=torch.float64)
@@ -872,7 +806,7 @@ class ContinualEvalCallback(Callback):
     def _record_step(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         assert self.task_names is not None
         stage = self.stages_completed
-        subset = self._subset_loaders is not None
+        subset = self._task_loaders is not None and self._task_loaders.subsets is not None
         row = self._evaluate(
             trainer, pl_module, range(stage + 1), subset=subset, primary_only=True
         )[self.primary]

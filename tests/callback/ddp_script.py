@@ -103,8 +103,8 @@ def main(out: Path) -> None:
             "f1_baseline": f1.baseline,
             "world_size": trainer.world_size,
             "curves": steps.curves(),
-            "cache_bytes": steps._cache.nbytes,
-            "cache_entries": steps._cache.num_cached,
+            "cache_bytes": steps._task_loaders.cache.nbytes,
+            "cache_entries": steps._task_loaders.cache.num_cached,
         },
         out / f"rank{trainer.global_rank}.pt",
     )

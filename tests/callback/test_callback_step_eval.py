@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import tempfile
-from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -322,7 +321,7 @@ def test_cache_auto_off_when_unsafe_and_cap_respected(tasks, tmp_path):
     shuffled = counting_loaders(tasks, shuffle=True)  # order changes nothing in a score
     cb = run_loaders(tasks, tmp_path, shuffled, eval_every_n_steps=6)
     assert all(r > n for r, n in zip([dl.dataset.reads for dl in shuffled], sizes, strict=True))
-    assert cb._cache.num_cached == 0
+    assert cb._task_loaders.cache.num_cached == 0
 
     forced = counting_loaders(tasks, shuffle=True)
     cb_forced = run_loaders(tasks, tmp_path, forced, eval_every_n_steps=6, cache_test_batches=True)
@@ -332,7 +331,11 @@ def test_cache_auto_off_when_unsafe_and_cap_respected(tasks, tmp_path):
     capped = counting_loaders(tasks)
     cb = run_loaders(tasks, tmp_path, capped, eval_every_n_steps=6, cache_max_bytes=1000)
     # 29 x (6 float32 + int64) = 928 bytes fit; the 37- and 41-sample sets do not
-    assert cb._cache.nbytes == 928 and cb._cache.num_cached == 1 and cb._cache.num_refused == 2
+    assert (
+        cb._task_loaders.cache.nbytes == 928
+        and cb._task_loaders.cache.num_cached == 1
+        and cb._task_loaders.cache.num_refused == 2
+    )
     reads = [dl.dataset.reads for dl in capped]
     assert reads[1] == sizes[1] and reads[0] > sizes[0] and reads[2] > sizes[2]
     assert torch.equal(cb.scores, cb_forced.scores)
@@ -341,29 +344,26 @@ def test_cache_auto_off_when_unsafe_and_cap_respected(tasks, tmp_path):
 def test_cache_dropped_when_device_or_loaders_change(tasks, tmp_path):
     loaders = counting_loaders(tasks)
     cb = run_loaders(tasks, tmp_path, loaders, eval_every_n_steps=6)
-    assert cb._cache.num_cached == 3
+    assert cb._task_loaders.cache.num_cached == 3
     reads = [dl.dataset.reads for dl in loaders]
 
-    def fake_trainer(device):
-        return SimpleNamespace(
-            strategy=SimpleNamespace(root_device=torch.device(device)), global_rank=0, world_size=1
-        )
-
-    cpu = cb._evaluation_loaders(fake_trainer("cpu"), [0], subset=False)
+    task_loaders = cb._task_loaders
+    cpu = task_loaders.for_evaluation([0], device=torch.device("cpu"))
     list(cpu[0])
-    assert cb._cache.num_cached == 3 and loaders[0].dataset.reads == reads[0]  # served cached
+    assert (
+        cb._task_loaders.cache.num_cached == 3 and loaders[0].dataset.reads == reads[0]
+    )  # served cached
 
-    meta = cb._evaluation_loaders(fake_trainer("meta"), [0], subset=False)
-    assert cb._cache.num_cached == 0  # another device: everything dropped
+    meta = task_loaders.for_evaluation([0], device=torch.device("meta"))
+    assert cb._task_loaders.cache.num_cached == 0  # another device: everything dropped
     batches = list(meta[0])
     assert all(b[0].device.type == "meta" for b in batches)
     assert loaders[0].dataset.reads == reads[0] + len(tasks[0][1][1])  # read again
 
     new = counting_loaders(tasks)
-    cb._set_loaders(new)
-    cb._rank_loaders = new
-    again = cb._evaluation_loaders(fake_trainer("meta"), [0], subset=False)
-    assert cb._cache.num_cached == 0  # new loader objects: dropped
+    task_loaders.loaders = task_loaders.rank_loaders = new  # other loader objects, same cache
+    again = task_loaders.for_evaluation([0], device=torch.device("meta"))
+    assert cb._task_loaders.cache.num_cached == 0  # new loader objects: dropped
     list(again[0])
     assert new[0].dataset.reads == len(tasks[0][1][1])
 
@@ -423,7 +423,7 @@ def test_default_leaves_results_unchanged(tasks, tmp_path):
     cb, _ = run_per_task(tasks, tmp_path, verbose=False)
     results = load_results(tmp_path / "out")
     assert "curves" not in results and "stability" not in results
-    assert cb.curves()[0].numel() == 0 and cb._cache.num_cached == 0
+    assert cb.curves()[0].numel() == 0 and cb._task_loaders.cache.num_cached == 0
     assert not (tmp_path / "out" / "accuracy_curves.png").exists()
 
 

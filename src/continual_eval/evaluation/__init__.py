@@ -98,6 +98,7 @@ from continual_eval.evaluation.scorers import (  # noqa: E402
     make_scorer,
 )
 from continual_eval.evaluation.step import BatchStep, default_batch_step  # noqa: E402
+from continual_eval.evaluation.task_loaders import TaskLoaders  # noqa: E402
 
 __all__ = [
     "DETERMINISTIC_ATTR",
@@ -111,6 +112,7 @@ __all__ = [
     "MetricScorer",
     "Scorer",
     "TaskEvaluation",
+    "TaskLoaders",
     "TopKAccuracyScorer",
     "cache_safety",
     "default_batch_step",

@@ -1,0 +1,137 @@
+"""One object owning a run's test loaders: the loaders per task, their fixed per-step subsets,
+this rank's unpadded shards of both, and the batch cache wrapping."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from continual_eval.evaluation.cache import BatchCache, cache_safety
+from continual_eval.evaluation.loaders import shard_dataloader, subset_dataloader
+
+__all__ = ["TaskLoaders"]
+
+
+class TaskLoaders:
+    """The test loaders of tasks ``0..T-1`` as an evaluation reads them.
+
+    Args:
+        loaders: one test loader per task (index = task id).
+        task_names: names for error messages.
+        subset_size: ``n`` for the fixed per-step subsets (``None``: none); task ``j``'s subset is
+            :func:`~continual_eval.evaluation.subset_dataloader` with seed ``subset_seed + j``.
+        subset_seed: seed of the subsets.
+        cache: ``None`` (auto: the loaders the per-step evaluations read, when
+            :func:`~continual_eval.evaluation.cache_safety` deems them safe and ``per_step`` is
+            on), ``True`` (every loader) or ``False`` (never).
+        cache_max_bytes: cap of the :class:`~continual_eval.evaluation.BatchCache`.
+        per_step: whether evaluations inside stages happen (they make the auto cache worth it).
+    """
+
+    def __init__(
+        self,
+        loaders: Sequence[Any],
+        task_names: Sequence[str],
+        *,
+        subset_size: int | None = None,
+        subset_seed: int = 0,
+        cache: bool | None = None,
+        cache_max_bytes: int = 256 * 2**20,
+        per_step: bool = False,
+    ) -> None:
+        self.loaders = list(loaders)
+        self.task_names = list(task_names)
+        self.subset_size, self.subset_seed = subset_size, subset_seed
+        self.cache_mode, self.per_step = cache, per_step
+        self.subsets: list[Any] | None = None
+        self.subset_sizes: list[int] = []
+        if subset_size is not None:
+            built = []
+            for j, loader in enumerate(self.loaders):
+                try:
+                    built.append(subset_dataloader(loader, subset_size, subset_seed + j))
+                except ValueError as err:
+                    raise ValueError(
+                        f"step_eval_subset: test dataloader {j} ({self.task_names[j]!r}): {err}"
+                    ) from err
+            self.subsets = [loader for loader, _ in built]
+            self.subset_sizes = [len(indices) for _, indices in built]
+        self.cache_safe = [cache_safety(loader) is None for loader in self.loaders]
+        self.cache = BatchCache(cache_max_bytes)
+        self.rank_loaders: list[Any] = list(self.loaders)
+        self.rank_subsets: list[Any] = list(self.subsets or [])
+        self.unsharded: frozenset[int] = frozenset()
+        self._cache_reported = False
+
+    def __len__(self) -> int:
+        return len(self.loaders)
+
+    def shard(self, rank: int, world_size: int) -> frozenset[int]:
+        """This rank's unpadded shards of every loader and subset; returns the tasks whose loader
+        cannot be sharded (rank 0 scores them alone)."""
+        sharded = [
+            shard_dataloader(loader, rank, world_size, task=j, task_name=self.task_names[j])
+            for j, loader in enumerate(self.loaders)
+        ]
+        self.rank_loaders = [loader for loader, _ in sharded]
+        self.unsharded = frozenset(j for j, (_, ok) in enumerate(sharded) if not ok)
+        self.rank_subsets = [
+            shard_dataloader(loader, rank, world_size)[0] for loader in self.subsets or []
+        ]
+        return self.unsharded
+
+    def _cached(self, task: int, per_step_loader: bool) -> bool:
+        if self.cache_mode is not None:
+            return self.cache_mode
+        return self.per_step and per_step_loader and self.cache_safe[task]
+
+    def for_evaluation(
+        self,
+        task_ids: Sequence[int],
+        *,
+        device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
+        subset: bool = False,
+    ) -> list[Any]:
+        """This rank's loaders (or subsets) for an evaluation of ``task_ids`` on ``device``, those
+        the cache serves wrapped by it. The cache is dropped when the device, the rank, the world
+        size, the loader or dataset objects or the subset rule change."""
+        loaders = list(self.rank_subsets if subset else self.rank_loaders)
+        per_step = subset or self.subsets is None
+        wanted = [j for j in task_ids if self._cached(j, per_step)]
+        if not wanted:
+            return loaders
+        self.cache.set_key(
+            (
+                str(device),
+                rank,
+                world_size,
+                tuple(id(loader) for loader in self.loaders),
+                tuple(id(getattr(loader, "dataset", None)) for loader in self.loaders),
+                self.subset_size,
+                self.subset_seed,
+            )
+        )
+        for j in wanted:
+            slot = ("subset" if subset else "full", j)
+            loaders[j] = self.cache.wrap(slot, loaders[j], device)
+        return loaders
+
+    def cache_report(self, device: torch.device) -> str | None:
+        """A one-time line on what the cache holds (``None`` before it holds anything, and after
+        the line was given once)."""
+        cache = self.cache
+        if self._cache_reported or not cache.num_cached:
+            return None
+        self._cache_reported = True
+        refused = cache.num_refused
+        return (
+            f"[continual-eval] caching collated test batches on {device}: {cache.num_cached} test "
+            f"loader(s), {cache.nbytes / 2**20:.1f} MB so far (cap {cache.max_bytes / 2**20:.0f} "
+            "MB"
+            + (f"; {refused} too large, read each time" if refused else "")
+            + "); cache_test_batches=False turns it off"
+        )
