@@ -27,14 +27,12 @@ import atexit
 import contextlib
 import copy
 import io
-import json
 import math
 import os
-import re
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,14 +44,12 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from typing_extensions import override
 
+from continual_eval._arguments import as_loader_list, check_metadata, resolve_scorers
 from continual_eval.evaluation import (
-    AccuracyScorer,
-    MetricScorer,
     Scorer,
     TaskLoaders,
     evaluate_tasks,
     grad_free_context,
-    make_scorer,
 )
 from continual_eval.functional import FORGETTING_CONVENTIONS
 from continual_eval.loggers import format_matrix_table, log_baseline, log_stage, log_step
@@ -239,7 +235,7 @@ class ContinualEvalCallback(Callback):
         for name, flag in (("overwrite", overwrite), ("restore_rng_states", restore_rng_states)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
-        _check_metadata(metadata)
+        check_metadata(metadata)
         if task_names is not None and (
             isinstance(task_names, str) or not all(isinstance(n, str) for n in task_names)
         ):
@@ -252,11 +248,11 @@ class ContinualEvalCallback(Callback):
                         f"{MAX_NAME_LENGTH} (the results.json limit readers enforce)"
                     )
         if test_dataloaders is not None:
-            test_dataloaders = _as_loader_list(test_dataloaders, "test_dataloaders")
+            test_dataloaders = as_loader_list(test_dataloaders, "test_dataloaders")
         self._given_names = list(task_names) if task_names is not None else None
         self.epochs_per_task = epochs_per_task
         self.evaluate = evaluate
-        self.scorers: dict[str, Scorer] = _resolve_scorers(scorers, metric)
+        self.scorers: dict[str, Scorer] = resolve_scorers(scorers, metric)
         self.primary = next(iter(self.scorers))
         self.scorer: Scorer = self.scorers[self.primary]
         self.prefix = prefix
@@ -512,7 +508,7 @@ class ContinualEvalCallback(Callback):
                 "or define test_dataloader() returning that list on the datamodule or "
                 "LightningModule"
             )
-        self._set_loaders(_as_loader_list(loaders, source))
+        self._set_loaders(as_loader_list(loaders, source))
 
     def _prepare_fit(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resolve_loaders(trainer, pl_module)
@@ -1066,68 +1062,6 @@ def _too_many_stages(stage: int, num_tasks: int) -> ValueError:
     )
 
 
-def _as_loader_list(loaders: Any, source: str) -> list[Any]:
-    if isinstance(loaders, Mapping) or not isinstance(loaders, Sequence):
-        raise TypeError(
-            f"{source} must be a list with one test loader per task (index = task id), got "
-            f"{type(loaders).__name__}"
-        )
-    loader_list: list[Any] = list(loaders)
-    for j, loader in enumerate(loader_list):
-        if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
-            raise TypeError(
-                f"{source}: test dataloader {j} is a {type(loader).__name__}, not an iterable of "
-                "batches; give a DataLoader (or another re-iterable) per task"
-            )
-        if isinstance(loader, Iterator):
-            raise TypeError(
-                f"{source}: test dataloader {j} is a {type(loader).__name__}, an iterator that can "
-                "be read only once (the baseline would use it up); every test set is read after "
-                "every stage: give a DataLoader, a list of batches, or another re-iterable object"
-            )
-    return loader_list
-
-
-_SCORER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def _resolve_scorers(
-    scorers: Mapping[str, Any] | Sequence[Any] | None, metric: Any
-) -> dict[str, Scorer]:
-    """``name -> Scorer`` from the ``scorers`` argument (or the ``metric`` shorthand); the first
-    is the primary scorer. Names become log keys and file names (``scores_<name>.csv``)."""
-    if scorers is not None and metric is not None:
-        raise ValueError("give either metric= (one scorer) or scorers=, not both")
-    if scorers is None:
-        if metric is None:
-            return {"acc": AccuracyScorer()}
-        only = MetricScorer(metric)
-        return {only.name: only}
-    if isinstance(scorers, Mapping):
-        pairs = [(name, make_scorer(spec)) for name, spec in scorers.items()]
-    elif isinstance(scorers, Sequence) and not isinstance(scorers, str):
-        built = [make_scorer(spec) for spec in scorers]
-        pairs = [(scorer.name, scorer) for scorer in built]
-    else:
-        raise TypeError(
-            f"scorers must be a mapping name -> scorer or a list of scorers, got "
-            f"{type(scorers).__name__}"
-        )
-    if not pairs:
-        raise ValueError("scorers is empty: give at least one scorer (default: accuracy)")
-    resolved: dict[str, Scorer] = {}
-    for name, scorer in pairs:
-        if not isinstance(name, str) or not _SCORER_KEY.match(name):
-            raise ValueError(
-                f"scorer name {name!r}: use 1 to 64 letters, digits, '_', '.' or '-' (it names "
-                "log keys and files)"
-            )
-        if name in resolved:
-            raise ValueError(f"two scorers are named {name!r}: give them distinct names")
-        resolved[name] = scorer
-    return resolved
-
-
 def _higher_is_better(scorer: Scorer) -> bool:
     return bool(scorer.higher_is_better)
 
@@ -1135,45 +1069,6 @@ def _higher_is_better(scorer: Scorer) -> bool:
 def _bounds(scorer: Scorer) -> tuple[float, float] | None:
     """The scorer's validation range (``None``: unbounded)."""
     return scorer.bounds
-
-
-def _check_metadata(metadata: Mapping[str, Any] | None) -> None:
-    """``metadata`` must be a mapping that ``json.dumps`` writes as is (no NaN/inf)."""
-    if metadata is None:
-        return
-    if not isinstance(metadata, Mapping):
-        raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
-
-    def walk(value: Any, path: str) -> None:
-        if value is None or isinstance(value, (bool, int, str)):
-            return
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                raise ValueError(
-                    f"metadata{path} = {value!r} cannot be written to results.json (JSON has no "
-                    "NaN/inf); use None or a string"
-                )
-            return
-        if isinstance(value, Mapping):
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise TypeError(
-                        f"metadata{path} has the key {key!r} ({type(key).__name__}); JSON object "
-                        "keys must be strings"
-                    )
-                walk(item, f"{path}[{key!r}]")
-            return
-        if isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(item, f"{path}[{i}]")
-            return
-        raise TypeError(
-            f"metadata{path} is a {type(value).__name__} ({value!r:.80}), which results.json "
-            "(JSON) cannot hold; give str, int, float, bool, None, lists or dicts of them"
-        )
-
-    walk(metadata, "")
-    json.dumps(metadata, allow_nan=False)
 
 
 def _remove_file(path: str) -> None:
