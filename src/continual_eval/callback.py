@@ -813,6 +813,14 @@ class ContinualEvalCallback(Callback):
     def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
         assert self.metrics is not None and self._matrices is not None
         baselines = self._evaluate(trainer, pl_module, range(self.metrics.num_tasks))
+        for name, metric in self._matrices.items():  # all matrices or none get the baseline
+            try:
+                metric.check_baseline(baselines[name])
+            except ValueError as err:
+                raise ValueError(
+                    f"ContinualEvalCallback: the untrained model's {name!r} scores (the baseline) "
+                    f"cannot be used: {err}"
+                ) from err
         for name, metric in self._matrices.items():
             metric.update_baseline(baselines[name])
         self._baseline_done = True
@@ -829,20 +837,16 @@ class ContinualEvalCallback(Callback):
         rows = self._evaluate(trainer, pl_module, tasks)
         row = rows[self.primary]
         assert self._matrices is not None
-        updated: list[ContinualMetrics] = []
-        for name, metric in self._matrices.items():
+        for name, metric in self._matrices.items():  # all matrices or none get this stage's row
             try:
-                metric.update(rows[name])
+                metric.check_row(rows[name])
             except ValueError as err:
-                for done in updated:  # all matrices or none get the row of this stage
-                    done.scores_state[stage] = math.nan
-                    done.stages -= 1
                 raise ValueError(
                     f"ContinualEvalCallback: stage {stage} produced {name!r} scores the metrics "
                     f"cannot use: {err}"
                 ) from err
-            updated.append(metric)
-        for metric in updated:
+        for name, metric in self._matrices.items():
+            metric.update(rows[name])
             metric.compute()  # every rank: checks that all ranks hold the same R
         if self.eval_every_n_steps is not None:
             self._steps_done = self._current_step(trainer)

@@ -181,18 +181,24 @@ class ContinualMetrics(Metric):
         except ValueError as err:
             raise ValueError(f"{err}; nothing was recorded") from None
 
-    def update_baseline(self, baseline: Tensor) -> None:
-        """Record the untrained model's accuracy on every task, ``b[j]`` (``b[0]`` may be NaN)."""
+    def check_baseline(self, baseline: Tensor) -> Tensor:
+        """Check ``baseline`` without recording it: raises what :meth:`update_baseline` would
+        raise; returns it in the metric's dtype and device."""
         baseline = self._as_row("baseline", baseline)
         if self.validate:
             mask = torch.ones(self.num_tasks, dtype=torch.bool, device=baseline.device)
             mask[0] = False
             self._check("baseline", baseline, mask, "baseline[1:]", ())
-        self.baseline_state.copy_(baseline)
+        return baseline
+
+    def update_baseline(self, baseline: Tensor) -> None:
+        """Record the untrained model's accuracy on every task, ``b[j]`` (``b[0]`` may be NaN)."""
+        self.baseline_state.copy_(self.check_baseline(baseline))
         self._computed = None
 
-    def update(self, row: Tensor) -> None:
-        """Append the next stage's row ``R[s, :]`` (accuracy on every task after stage ``s``)."""
+    def check_row(self, row: Tensor) -> Tensor:
+        """Check ``row`` as the next stage's row without recording it: raises what
+        :meth:`update` would raise; returns the row in the metric's dtype and device."""
         stage = self.num_stages
         if stage >= self.num_tasks:
             raise ValueError(
@@ -203,7 +209,12 @@ class ContinualMetrics(Metric):
         if self.validate:
             mask = triangle_masks(self.num_tasks, row.device).used[stage]
             self._check("scores", row, mask, "used cells (j <= i + 1)", (stage,))
-        self.scores_state[stage] = row
+        return row
+
+    def update(self, row: Tensor) -> None:
+        """Append the next stage's row ``R[s, :]`` (accuracy on every task after stage ``s``)."""
+        row = self.check_row(row)
+        self.scores_state[self.num_stages] = row
         self.stages += 1
 
     def forward(self, row: Tensor) -> dict[str, Tensor]:

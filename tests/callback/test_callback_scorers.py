@@ -230,3 +230,42 @@ def test_version_1_results_in_the_report(tmp_path):
     out = tmp_path / "report"
     assert main([str(DATA / "results_v1"), "--out", str(out)]) == 0
     assert (out / "report.md").is_file()
+
+
+@pytest.mark.parametrize("bad_from", [0, 3], ids=["baseline", "stage-0-row"])
+def test_a_bad_row_of_one_scorer_records_no_matrix(tmp_path, bad_from):
+    from torchmetrics import Metric
+
+    class OutOfRange(Metric):
+        """Declares the range [0, 1]; returns 1.5 from its ``bad_from``-th compute on (one compute
+        per task: 3 for the baseline)."""
+
+        plot_lower_bound, plot_upper_bound, higher_is_better = 0.0, 1.0, True
+
+        def __init__(self):
+            super().__init__()
+            self.add_state("n", torch.zeros(()), dist_reduce_fx="sum")
+            self.computes = 0
+
+        def update(self, preds, target):
+            self.n += 1
+
+        def compute(self):
+            self.computes += 1
+            return torch.tensor(1.5 if self.computes > bad_from else 0.5)
+
+    tasks = make_tasks()
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks),
+        scorers={"acc": "accuracy", "odd": OutOfRange()},
+        dirpath=tmp_path,
+        verbose=False,
+    )
+    model = Classifier(make_net())
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
+    with pytest.raises(ValueError, match=r"'odd' scores .* 1\.5 is outside \[0, 1\]"):
+        trainer.fit(model, train_loaders(tasks)[0])
+    assert cb.stages_completed == 0
+    assert all(len(rows) == 0 for rows in cb.matrices.values())
+    baselines = [m.baseline for m in cb._matrices.values()]
+    assert all(torch.isnan(b).all() for b in baselines) is (bad_from == 0)
