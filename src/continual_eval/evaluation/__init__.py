@@ -73,9 +73,6 @@ from continual_eval.evaluation.loaders import (  # noqa: E402
     _loader_label as _loader_label,
 )
 from continual_eval.evaluation.loaders import (  # noqa: E402
-    _rebuildable as _rebuildable,
-)
-from continual_eval.evaluation.loaders import (  # noqa: E402
     _sampled_indices as _sampled_indices,
 )
 from continual_eval.evaluation.loaders import (  # noqa: E402

@@ -147,14 +147,6 @@ def _loader_label(loader: Any, task: int | None, task_name: str | None) -> str:
     )
 
 
-def _rebuildable(loader: Any) -> bool:
-    """Whether :func:`_rebuild_loader` can re-create ``loader`` over the same samples."""
-    try:
-        return _sampled_indices(loader) is not None
-    except _UnreproducibleError:
-        return False
-
-
 def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoader:
     """A DataLoader over ``dataset`` with ``loader``'s batch size, collate function and worker
     settings, keeping the last partial batch; ``options`` (sampler, shuffle, generator) are passed
