@@ -26,13 +26,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
-import io
 import math
 import os
 import tempfile
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from continual_eval._arguments import as_loader_list, check_metadata, resolve_scorers
+from continual_eval._files import replace_atomically
 from continual_eval.evaluation import (
     Scorer,
     TaskLoaders,
@@ -398,8 +398,8 @@ class ContinualEvalCallback(Callback):
                     score=self.scorers[name].name,
                     scores=metric.scores,
                     baseline=metric.baseline,
-                    higher_is_better=_higher_is_better(self.scorers[name]),
-                    bounds=_bounds(self.scorers[name]),
+                    higher_is_better=bool(self.scorers[name].higher_is_better),
+                    bounds=self.scorers[name].bounds,
                 )
                 for name, metric in self._matrices.items()
             },
@@ -483,8 +483,8 @@ class ContinualEvalCallback(Callback):
         return ContinualMetrics(
             num_tasks,
             forgetting=self.forgetting,
-            higher_is_better=_higher_is_better(scorer),
-            bounds=_bounds(scorer),
+            higher_is_better=bool(scorer.higher_is_better),
+            bounds=scorer.bounds,
             validate=True,
             dtype=torch.float64,
             # every rank updates with the same row (counts are reduced before update), and
@@ -704,24 +704,17 @@ class ContinualEvalCallback(Callback):
         """Rank 0 of a spawned process group hands its state to the creating process."""
         if os.getpid() == self._owner_pid or not trainer.is_global_zero:
             return
-        buffer = io.BytesIO()
         rng, self.restore_rng_states = self.restore_rng_states, False
         try:
             state = self.state_dict()
         finally:
             self.restore_rng_states = rng
-        torch.save(
-            {
-                "state": state,
-                "results_dir": None if self._results_dir is None else str(self._results_dir),
-                "dir_checked": self._dir_checked,
-            },
-            buffer,
-        )
-        tmp = f"{self._mailbox}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(buffer.getvalue())
-        os.replace(tmp, self._mailbox)
+        published = {
+            "state": state,
+            "results_dir": None if self._results_dir is None else str(self._results_dir),
+            "dir_checked": self._dir_checked,
+        }
+        replace_atomically(self._mailbox, lambda tmp: torch.save(published, tmp), durable=False)
 
     def _sync_from_child(self) -> None:
         """In the creating process: load the state a spawned rank 0 published, if newer."""
@@ -810,17 +803,29 @@ class ContinualEvalCallback(Callback):
         if trainer.is_global_zero:
             log_step(trainer.loggers, self.task_names, row, step, prefix=self.prefix, subset=subset)
 
+    def _check_each(
+        self, values: Mapping[str, Tensor], *, baseline: bool, problem: Callable[[str], str]
+    ) -> None:
+        """Check every matrix's new row (or baseline) before any is recorded: all matrices get
+        it or none does."""
+        assert self._matrices is not None
+        for name, metric in self._matrices.items():
+            check = metric.check_baseline if baseline else metric.check_row
+            try:
+                check(values[name])
+            except ValueError as err:
+                raise ValueError(f"ContinualEvalCallback: {problem(name)}: {err}") from err
+
     def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
         assert self.metrics is not None and self._matrices is not None
         baselines = self._evaluate(trainer, pl_module, range(self.metrics.num_tasks))
-        for name, metric in self._matrices.items():  # all matrices or none get the baseline
-            try:
-                metric.check_baseline(baselines[name])
-            except ValueError as err:
-                raise ValueError(
-                    f"ContinualEvalCallback: the untrained model's {name!r} scores (the baseline) "
-                    f"cannot be used: {err}"
-                ) from err
+        self._check_each(
+            baselines,
+            baseline=True,
+            problem=lambda name: (
+                f"the untrained model's {name!r} scores (the baseline) cannot be used"
+            ),
+        )
         for name, metric in self._matrices.items():
             metric.update_baseline(baselines[name])
         self._baseline_done = True
@@ -837,14 +842,11 @@ class ContinualEvalCallback(Callback):
         rows = self._evaluate(trainer, pl_module, tasks)
         row = rows[self.primary]
         assert self._matrices is not None
-        for name, metric in self._matrices.items():  # all matrices or none get this stage's row
-            try:
-                metric.check_row(rows[name])
-            except ValueError as err:
-                raise ValueError(
-                    f"ContinualEvalCallback: stage {stage} produced {name!r} scores the metrics "
-                    f"cannot use: {err}"
-                ) from err
+        self._check_each(
+            rows,
+            baseline=False,
+            problem=lambda name: f"stage {stage} produced {name!r} scores the metrics cannot use",
+        )
         for name, metric in self._matrices.items():
             metric.update(rows[name])
             metric.compute()  # every rank: checks that all ranks hold the same R
@@ -1064,15 +1066,6 @@ def _too_many_stages(stage: int, num_tasks: int) -> ValueError:
         f"with only {num_tasks} tasks ({num_tasks} test dataloaders); more training stages than "
         "tasks"
     )
-
-
-def _higher_is_better(scorer: Scorer) -> bool:
-    return bool(scorer.higher_is_better)
-
-
-def _bounds(scorer: Scorer) -> tuple[float, float] | None:
-    """The scorer's validation range (``None``: unbounded)."""
-    return scorer.bounds
 
 
 def _remove_file(path: str) -> None:

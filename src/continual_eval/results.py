@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from continual_eval._files import replace_atomically
 from continual_eval.functional import CURVE_KEYS, all_continual_metrics
 from continual_eval.functional.stability import (
     min_accuracy,
@@ -321,22 +322,11 @@ _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 
 
 def _atomic_write(path: Path, text: str, *, durable: bool = True) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (a reader sees the
-    old or the new file, never a partial one, whenever the process is killed); the temporary is
-    removed on failure. ``durable``: fsync the data first, so the new file also survives a power
-    loss or an OS crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Replace ``path`` by ``text`` atomically (:func:`continual_eval._files.replace_atomically`;
+    ``durable``: fsync first)."""
+    replace_atomically(
+        path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline=""), durable=durable
+    )
 
 
 def _pid_alive(pid: int) -> bool:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -48,6 +47,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from continual_eval._files import replace_atomically
 from continual_eval.stream.metrics import compute_all_metrics
 from continual_eval.stream.rewards import RewardSpec, UpperBound
 from continual_eval.stream.table import format_markdown, format_table
@@ -93,25 +93,6 @@ def _scalar(value: Any) -> Any:
 def _absent(value: Any) -> bool:
     """Not recorded: not found anywhere, or given as ``None``."""
     return value is _MISSING or value is None
-
-
-def _replace_atomically(path: Path, write: Callable[[Path], Any]) -> None:
-    """Write ``path`` through ``write(tmp)`` into a temporary file in the same directory, fsync it
-    and ``os.replace`` it over ``path``; on any failure the temporary file is removed and ``path``
-    keeps its previous content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _write_text(text: str) -> Callable[[Path], Any]:
@@ -606,9 +587,9 @@ class RewardStreamCallback(pl.Callback):
             log_dir = getattr(lg, "log_dir", None)
             if log_dir:
                 out = Path(log_dir)
-                _replace_atomically(out / "stream_table.txt", _write_text(table + "\n"))
+                replace_atomically(out / "stream_table.txt", _write_text(table + "\n"))
                 text = json.dumps(self.result, indent=2, allow_nan=False) + "\n"
-                _replace_atomically(out / "stream_metrics.json", _write_text(text))
+                replace_atomically(out / "stream_metrics.json", _write_text(text))
                 if self.save_trace:
                     self._write_traces(out, distributed)
             lg.save()
@@ -619,4 +600,4 @@ class RewardStreamCallback(pl.Callback):
             if not steps:
                 continue
             name = f"stream_trace_rank{r}.jsonl" if distributed else "stream_trace.jsonl"
-            _replace_atomically(out / name, lambda p, s=steps: write_jsonl(s, p))
+            replace_atomically(out / name, lambda p, s=steps: write_jsonl(s, p))
