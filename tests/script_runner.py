@@ -28,3 +28,22 @@ def run_script(script: Path, *args: object, timeout: float = 240) -> subprocess.
         text=True,
         timeout=timeout,
     )
+
+
+#: what a spawned child prints when torch's gloo threads are still running at interpreter exit;
+#: the child then dies with SIGABRT after its work (a torch teardown race, not this package's)
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def run_spawn_script(
+    script: Path, base: Path, *args: object, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """:func:`run_script` with ``OUT`` = ``base/try0`` as the first argument (then ``args``);
+    when a spawned child hit :data:`TEARDOWN_ABORT`, once more in a fresh ``base/try1``. Returns
+    the process and the output directory it wrote."""
+    out = base / "try0"
+    proc = run_script(script, out, *args, timeout=timeout)
+    if proc.returncode != 0 and TEARDOWN_ABORT in proc.stderr:
+        out = base / "try1"
+        proc = run_script(script, out, *args, timeout=timeout)
+    return proc, out

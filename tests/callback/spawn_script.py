@@ -1,6 +1,6 @@
 """Standalone 2-process runs for test_callback_spawn.py (gloo on CPU).
 
-Usage: python spawn_script.py STRATEGY PATTERN OUT_DIR, with STRATEGY ``ddp`` or ``ddp_spawn``
+Usage: python spawn_script.py OUT_DIR STRATEGY PATTERN, with STRATEGY ``ddp`` or ``ddp_spawn``
 and PATTERN ``schedule`` (one fit over 4 tasks, ``epochs_per_task=1``) or ``fit_tasks`` (one fit
 per task, a new Trainer each). Rank 0 saves the weights at the end of every stage; the process
 that started the run (the main process: under ``ddp_spawn`` it trains nothing itself) saves what
@@ -96,4 +96,4 @@ def main(strategy: str, pattern: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    main(sys.argv[2], sys.argv[3], Path(sys.argv[1]))

@@ -7,6 +7,7 @@ import glob
 import json
 import math
 import struct
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -101,7 +102,19 @@ def test_heatmap_draws_unevaluated_cells_empty(tmp_path):
     assert lines[2].split(",")[3:] == ["", ""]
 
 
-def _wandb_history(run_dir: str) -> list[dict[str, str]]:
+def _wandb_history(run_dir: str, *, records: int = 1, wait: float = 60.0) -> list[dict[str, str]]:
+    """History records of an offline W&B run, read from its .wandb file; the file is read again
+    (up to ``wait`` seconds) until it holds at least ``records`` history records: on a busy
+    machine W&B's writer process may still be flushing after ``wandb.finish()`` returned."""
+    deadline = time.monotonic() + wait
+    while True:
+        history = _read_wandb_history(run_dir)
+        if len(history) >= records or time.monotonic() > deadline:
+            return history
+        time.sleep(0.5)
+
+
+def _read_wandb_history(run_dir: str) -> list[dict[str, str]]:
     """History records of an offline W&B run, read from its .wandb file (LevelDB log format)."""
     from wandb.proto import wandb_internal_pb2
 
@@ -156,7 +169,7 @@ def test_wandb_offline_read_back(tasks, tmp_path, monkeypatch):
     finally:
         wandb.finish()
     results = cb.results()
-    history = [h for h in _wandb_history(run_dir) if "continual/acc" in h]
+    history = [h for h in _wandb_history(run_dir, records=3) if "continual/acc" in h]
     assert [int(h["trainer/global_step"]) for h in history] == [0, 1, 2]
     assert [float(h["continual/acc"]) for h in history] == pytest.approx(
         results["metrics_per_stage"]["acc"], abs=1e-12

@@ -10,7 +10,7 @@ import torch
 from cl_helpers import make_net, make_tasks
 
 from continual_eval.results import check_results_files, load_results, results_to_tensors
-from script_runner import run_script
+from script_runner import run_spawn_script
 
 HERE = Path(__file__).parent
 NUM_TASKS = 4
@@ -34,24 +34,24 @@ def plain_accuracy(state: dict, tasks) -> torch.Tensor:
     [("ddp_spawn", "schedule"), ("ddp_spawn", "fit_tasks"), ("ddp", "schedule")],
 )
 def test_two_processes_record_every_stage_once(tmp_path, strategy, pattern):
-    proc = run_script(HERE / "spawn_script.py", strategy, pattern, tmp_path, timeout=300)
+    proc, out = run_spawn_script(HERE / "spawn_script.py", tmp_path, strategy, pattern)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     tasks = make_tasks(NUM_TASKS)
     reference = torch.stack(
-        [plain_accuracy(torch.load(tmp_path / f"weights_{i}.pt"), tasks) for i in range(NUM_TASKS)]
+        [plain_accuracy(torch.load(out / f"weights_{i}.pt"), tasks) for i in range(NUM_TASKS)]
     )
     assert not torch.equal(reference[0], reference[1])  # the stages differ: a repeat would show
 
-    main = torch.load(tmp_path / "main_process.pt", weights_only=False)
+    main = torch.load(out / "main_process.pt", weights_only=False)
     assert main["stages"] == NUM_TASKS
     assert torch.equal(main["scores"], reference)
-    assert Path(main["results_dir"]) == tmp_path / "results"
+    assert Path(main["results_dir"]) == out / "results"
     assert main["results"]["stages_completed"] == NUM_TASKS
 
-    on_disk = load_results(tmp_path / "results")
+    on_disk = load_results(out / "results")
     scores, baseline = results_to_tensors(on_disk)
     assert torch.equal(scores, reference)
     assert torch.equal(baseline, main["baseline"])
-    assert check_results_files(tmp_path / "results") is None
-    assert not list((tmp_path / "results").glob(".*.tmp"))
+    assert check_results_files(out / "results") is None
+    assert not list((out / "results").glob(".*.tmp"))

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback
 from continual_eval.results import load_results
-from script_runner import run_script
+from script_runner import run_spawn_script
 
 HERE = Path(__file__).parent
 TEST_SIZES = (41, 37, 41)  # as in ddp_loader_script.py
@@ -41,28 +41,28 @@ def meant_samples(tasks) -> list[tuple[torch.Tensor, torch.Tensor]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_ddp_drop_last_and_distributed_sampler_loaders_equal_one_process(tmp_path, strategy):
-    proc = run_script(HERE / "ddp_loader_script.py", tmp_path, strategy)
+    proc, out = run_spawn_script(HERE / "ddp_loader_script.py", tmp_path, strategy, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # under ddp_spawn only the launching process saves (what rank 0 handed back to it)
     ranks = (0, 1) if strategy == "ddp" else (0,)
-    rank0 = torch.load(tmp_path / "rank0.pt")
+    rank0 = torch.load(out / "rank0.pt")
     assert rank0["world_size"] == 2
     if strategy == "ddp":
-        rank1 = torch.load(tmp_path / "rank1.pt")
+        rank1 = torch.load(out / "rank1.pt")
         for key in ("scores", "baseline"):
             assert torch.equal(rank0[key], rank1[key]), key
 
     tasks = make_tasks(test_sizes=TEST_SIZES)
     samples = meant_samples(tasks)
-    baseline = plain_accuracy(torch.load(tmp_path / "weights_baseline.pt"), samples)
-    R = [plain_accuracy(torch.load(tmp_path / f"weights_{i}.pt"), samples) for i in range(3)]
+    baseline = plain_accuracy(torch.load(out / "weights_baseline.pt"), samples)
+    R = [plain_accuracy(torch.load(out / f"weights_{i}.pt"), samples) for i in range(3)]
     assert torch.equal(rank0["baseline"], torch.tensor(baseline, dtype=torch.float64))
     assert torch.equal(rank0["scores"], torch.tensor(R, dtype=torch.float64))
-    assert load_results(tmp_path / "acc")["scores"] == R
+    assert load_results(out / "acc")["scores"] == R
 
     # a shuffled loader with drop_last=True drops a random tail: refused on every rank
     for rank in ranks:
-        message = (tmp_path / f"refused_rank{rank}.txt").read_text()
+        message = (out / f"refused_rank{rank}.txt").read_text()
         assert "task 1 ('task_1'), test dataloader 1" in message, message
         assert "drop_last=True" in message and "drop_last=False" in message, message
         assert "RandomSampler" in message, message
