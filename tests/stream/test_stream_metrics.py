@@ -436,7 +436,11 @@ def test_ceiling_from_spec_uses_interval_form_and_records_derivation():
     ivs = res["per_trace"][0]["per_interval"]
     assert ivs[0]["ceiling"] == pytest.approx(1.0)
     assert ivs[1]["ceiling"] == pytest.approx((4 * 1.0 + 3.0) / 5)
-    assert res["per_regime"]["b"]["performance_gap"] == pytest.approx(7 / 5 - 0.2)
+    # the gap compares b's tail (its last step, which ends the episode: at most 1 + 2 = 3.0)
+    # with the ceiling of that same tail, not with the interval's: 3.0 - 0.2
+    assert ivs[1]["settled_ceiling"] == pytest.approx(3.0)
+    assert ivs[0]["settled_ceiling"] == pytest.approx(1.0)
+    assert res["per_regime"]["b"]["performance_gap"] == pytest.approx(3.0 - 0.2)
 
 
 def test_per_label_ceilings_and_missing_label_errors():

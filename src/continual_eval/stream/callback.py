@@ -14,6 +14,17 @@ rank and the episode-end flag. Each value is taken, in order, from
    ``log``; ``pl_module.log`` is never replaced. A value logged at an earlier step is never carried
    forward (``trainer.callback_metrics`` would: an unmeasured step would read as measured).
 
+Effective rank: the module may supply it like any reading, or (off by default) the callback
+captures it itself: given ``effective_rank_module`` (the qualified name of a submodule of the
+LightningModule, e.g. ``"net.2"``) and ``effective_rank_probe`` (a fixed input batch), after every
+``effective_rank_every_n_steps``-th optimizer step it runs ``pl_module(probe)`` once under
+``torch.no_grad()`` in eval mode, takes the submodule's output through a forward hook, flattens it
+to ``[N, D]`` and records ``erank = exp(-sum_k p_k log p_k)``, ``p_k = s_k / sum_j s_j`` over its
+singular values (Roy & Vetterli, 2007; :func:`~continual_eval.stream.metrics.effective_rank`) as
+that step's effective rank. Each module's train/eval mode and the CPU and CUDA random states are
+restored afterwards and no gradient is touched. Cost per capture: one forward of the probe batch
+plus one SVD of the ``[N, D]`` activations (float64, on the CPU).
+
 State: the recorded steps are part of the callback's ``state_dict`` (columns of tensors), so a run
 resumed from a Lightning checkpoint continues the trace it had at the checkpoint; a batch that
 Lightning replays after a resume replaces its earlier record instead of duplicating it.
@@ -43,12 +54,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from continual_eval._files import replace_atomically
-from continual_eval.stream.metrics import compute_all_metrics
+from continual_eval.stream.metrics import compute_all_metrics, effective_rank
 from continual_eval.stream.rewards import RewardSpec, UpperBound
 from continual_eval.stream.table import format_markdown, format_table
 from continual_eval.stream.trace import EpisodeStep, EpisodeTrace, write_jsonl
@@ -197,6 +209,52 @@ def _gather(trainer: pl.Trainer, payload: Any) -> list[Any]:
     return out
 
 
+def _check_rank_capture(
+    module: str | None, probe: torch.Tensor | None, every_n_steps: int
+) -> torch.Tensor | None:
+    """Validate the effective-rank capture options; the probe (a detached copy) or ``None``."""
+    if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+        raise ValueError(
+            f"RewardStreamCallback: effective_rank_every_n_steps must be an integer >= 1, got "
+            f"{every_n_steps!r}"
+        )
+    if module is None:
+        if probe is not None:
+            raise ValueError(
+                "RewardStreamCallback: effective_rank_probe was given without "
+                "effective_rank_module; name the submodule whose activations to measure"
+            )
+        return None
+    if not isinstance(module, str):
+        raise TypeError(
+            "RewardStreamCallback: effective_rank_module must be a submodule's qualified name "
+            f"(a str such as 'net.2'), got {type(module).__name__}"
+        )
+    if probe is None:
+        raise ValueError(
+            f"RewardStreamCallback: effective_rank_module={module!r} needs effective_rank_probe, "
+            "a fixed input batch (a tensor) to pass through the module"
+        )
+    if not isinstance(probe, torch.Tensor):
+        raise TypeError(
+            f"RewardStreamCallback: effective_rank_probe must be a tensor, got "
+            f"{type(probe).__name__}"
+        )
+    if probe.ndim == 0 or probe.shape[0] == 0 or probe.numel() == 0:
+        raise ValueError(
+            f"RewardStreamCallback: effective_rank_probe is empty (shape {tuple(probe.shape)}); "
+            "it needs at least one sample along its first (batch) dimension"
+        )
+    return probe.detach().clone()
+
+
+def _first_tensor(output: Any) -> Any:
+    """A module's output, or the first element of a tuple/list output."""
+    if isinstance(output, (tuple, list)) and output:
+        return output[0]
+    return output
+
+
 def record(pl_module: pl.LightningModule, **values: Any) -> None:
     """Record readings of the current training step for every :class:`RewardStreamCallback`.
 
@@ -256,6 +314,12 @@ class RewardStreamCallback(pl.Callback):
         save_trace: write the recorded trace as JSON lines next to the table.
         prefix: metric-name prefix for the loggers; also distinguishes the checkpoint state of
             several instances.
+        effective_rank_module: capture the effective rank of this submodule's output (its
+            qualified name in ``pl_module.named_modules()``, e.g. ``"net.2"``); ``None`` (the
+            default) captures nothing. Needs ``effective_rank_probe``.
+        effective_rank_probe: the fixed input batch passed to ``pl_module(probe)`` for the
+            capture (a non-empty tensor; moved to the module's device).
+        effective_rank_every_n_steps: capture after every n-th optimizer step (``n >= 1``).
     """
 
     def __init__(
@@ -280,10 +344,20 @@ class RewardStreamCallback(pl.Callback):
         solve_component: str | None = None,
         save_trace: bool = True,
         prefix: str = "stream",
+        effective_rank_module: str | None = None,
+        effective_rank_probe: torch.Tensor | None = None,
+        effective_rank_every_n_steps: int = 1,
     ) -> None:
         super().__init__()
         if ceiling is not None and reward_spec is not None:
             raise ValueError("give a ceiling or a reward_spec, not both")
+        self._rank_probe = _check_rank_capture(
+            effective_rank_module, effective_rank_probe, effective_rank_every_n_steps
+        )
+        self.effective_rank_module = effective_rank_module
+        self.effective_rank_every_n_steps = int(effective_rank_every_n_steps)
+        self._rank_target: torch.nn.Module | None = None  # the submodule, resolved at fit start
+        self._global_step_before = 0  # trainer.global_step when the current batch started
         self.keys = {
             "reward": reward_key,
             "regime": regime_key,
@@ -400,6 +474,7 @@ class RewardStreamCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
+        self._rank_target = self._resolve_rank_module(pl_module)
         self._rank_steps, self._rank_batch_index = None, None
         self.trace, self.traces, self.result = None, [], None
         state = self._pending_state
@@ -421,6 +496,7 @@ class RewardStreamCallback(pl.Callback):
     ) -> None:
         self._recorded = {}
         self._in_step = True
+        self._global_step_before = int(trainer.global_step)
         self._results_before = {
             key: getattr(metric, "_forward_cache", None)
             for key, metric in self._lightning_results(trainer).items()
@@ -474,6 +550,16 @@ class RewardStreamCallback(pl.Callback):
         origin = None if _absent(origin) else str(_scalar(origin))
         invalid = self._lookup("invalid_action", outputs, batch, logged)
         rank = self._lookup("effective_rank", outputs, batch, logged)
+        if self._rank_target is not None:
+            if not _absent(rank):
+                raise ValueError(
+                    f"RewardStreamCallback: an effective rank was supplied at training step "
+                    f"{step}, but the callback captures it itself (effective_rank_module="
+                    f"{self.effective_rank_module!r}); use one source, not both"
+                )
+            n = self.effective_rank_every_n_steps
+            if int(trainer.global_step) // n > self._global_step_before // n:
+                rank = self._capture_effective_rank(pl_module, step)
         end = self._lookup("episode_end", outputs, batch, logged)
         reward = float(_scalar(reward))
         if not math.isfinite(reward):
@@ -493,6 +579,78 @@ class RewardStreamCallback(pl.Callback):
         self._batch_index.append(index)
         self._recorded = {}
         self._results_before = {}
+
+    # ------------------------------------------------------------------ effective rank
+    def _resolve_rank_module(self, pl_module: pl.LightningModule) -> torch.nn.Module | None:
+        """The submodule named by ``effective_rank_module`` (``None`` when capture is off)."""
+        name = self.effective_rank_module
+        if name is None:
+            return None
+        modules: dict[str, torch.nn.Module] = dict(pl_module.named_modules())
+        if name not in modules:
+            known = [k for k in modules if k]
+            shown = ", ".join(repr(k) for k in known[:20]) + (", ..." if len(known) > 20 else "")
+            raise ValueError(
+                f"RewardStreamCallback: effective_rank_module={name!r} is not a submodule of "
+                f"{type(pl_module).__name__}; its submodules are: {shown or 'none'}"
+            )
+        return modules[name]
+
+    def _capture_effective_rank(self, pl_module: pl.LightningModule, step: int) -> float | None:
+        """Run the probe batch once (no grad, eval mode) and return the submodule's effective rank.
+
+        Every module's ``training`` flag and the CPU/CUDA random states are restored afterwards.
+        Non-finite activations have no rank: a warning, and nothing is recorded for the step.
+        """
+        target, probe = self._rank_target, self._rank_probe
+        assert target is not None and probe is not None
+        if probe.device != pl_module.device:
+            probe = self._rank_probe = probe.to(pl_module.device)
+        captured: list[Any] = []
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if not captured:  # a submodule called several times: its first call
+                captured.append(_first_tensor(output))
+
+        modes = [(m, m.training) for m in pl_module.modules()]
+        cuda = [probe.device.index or 0] if probe.device.type == "cuda" else []
+        handle = target.register_forward_hook(hook)
+        try:
+            with torch.random.fork_rng(devices=cuda), torch.no_grad():
+                pl_module.eval()
+                pl_module(probe)
+        except NotImplementedError as err:
+            raise RuntimeError(
+                f"RewardStreamCallback: the effective-rank capture calls pl_module(probe), but "
+                f"{type(pl_module).__name__} does not implement forward()"
+            ) from err
+        finally:
+            handle.remove()
+            pl_module.train(modes[0][1])
+            for m, mode in modes:
+                if m.training != mode:
+                    m.training = mode
+        if not captured:
+            raise RuntimeError(
+                f"RewardStreamCallback: submodule {self.effective_rank_module!r} did not run in "
+                f"{type(pl_module).__name__}.forward(probe); name a submodule on the forward path"
+            )
+        out = captured[0]
+        if not isinstance(out, torch.Tensor) or out.ndim == 0:
+            raise TypeError(
+                f"RewardStreamCallback: submodule {self.effective_rank_module!r} returned "
+                f"{type(out).__name__ if not isinstance(out, torch.Tensor) else 'a 0-d tensor'}; "
+                "the capture needs a tensor with a batch dimension"
+            )
+        features = out.detach().reshape(out.shape[0], -1).to("cpu", torch.float64).numpy()
+        if not np.isfinite(features).all():
+            warnings.warn(
+                f"RewardStreamCallback: the activations of {self.effective_rank_module!r} at "
+                f"training step {step} are not finite; no effective rank recorded for the step",
+                stacklevel=2,
+            )
+            return None
+        return effective_rank(features)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -543,6 +701,12 @@ class RewardStreamCallback(pl.Callback):
             self.result = None
             return None
         self.result = compute_all_metrics(self.traces, ceiling=self._ceiling, **self.metric_kwargs)
+        if self._rank_probe is not None:
+            self.result["params"]["effective_rank_capture"] = {
+                "module": self.effective_rank_module,
+                "every_n_steps": self.effective_rank_every_n_steps,
+                "probe_shape": list(self._rank_probe.shape),
+            }
         return self.result
 
     def scalar_metrics(self) -> dict[str, float]:

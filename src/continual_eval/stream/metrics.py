@@ -12,6 +12,13 @@ Conventions (see docs/stream.md for the full definitions):
   speed, a recovery time and a zero-shot reward. A label with several such intervals reports the
   mean over those that have a value.
 * ``tail(T) = the final ceil(tail_fraction * |T|) rewards of T`` (default fraction 0.2).
+* The ceiling of the mean of ``L`` steps holding ``e`` episode ends is
+  ``R_ub(L, e) = ((L - e) * p + e * f) / L`` (``p``/``f``: the bound of an ordinary/final step).
+  The ceiling anchor measures an interval against ``R_ub(|T|, e_T)``; the performance gap is
+  ``R_ub(n_tail, e_tail) - mean(tail(T^(1)))``, the ceiling of the very mean it is compared with,
+  so a policy earning the most the reward allows has a gap of exactly 0, never a negative one.
+* :func:`effective_rank` is the plasticity reading the callback can capture
+  (``exp`` of the entropy of the normalised singular values, Roy & Vetterli 2007).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = [
     "METRIC_NAMES",
     "adaptation_speed",
     "compute_all_metrics",
+    "effective_rank",
     "forgetting",
     "interval_variance",
     "pooled_variance",
@@ -69,6 +77,30 @@ DEFAULT_ALPHA = {"segment": 0.9, "ceiling": 0.5}
 DEFAULT_EPS_SEGMENT = 0.30
 DEFAULT_EPS_CEILING_FRACTION = 0.5
 DEFAULT_FLOOR = 0.005
+
+
+# --------------------------------------------------------------------------- effective rank
+def effective_rank(features: np.ndarray | Sequence[Sequence[float]]) -> float:
+    """Effective rank of an ``[N, D]`` matrix (Roy & Vetterli, 2007).
+
+    ``erank = exp(H(p))``, ``H(p) = -sum_k p_k log p_k`` over the normalised singular values
+    ``p_k = s_k / sum_j s_j`` (with ``0 log 0 = 0``). It lies in ``[1, min(N, D)]``: ``n`` for an
+    ``n x n`` identity (equal singular values), 1 for a rank-1 matrix. An all-zero matrix has no
+    spectrum to normalise; its rank is 0.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"effective_rank needs an [N, D] matrix, got shape {x.shape}")
+    if x.size == 0:
+        raise ValueError(f"effective_rank needs a non-empty matrix, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("effective_rank: the matrix holds NaN or infinite values")
+    s = np.linalg.svd(x, compute_uv=False)
+    total = float(s.sum())
+    if total == 0.0:
+        return 0.0
+    p = s[s > 0] / total
+    return float(np.exp(-np.sum(p * np.log(p))))
 
 
 # --------------------------------------------------------------------------- per-interval pieces
@@ -303,7 +335,10 @@ def trace_metrics(
 ) -> dict[str, Any]:
     """All metrics of one trace: ``per_regime`` (label -> row), ``per_interval`` and ``totals``.
 
-    ``params`` is the dict :func:`compute_all_metrics` records (anchor, alpha, eps, ...).
+    ``params`` is the dict :func:`compute_all_metrics` records (anchor, alpha, eps, ...). With a
+    ceiling, each interval records ``ceiling = R_ub(|T|, e_T)`` (the ceiling anchor's ``A``) and
+    ``settled_ceiling = R_ub(n_tail, e_tail)`` (the performance gap's), where
+    ``R_ub(L, e) = ((L - e) * p + e * f) / L`` for ``L`` steps holding ``e`` episode ends.
     """
     r = trace.reward
     code = trace.regime_code
@@ -314,17 +349,26 @@ def trace_metrics(
     length = iv.length
     anchor = params["anchor"]
 
-    # Ceilings per interval (R_ub for the interval's mean), when any ceiling is known.
+    # Ceilings per interval, when any ceiling is known: R_ub(L, e) = ((L - e) p + e f) / L of the
+    # interval's mean (L steps, e episode ends; the anchors' A) and of its tail's mean (the gap's).
     ceil_iv: np.ndarray | None = None
+    tail_ceil_iv: np.ndarray | None = None
     if bound is not None or bounds_per_label is not None:
         ends = trace.episode_end if trace.episode_end is not None else np.zeros(n, dtype=bool)
-        has_end = np.add.reduceat(ends.astype(np.int64), iv.start) > 0
+        ends_csum = np.concatenate(([0], np.cumsum(ends, dtype=np.int64)))
+        n_tail_iv = tail_lengths(length, params["tail_fraction"])
+        ends_iv = ends_csum[iv.stop] - ends_csum[iv.start]
+        ends_tail_iv = ends_csum[iv.stop] - ends_csum[iv.stop - n_tail_iv]
         ceil_iv = np.full(len(iv), np.nan)
+        tail_ceil_iv = np.full(len(iv), np.nan)
         for j in range(len(iv)):
             label = names[iv.code[j]]
             b = bound if bounds_per_label is None else bounds_per_label.get(label)
             if b is not None:
-                ceil_iv[j] = b.for_interval(int(length[j]), bool(has_end[j]))
+                ceil_iv[j] = b.for_interval(int(length[j]), episode_ends=int(ends_iv[j]))
+                tail_ceil_iv[j] = b.for_interval(
+                    int(n_tail_iv[j]), episode_ends=int(ends_tail_iv[j])
+                )
     if anchor == "ceiling" and (ceil_iv is None or np.isnan(ceil_iv).all()):
         raise ValueError(
             "anchor='ceiling' needs a ceiling: pass a RewardSpec, an UpperBound or a number"
@@ -409,7 +453,11 @@ def trace_metrics(
     # Per-label values from per-interval ones.
     first_iv = np.full(K, -1, dtype=np.int64)
     first_iv[iv.code[::-1]] = np.arange(len(iv))[::-1]
-    gap = ceil_iv[first_iv] - tail_iv[first_iv] if ceil_iv is not None else np.full(K, np.nan)
+    gap = (
+        tail_ceil_iv[first_iv] - tail_iv[first_iv]
+        if tail_ceil_iv is not None
+        else np.full(K, np.nan)
+    )
     columns = {
         "per_configuration_reward": J,
         "adaptation_speed": _label_mean(adapt, iv, K),
@@ -445,6 +493,7 @@ def trace_metrics(
             "settled_reward_policy": _none(settled_policy_iv[j]),
             "forgetting": _none(forget_iv[j]),
             "ceiling": None if ceil_iv is None else _none(ceil_iv[j]),
+            "settled_ceiling": None if tail_ceil_iv is None else _none(tail_ceil_iv[j]),
         }
         for j in range(len(iv))
     ]

@@ -14,9 +14,11 @@ and paying either on every step (``per_step``) or only on an episode's final ste
   the policy being measured, so two policies compared against their own data-relative bounds are
   not compared fairly.
 
-Every :class:`UpperBound` records its ``derivation``. A configuration interval of ``L`` steps is
-measured against :meth:`UpperBound.for_interval`: ``((L - 1) * per_step + final_step) / L`` when
-it holds an episode's final step, else ``per_step``.
+Every :class:`UpperBound` records its ``derivation``. A window of ``L`` steps holding ``e``
+episode ends (final steps) is measured against :meth:`UpperBound.for_interval`:
+``((L - e) * per_step + e * final_step) / L`` -- the most its mean reward can be, since each step
+pays at most ``per_step``, or ``final_step`` where an episode ends (``e = 0`` gives ``per_step``,
+``e = 1`` the one-end form ``((L - 1) * p + f) / L``).
 
 Specifications and bounds read from JSON (:meth:`RewardSpec.from_json`, :func:`read_ceiling_file`)
 are checked against a strict typed schema: a wrong type, a missing or an unknown field is an error
@@ -230,13 +232,32 @@ class UpperBound:
     derivation: str
     details: Mapping[str, Any] = field(default_factory=dict)
 
-    def for_interval(self, length: int, contains_final_step: bool = False) -> float:
-        """The ceiling of an interval's mean: ``((L - 1) * p + f) / L`` if it holds a final step."""
-        if int(length) < 1:
+    def for_interval(
+        self, length: int, contains_final_step: bool = False, *, episode_ends: int | None = None
+    ) -> float:
+        """The ceiling of the mean of ``L`` steps holding ``e`` episode ends (final steps).
+
+        ``R_ub(L, e) = ((L - e) * p + e * f) / L``: every step pays at most ``p = per_step``, a
+        final step at most ``f = final_step``. ``e`` is ``episode_ends``, or 1 / 0 from
+        ``contains_final_step`` (give one of the two).
+        """
+        length = int(length)
+        if length < 1:
             raise ValueError(f"interval length must be >= 1, got {length}")
-        if not contains_final_step:
+        if episode_ends is None:
+            ends = 1 if contains_final_step else 0
+        elif contains_final_step:
+            raise ValueError("give contains_final_step or episode_ends, not both")
+        else:
+            ends = int(episode_ends)
+            if ends != episode_ends or not 0 <= ends <= length:
+                raise ValueError(
+                    f"episode_ends must be an integer in [0, {length}] for an interval of "
+                    f"{length} step(s), got {episode_ends!r}"
+                )
+        if ends == 0:
             return float(self.per_step)
-        return ((length - 1) * self.per_step + self.final_step) / length
+        return ((length - ends) * self.per_step + ends * self.final_step) / length
 
     @classmethod
     def explicit(cls, value: float) -> UpperBound:
