@@ -23,49 +23,46 @@ control scoring (e.g. task-incremental heads); otherwise ``(x, y)`` batches are 
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import copy
+import dataclasses
 import math
 import os
-import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from typing_extensions import override
 
 from continual_eval._arguments import as_loader_list, check_metadata, resolve_scorers
-from continual_eval._files import replace_atomically
-from continual_eval.evaluation import (
-    Scorer,
-    TaskLoaders,
-    evaluate_tasks,
-    grad_free_context,
+from continual_eval._class_incremental_recorder import ClassIncrementalRecorder
+from continual_eval._reference_argument import check_reference_length, resolve_reference
+from continual_eval._results_directory import (
+    choose_results_dir,
+    open_results_dir,
+    refuse_foreign_results,
+)
+from continual_eval._spawn_handover import SpawnHandover
+from continual_eval.continual_results import RunCost
+from continual_eval.evaluation import Scorer, TaskLoaders
+from continual_eval.evaluation.class_incremental import set_evaluation_stage
+from continual_eval.evaluation.trainer_evaluation import (
+    evaluate_under_trainer,
+    module_test_loaders,
 )
 from continual_eval.functional import FORGETTING_CONVENTIONS
 from continual_eval.loggers import format_matrix_table, log_baseline, log_stage, log_step
 from continual_eval.metric import ContinualMetrics
-from continual_eval.results import (
-    RESULTS_FILE,
-    ScoreMatrix,
-    build_curves,
-    build_results,
-    default_results_dir,
-    read_run_id,
-    remove_stale_temporaries,
-    write_results,
-)
+from continual_eval.results import ContinualResults, ScoreMatrix, StepEvaluations
 from continual_eval.results_schema import MAX_NAME_LENGTH, MAX_TASKS
 from continual_eval.rng import collect_rng_states, set_rng_states
+from continual_eval.stage_cost import StageCostRecorder
 from continual_eval.step_curves import StepCurves
 from continual_eval.training import fit_already_done, fit_tasks, scheduled_task
 
@@ -107,6 +104,14 @@ class ContinualEvalCallback(Callback):
     Files. ``results.json`` and ``scores.csv`` go to the run's own directory (see ``dirpath``),
     printed once at the start; a directory holding another run's results is never written to.
 
+    Cost. Every stage's cost goes to ``results.json``'s ``cost`` section and to the loggers
+    (``{prefix}cost/train_seconds``, ``eval_seconds``, ``peak_memory_bytes``, ``parameters``,
+    ``samples``, ``optimizer_steps``, ``replay_memory``, ``model_size_efficiency``; see
+    :mod:`continual_eval.stage_cost`): clocks are read at stage boundaries only and samples are
+    counted from the batches' host-side shapes, so no training step waits for the device. A
+    replay method reports its memory size (stored samples) by defining
+    ``continual_eval_memory_size(self) -> int`` on the LightningModule.
+
     Args:
         test_dataloaders: one test loader per task (index = task id). When ``None``, the
             datamodule's (else the module's) ``test_dataloader()`` must return such a list.
@@ -122,8 +127,8 @@ class ContinualEvalCallback(Callback):
             torchmetrics ``Metric`` (instance or factory) or an object with the scorer protocol
             of :mod:`continual_eval.evaluation`. Each gets its own ``R``, baseline, metrics,
             log keys (``{prefix}{name}/acc|bwt|fwt|forgetting``; the accuracy scorer keeps
-            ``{prefix}acc`` ...) and ``scores_<name>.csv``; the first is the primary one
-            (``scores``, ``baseline``, the top level of ``results.json``, the step curves).
+            ``{prefix}acc`` ...), ``scores_<name>.csv`` and step curves; the first is the
+            primary one (``scores``, ``baseline``, the top level of ``results.json``).
             Default ``{"acc": "accuracy"}``.
         prefix: prefix of every logged key.
         dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, from
@@ -142,9 +147,11 @@ class ContinualEvalCallback(Callback):
             (training is unchanged: RNG states, train/eval flags and grads are restored or left
             alone). The step is the callback's cumulative optimizer-step counter, which continues
             across fits (see ``STEP_COUNTER``). The curves, min-ACC, WC-ACC and the per-task
-            stability gap (De Lange et al., ICLR 2023) go to ``results.json`` (``curves``,
-            ``stability``), the loggers (``{prefix}step/{task}`` against the step;
-            ``{prefix}min_acc``, ``{prefix}wc_acc`` per stage) and ``accuracy_curves.png``.
+            stability gap (De Lange et al., ICLR 2023) of every scorer go to ``results.json``
+            (the primary's ``curves`` and ``stability``; every matrix's ``step_scores`` and
+            ``stability``), the loggers (``{prefix}step/{task}`` against the step,
+            ``{prefix}{name}/step/{task}`` for the other scorers; ``{prefix}min_acc``,
+            ``{prefix}wc_acc`` per stage) and ``accuracy_curves.png`` (``curves_<name>.png``).
             ``None`` (default): off.
         step_eval_subset: score a fixed subset of ``n`` samples per task at the per-step
             evaluations (stage ends always use the whole test sets): task ``j`` uses
@@ -174,6 +181,49 @@ class ContinualEvalCallback(Callback):
             one; Lightning does not store them. Under DDP every rank restores the state of
             rank 0 (the one saved), exact when the ranks' generators agree (as
             ``seed_everything`` leaves them when every rank draws the same number of values).
+        reference: reference scores of the primary scorer, one per task (a model trained on
+            each task alone, or on all tasks jointly): a ``[T]`` tensor or sequence (``None`` =
+            absent), a mapping ``{"scores": [T], "auc": [T], "kind": ...}``, a
+            :class:`~continual_eval.references.Reference` from
+            :func:`~continual_eval.references.train_reference`, or a path to a reference run's
+            ``results.json`` (the final row of its primary matrix) or to an isolated reference's
+            directory (``task_j/results.json``). Checked at construction (the score and its
+            direction must be the primary scorer's; the length against ``T`` when the fit
+            starts). ``results.json`` then holds a ``reference`` section: the scores, the
+            per-task and mean intransigence, and the per-task and mean forward transfer against
+            isolated training (``convention="isolated"``; absent for a joint reference), in the
+            primary score's direction, also logged per stage (``{prefix}intransigence``,
+            ``{prefix}fwt_isolated``). With reference learning curves (``train_reference(...,
+            eval_every_n_steps=...)``) or per-task ``auc``, the primary matrix's ``plasticity``
+            also gets Continual World's normalised forward transfer. ``None`` (default): a
+            reference stored as ``metadata["reference"]`` (``continual-eval fit``) is kept there.
+        lca_beta: ``beta`` of the learning curve area ``LCA_beta`` (Chaudhry et al., ICLR 2019)
+            in every matrix's ``plasticity`` (with the anytime accuracy ``A_AUC`` and, with a
+            reference's areas, the normalised forward transfer; logged as ``{prefix}anytime_acc``,
+            ``{prefix}lca``, ``{prefix}auc_fwt``). It needs the score after each of the first
+            ``beta`` optimizer steps of every stage: ``eval_every_n_steps=1``. ``None`` (default):
+            not computed.
+        task_classes: class-incremental evaluation of a single-head model (one logit per class
+            id): one list of class ids per task, e.g. ``[[0, 1], [2, 3], ...]``, or
+            :func:`~continual_eval.evaluation.class_incremental.task_classes_from_loaders` of
+            the test loaders. Checked at construction (a task without classes, a negative id,
+            a class in two tasks: ``ValueError``; one list per test dataloader when the fit
+            starts; a class id beyond the model's outputs: an error at the baseline, before
+            training, naming the task). The callback then adds two matrices to ``scorers``
+            (after them; ``scorers`` must not name them): ``acc_task_aware`` (task-IL: the argmax
+            over task ``j``'s classes) and ``acc_task_agnostic`` (class-IL: the argmax over the
+            classes of the tasks ``<= max(i, j)``, the seen classes for ``j <= i``; the baseline
+            row uses ``i = -1``), see :mod:`continual_eval.evaluation.class_incremental`; it
+            records after every stage the confusion counts of the task-agnostic predictions on
+            the seen tasks (exact under DDP, kept in checkpoints) and writes the
+            ``class_incremental`` section of ``results.json`` (per-class accuracy, seen-class
+            accuracy sample- and task-weighted, last and average incremental accuracy, old/new
+            accuracy, AMCA, per-class forgetting, recency bias, the confusion matrices; see
+            :mod:`continual_eval.class_incremental_results`), logged as
+            ``{prefix}class_il/...`` with the confusion matrix as an image. A stage where
+            task-aware accuracy is below task-agnostic accuracy on some task warns (a wrong
+            mapping). Multi-head models (``(x, y, t)`` batches, ``continual_eval_step``) are
+            scored as before; ``task_classes`` is for single-head logits. ``None`` (default): off.
     """
 
     def __init__(
@@ -199,6 +249,9 @@ class ContinualEvalCallback(Callback):
         cache_max_bytes: int = 256 * 2**20,
         overwrite: bool = False,
         restore_rng_states: bool = True,
+        reference: Any = None,
+        lca_beta: int | None = None,
+        task_classes: Sequence[Sequence[int]] | None = None,
     ) -> None:
         if evaluate not in ("all", "needed"):
             raise ValueError(f"evaluate must be 'all' or 'needed', got {evaluate!r}")
@@ -223,6 +276,18 @@ class ContinualEvalCallback(Callback):
         if step_eval_subset is not None and eval_every_n_steps is None:
             raise ValueError(
                 "step_eval_subset applies to the per-step evaluations: set eval_every_n_steps too"
+            )
+        if lca_beta is not None and (
+            not isinstance(lca_beta, int) or isinstance(lca_beta, bool) or lca_beta < 0
+        ):
+            raise ValueError(f"lca_beta must be a non-negative int or None, got {lca_beta!r}")
+        if lca_beta is not None and (
+            eval_every_n_steps is None or (lca_beta > 0 and eval_every_n_steps != 1)
+        ):
+            raise ValueError(
+                f"lca_beta={lca_beta} reads the score of every stage's task after each of its "
+                f"first {lca_beta} optimizer steps (from the per-step evaluations): set "
+                f"eval_every_n_steps=1 (got {eval_every_n_steps})"
             )
         if not isinstance(step_eval_subset_seed, int) or isinstance(step_eval_subset_seed, bool):
             raise ValueError(f"step_eval_subset_seed must be an int, got {step_eval_subset_seed!r}")
@@ -253,8 +318,13 @@ class ContinualEvalCallback(Callback):
         self.epochs_per_task = epochs_per_task
         self.evaluate = evaluate
         self.scorers: dict[str, Scorer] = resolve_scorers(scorers, metric)
+        # with task_classes: the two class-incremental matrices, after the user's scorers
+        self._class_il = ClassIncrementalRecorder.attach(task_classes, self.scorers)
         self.primary = next(iter(self.scorers))
         self.scorer: Scorer = self.scorers[self.primary]
+        #: the ``reference=`` argument resolved (checked against the primary scorer)
+        self.reference = resolve_reference(reference, self.scorer)
+        self.lca_beta = lca_beta
         self.prefix = prefix
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.metadata = dict(metadata or {})
@@ -274,12 +344,7 @@ class ContinualEvalCallback(Callback):
         self.run_id = uuid.uuid4().hex
         # spawned strategies (ddp_spawn) run the hooks in child processes: rank 0 hands its state
         # back to this process through a file (see _publish_to_owner / _sync_from_child)
-        self._owner_pid = os.getpid()
-        self._mailbox = os.path.join(
-            tempfile.gettempdir(), f"continual-eval-{self._owner_pid}-{self.run_id}.pt"
-        )
-        self._mailbox_seen: tuple[int, int, int] | None = None
-        atexit.register(_remove_file, self._mailbox)
+        self._handover = SpawnHandover(self.run_id)
         self._restored = False
         self._dir_checked = False
         self._recorded_results_dir: str | None = None
@@ -298,10 +363,13 @@ class ContinualEvalCallback(Callback):
         self._steps_done = 0  # cumulative optimizer steps at the last observation
         self._fit_step_base = 0  # trainer.global_step when this fit's training started
         self._fit_steps_before = 0  # self._steps_done at that moment
-        self._curves = StepCurves()
+        self._curves = StepCurves(list(self.scorers))  # every scorer's, the primary first
+        # what each stage cost: clocks and counters read at stage boundaries only
+        self._cost = StageCostRecorder()
         self._loaders_given = test_dataloaders is not None
         if test_dataloaders is not None:
             self._set_loaders(test_dataloaders)
+            check_reference_length(self.reference, len(test_dataloaders))
 
     def reset(self) -> None:
         """Forget everything recorded and start a new run (a new ``run_id``): for re-running a
@@ -317,6 +385,9 @@ class ContinualEvalCallback(Callback):
         self._steps_done = 0
         self._fit_step_base = self._fit_steps_before = self._stage_start_step = 0
         self._curves.clear()
+        self._cost = StageCostRecorder()
+        if self._class_il is not None:
+            self._class_il.reset()
         self._warned_unsharded = False
         self.run_id = uuid.uuid4().hex
         if self._loaders is not None and self._loaders_given:
@@ -379,31 +450,48 @@ class ContinualEvalCallback(Callback):
         return self._results_dir
 
     def results(self) -> dict[str, Any]:
-        """The ``results.json`` document of the stages so far."""
+        """The ``results.json`` document of the stages so far (the dict view of
+        :meth:`continual_results`)."""
+        return self.continual_results().to_dict()
+
+    def continual_results(self) -> ContinualResults:
+        """The results of the stages so far as a typed
+        :class:`~continual_eval.results.ContinualResults`: per scorer its rows, baseline, metric
+        family (one functional pass), per-task values and, with ``eval_every_n_steps``, its step
+        curves, stability and plasticity metrics; the cost of every stage (``cost``) and, with
+        ``reference=``, the primary matrix against it (``reference_metrics``); ``to_dict()`` is
+        the ``results.json`` document."""
         self._sync_from_child()
         if self.metrics is None or self.task_names is None:
             raise RuntimeError("ContinualEvalCallback has no results yet: no fit has started")
         assert self._matrices is not None
-        return build_results(
-            self.metrics.scores,
-            self.metrics.baseline,
-            task_names=self.task_names,
-            forgetting=self.forgetting,
-            score_name=self.scorer.name,
-            metadata=self.metadata,
-            step_curves=self._curves_section(),
-            run_id=self.run_id,
-            matrices={
+        steps = self._step_evaluations()
+        T = self.metrics.num_tasks
+        results = ContinualResults.from_tensors(
+            {
                 name: ScoreMatrix(
                     score=self.scorers[name].name,
                     scores=metric.scores,
                     baseline=metric.baseline,
                     higher_is_better=bool(self.scorers[name].higher_is_better),
                     bounds=self.scorers[name].bounds,
+                    step_scores=None if steps is None else self._curves.tensors(T, name)[2],
                 )
                 for name, metric in self._matrices.items()
             },
+            task_names=self.task_names,
+            forgetting=self.forgetting,
+            metadata=self.metadata,
+            run_id=self.run_id,
+            steps=steps,
+            cost=RunCost(tuple(self._cost.costs)),
+            reference=self.reference,
+            lca_beta=self.lca_beta,
         )
+        if self._class_il is None:
+            return results
+        section = self._class_il.results(self.metrics.num_stages, self.forgetting)
+        return dataclasses.replace(results, class_incremental=section)
 
     @property
     def steps_trained(self) -> int:
@@ -412,16 +500,18 @@ class ContinualEvalCallback(Callback):
         self._sync_from_child()
         return self._steps_done
 
-    def curves(self) -> tuple[Tensor, Tensor, Tensor]:
+    def curves(self, name: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``(step [N], stage [N], scores [N, T])`` of the evaluations inside and at the end of
-        the stages (NaN = not evaluated); empty unless ``eval_every_n_steps`` is set."""
+        the stages (NaN = not evaluated) for the scorer ``name`` (default: the primary one);
+        empty unless ``eval_every_n_steps`` is set."""
         self._sync_from_child()
-        return self._curves.tensors(self.num_tasks or 0)
+        return self._curves.tensors(self.num_tasks or 0, name)
 
-    def _curves_section(self) -> dict[str, Any] | None:
+    def _step_evaluations(self) -> StepEvaluations | None:
+        """When the per-step evaluations ran (``None`` without ``eval_every_n_steps``)."""
         if self.eval_every_n_steps is None:
             return None
-        steps, stage, scores = self.curves()
+        steps, stage, _ = self._curves.tensors(self.num_tasks or 0)
         subset = None
         if self.step_eval_subset is not None:
             subset = {
@@ -432,14 +522,11 @@ class ContinualEvalCallback(Callback):
                 ),
                 "rule": "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])",
             }
-        return build_curves(
-            steps,
-            stage,
-            scores,
-            stages_completed=self.stages_completed,
-            full=self._curves.full,
+        return StepEvaluations(
+            step=steps,
+            stage=stage,
+            full=tuple(self._curves.full),
             step_counter=STEP_COUNTER,
-            score_name=self.scorer.name,
             subset=subset,
         )
 
@@ -456,6 +543,8 @@ class ContinualEvalCallback(Callback):
             raise ValueError(
                 f"task_names has {len(self._given_names)} names for {T} test dataloaders"
             )
+        if self._class_il is not None:
+            self._class_il.check_num_tasks(T)
         self._loaders = loaders
         self.task_names = self._given_names or [f"task_{j}" for j in range(T)]
         self._task_loaders = TaskLoaders(
@@ -492,26 +581,9 @@ class ContinualEvalCallback(Callback):
             sync_on_compute=False,
         )
 
-    def _resolve_loaders(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._loaders is not None:
-            return
-        datamodule = getattr(trainer, "datamodule", None)
-        if datamodule is not None and is_overridden("test_dataloader", datamodule):
-            # as trainer.test does: a datamodule may build its test sets in setup("test") only
-            datamodule.setup("test")
-            source, loaders = "the datamodule's test_dataloader()", datamodule.test_dataloader()
-        elif is_overridden("test_dataloader", pl_module):
-            source, loaders = "the LightningModule's test_dataloader()", pl_module.test_dataloader()
-        else:
-            raise ValueError(
-                "ContinualEvalCallback has no test data: pass test_dataloaders=[loader per task] "
-                "or define test_dataloader() returning that list on the datamodule or "
-                "LightningModule"
-            )
-        self._set_loaders(as_loader_list(loaders, source))
-
     def _prepare_fit(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._resolve_loaders(trainer, pl_module)
+        if self._loaders is None:
+            self._set_loaders(module_test_loaders(trainer, pl_module))
         assert self._task_loaders is not None
         unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
         if unsharded and trainer.is_global_zero and not self._warned_unsharded:
@@ -523,48 +595,24 @@ class ContinualEvalCallback(Callback):
                 stacklevel=2,
             )
         if trainer.is_global_zero and self._results_dir is None:
-            self._results_dir = self._resumed_results_dir() or default_results_dir(
-                trainer, self.dirpath
+            self._results_dir = choose_results_dir(
+                trainer, self.dirpath, recorded=self._recorded_results_dir, run_id=self.run_id
             )
-
-    def _resumed_results_dir(self) -> Path | None:
-        """A resumed run keeps writing where it wrote before (without ``dirpath``, a new process
-        would otherwise pick a new directory), if that directory still holds this run."""
-        recorded = self._recorded_results_dir
-        if self.dirpath is not None or recorded is None or not Path(recorded).is_dir():
-            return None
-        exists, run_id, _ = read_run_id(recorded)
-        return Path(recorded) if not exists or run_id == self.run_id else None
 
     def _claim_results_dir(self, trainer: Trainer) -> None:
         """Before anything is written: refuse a results directory holding another run's results
         (unless ``overwrite``), remove temporaries of killed writers, and on a resume rewrite both
         files from the restored state (a write interrupted between them left them apart)."""
-        problem = None
-        if trainer.is_global_zero and self._results_dir is not None:
-            exists, other_id, stages = read_run_id(self._results_dir)
-            ours = other_id == self.run_id or (other_id is None and self._restored)
-            if exists and not ours and not self.overwrite:
-                problem = (
-                    f"ContinualEvalCallback: {self._results_dir / RESULTS_FILE} holds the results "
-                    f"of another run (run_id {other_id!r}, {stages if stages is not None else '?'} "
-                    f"stages; this run is {self.run_id!r}). A run never overwrites another run's "
-                    "results: give this run its own directory (dirpath=..., or a logger with a new "
-                    "version), resume the other run from its checkpoint, or pass overwrite=True "
-                    "to replace them. Nothing was trained or written"
-                )
-        if trainer.world_size > 1:
-            problem = trainer.strategy.broadcast(problem, src=0)
-        if problem is not None:
-            raise FileExistsError(problem)
+        refuse_foreign_results(
+            trainer,
+            self._results_dir,
+            run_id=self.run_id,
+            restored=self._restored,
+            overwrite=self.overwrite,
+        )
         self._dir_checked = True
         if trainer.is_global_zero and self._results_dir is not None:
-            if self.verbose:
-                rank_zero_info(
-                    f"[continual-eval] run {self.run_id}: results.json and scores.csv go to "
-                    f"{self._results_dir}"
-                )
-            remove_stale_temporaries(self._results_dir)
+            open_results_dir(self._results_dir, run_id=self.run_id, verbose=self.verbose)
             if self._restored and self.metrics is not None and self._baseline_done:
                 self._write()
 
@@ -589,6 +637,8 @@ class ContinualEvalCallback(Callback):
                 "step_eval_subset_seed": self.step_eval_subset_seed,
                 "steps_done": self._steps_done,
                 **self._curves.state_dict(),
+                # what the recorded stages cost (absent in checkpoints of older versions)
+                "stage_costs": self._cost.state_dict(),
                 # every scorer's rows (the primary's are also the top-level scores/baseline)
                 "matrices": {
                     name: {
@@ -599,6 +649,8 @@ class ContinualEvalCallback(Callback):
                     for name, metric in (self._matrices or {}).items()
                 },
             }
+            if self._class_il is not None:  # the confusion counts of every recorded stage
+                state["class_incremental"] = self._class_il.state_dict()
         if self._results_dir is not None:
             state["results_dir"] = str(self._results_dir)
         if self.restore_rng_states:
@@ -622,6 +674,7 @@ class ContinualEvalCallback(Callback):
         self._recorded_results_dir = state.get("results_dir")
         self._restored = True
         self._pending_state = state
+        self._cost.load_state_dict(state.get("stage_costs") or {})
         if self._loaders is not None:
             self._matrices = None  # rebuilt from the loaded rows
             self._set_loaders(self._loaders)
@@ -685,51 +738,42 @@ class ContinualEvalCallback(Callback):
         self._baseline_done = bool(state["baseline_done"])
         self._steps_done = int(state.get("steps_done", 0))
         self._curves.load_state_dict(state)
+        if self._class_il is not None:  # absent in older checkpoints: those stages lack counts
+            self._class_il.load_state_dict(state.get("class_incremental"))
 
     # ------------------------------------------------------------------ spawned processes
     def __getstate__(self) -> dict[str, Any]:
         # pickled for spawned processes (ddp_spawn) or copied: take what a child published first
         self._sync_from_child()
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["_handover"] = copy.copy(self._handover)  # a copy tracks the file on its own
+        return state
 
     def _detach_from_owner(self) -> None:
         """In a process spawned from the one that created the callback (``ddp_spawn``): the
         metric's tensors arrived in shared memory, so every rank would write into the same
         storage; give this process its own copy."""
-        if os.getpid() == self._owner_pid or self._matrices is None:
+        if self._handover.in_owner() or self._matrices is None:
             return
         self._matrices = copy.deepcopy(self._matrices)
 
     def _publish_to_owner(self, trainer: Trainer) -> None:
         """Rank 0 of a spawned process group hands its state to the creating process."""
-        if os.getpid() == self._owner_pid or not trainer.is_global_zero:
+        if self._handover.in_owner() or not trainer.is_global_zero:
             return
         rng, self.restore_rng_states = self.restore_rng_states, False
         try:
             state = self.state_dict()
         finally:
             self.restore_rng_states = rng
-        published = {
-            "state": state,
-            "results_dir": None if self._results_dir is None else str(self._results_dir),
-            "dir_checked": self._dir_checked,
-        }
-        replace_atomically(self._mailbox, lambda tmp: torch.save(published, tmp), durable=False)
+        self._handover.publish(state, results_dir=self._results_dir, dir_checked=self._dir_checked)
 
     def _sync_from_child(self) -> None:
         """In the creating process: load the state a spawned rank 0 published, if newer."""
-        if os.getpid() != self._owner_pid:
+        published = self._handover.receive()
+        if published is None:
             return
-        try:
-            stat = os.stat(self._mailbox)
-        except FileNotFoundError:
-            return
-        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        if seen == self._mailbox_seen:
-            return
-        self._mailbox_seen = seen
-        published = torch.load(self._mailbox, map_location="cpu", weights_only=False)
-        state = published["state"]
+        state = published.state
         self._pending_state = None
         self._matrices = None
         rng, self.restore_rng_states = self.restore_rng_states, False
@@ -742,9 +786,9 @@ class ContinualEvalCallback(Callback):
             self._matrices = self._new_matrices(int(state["num_tasks"]))
             self.task_names = list(state["task_names"])
             self._apply_pending_state()
-        if published["results_dir"] is not None:
-            self._results_dir = Path(published["results_dir"])
-        self._dir_checked = bool(published["dir_checked"])
+        if published.results_dir is not None:
+            self._results_dir = published.results_dir
+        self._dir_checked = published.dir_checked
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(
@@ -757,36 +801,23 @@ class ContinualEvalCallback(Callback):
     ) -> dict[str, Tensor]:
         """Score ``task_ids`` with every scorer (or the primary one); ``name -> row [T]``, NaN
         for tasks not scored."""
-        assert self._loaders is not None
-        world = trainer.world_size
+        assert self._loaders is not None and self._task_loaders is not None
         names = [self.primary] if primary_only else list(self.scorers)
-        assert self._task_loaders is not None
-        device = trainer.strategy.root_device
-        evaluation = evaluate_tasks(
+        # the stage a task-agnostic scorer restricts to: -1 (baseline), else the stage being
+        # trained (per-step evaluations) or just finished (its rows are not recorded yet)
+        metrics = self.metrics
+        stage = metrics.num_stages if self._baseline_done and metrics is not None else -1
+        set_evaluation_stage(self.scorers.values(), stage)
+        return evaluate_under_trainer(
+            trainer,
             pl_module,
-            self._task_loaders.for_evaluation(
-                task_ids, device=device, rank=trainer.global_rank, world_size=world, subset=subset
-            ),
+            self._task_loaders,
             task_ids,
-            scorers=[self.scorers[name] for name in names],
-            device=device,
-            forward_context=trainer.precision_plugin.forward_context,
-            convert_input=trainer.precision_plugin.convert_input,
-            grad_context=partial(grad_free_context, self.inference_mode),
-            all_reduce=partial(trainer.strategy.reduce, reduce_op="sum") if world > 1 else None,
-            rank=trainer.global_rank,
-            world_size=world,
+            {name: self.scorers[name] for name in names},
+            inference_mode=self.inference_mode,
             task_names=self.task_names,
-            unsharded=self._task_loaders.unsharded,
+            subset=subset,
         )
-        report = self._task_loaders.cache_report(device)
-        if report is not None and trainer.is_global_zero:
-            rank_zero_info(report)
-        rows = {}
-        for name, scores in zip(names, evaluation.scores_by_scorer, strict=True):
-            rows[name] = torch.full((len(self._loaders),), math.nan, dtype=torch.float64)
-            rows[name][list(task_ids)] = scores
-        return rows
 
     # ------------------------------------------------------------------ per-step evaluation
     def _current_step(self, trainer: Trainer) -> int:
@@ -796,12 +827,13 @@ class ContinualEvalCallback(Callback):
         assert self.task_names is not None
         stage = self.stages_completed
         subset = self._task_loaders is not None and self._task_loaders.subsets is not None
-        row = self._evaluate(
-            trainer, pl_module, range(stage + 1), subset=subset, primary_only=True
-        )[self.primary]
-        self._curves.add(step, stage, row, full=not subset)
+        # one forward pass per batch feeds every scorer: each gets its step curve
+        rows = self._evaluate(trainer, pl_module, range(stage + 1), subset=subset)
+        self._curves.add(step, stage, rows, full=not subset)
         if trainer.is_global_zero:
-            log_step(trainer.loggers, self.task_names, row, step, prefix=self.prefix, subset=subset)
+            log_step(
+                trainer.loggers, self.task_names, rows, step, prefix=self.prefix, subset=subset
+            )
 
     def _check_each(
         self, values: Mapping[str, Tensor], *, baseline: bool, problem: Callable[[str], str]
@@ -838,31 +870,46 @@ class ContinualEvalCallback(Callback):
         T = self.metrics.num_tasks
         if stage >= T:
             raise _too_many_stages(stage, T)
+        # the stage's cost: its training clock stops before the evaluation starts
+        train_seconds = self._cost.train_seconds()
+        samples = self._stage_samples(trainer)
+        eval_start = time.perf_counter()
         tasks = range(T) if self.evaluate == "all" else range(min(stage + 2, T))
         rows = self._evaluate(trainer, pl_module, tasks)
-        row = rows[self.primary]
         assert self._matrices is not None
         self._check_each(
             rows,
             baseline=False,
             problem=lambda name: f"stage {stage} produced {name!r} scores the metrics cannot use",
         )
+        # every rank records the same rows: they come from counts (or metric states) reduced
+        # across ranks before this point (see evaluate_tasks)
         for name, metric in self._matrices.items():
             metric.update(rows[name])
-            metric.compute()  # every rank: checks that all ranks hold the same R
+        if self._class_il is not None:  # the stage's confusion counts (seen tasks), reduced
+            self._class_il.record_stage(
+                stage, rows, task_names=self.task_names, warn=trainer.is_global_zero
+            )
         if self.eval_every_n_steps is not None:
             self._steps_done = self._current_step(trainer)
-            replaced = self._curves.add(self._steps_done, stage, row, full=True)
+            replaced = self._curves.add(self._steps_done, stage, rows, full=True)
             if trainer.is_global_zero and replaced is None:
-                # the whole-test-set point of the curve at this step, under the full-set key
-                curve_row = self._curves.scores[-1]
+                # the whole-test-set point of every curve at this step, under the full-set keys
                 log_step(
                     trainer.loggers,
                     self.task_names,
-                    curve_row,
+                    self._curves.last(),
                     self._steps_done,
                     prefix=self.prefix,
                 )
+        self._cost.finish_stage(
+            stage,
+            pl_module,
+            train_seconds=train_seconds,
+            eval_seconds=time.perf_counter() - eval_start,
+            samples=samples,
+            optimizer_steps=trainer.global_step - self._stage_start_step,
+        )
         if trainer.is_global_zero:
             results = self._write(trainer)
             log_stage(
@@ -874,17 +921,28 @@ class ContinualEvalCallback(Callback):
                 results_dir=self._results_dir,
             )
             if self.verbose:
-                m = results["metrics"]
+                m = results.primary.metrics
                 rank_zero_info(
                     f"[continual-eval] stage {stage + 1}/{T} ({self.task_names[stage]}; row "
                     f"{stage} of R): "
-                    + "  ".join(f"{k}={v:.4f}" for k, v in m.items() if v is not None)
+                    + "  ".join(f"{k}={v:.4f}" for k, v in m.items() if math.isfinite(v))
                 )
 
-    def _write(self, trainer: Trainer | None = None) -> dict[str, Any]:
-        results = self.results()
+    def _stage_samples(self, trainer: Trainer) -> int:
+        """Samples trained in the current stage, summed over the ranks: one reduce at the stage
+        end (outside any training step) in which every rank takes part."""
+        samples = self._cost.samples
+        if trainer.world_size > 1:
+            local = torch.tensor(samples, dtype=torch.int64, device=trainer.strategy.root_device)
+            samples = int(trainer.strategy.reduce(local, reduce_op="sum").item())
+        return samples
+
+    def _write(self, trainer: Trainer | None = None) -> ContinualResults:
+        """Build the results, write their files (rank 0, once the directory is known) and, in a
+        spawned process, hand the state to the creating one; returns the results."""
+        results = self.continual_results()
         if self._results_dir is not None:
-            write_results(self._results_dir, results)
+            results.write(self._results_dir)
         if trainer is not None:
             self._publish_to_owner(trainer)
         return results
@@ -905,6 +963,7 @@ class ContinualEvalCallback(Callback):
         self._trained_this_fit = False
         T = self.num_tasks
         assert T is not None
+        check_reference_length(self.reference, T)
         k = self.epochs_per_task
         if k is not None and trainer.max_epochs is not None and trainer.max_epochs > T * k:
             raise ValueError(
@@ -950,6 +1009,7 @@ class ContinualEvalCallback(Callback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._stage_start_step = trainer.global_step
+        self._cost.start_stage(pl_module.device)  # a stage (or the rest of a resumed one) starts
         self._fit_step_base = trainer.global_step
         self._fit_steps_before = self._steps_done
         k = self.epochs_per_task
@@ -972,6 +1032,7 @@ class ContinualEvalCallback(Callback):
             raise _too_many_stages(stage, self.num_tasks)
         if trainer.current_epoch % k == 0:
             self._stage_start_step = trainer.global_step
+            self._cost.start_stage(pl_module.device)
 
     @override
     def on_train_batch_end(
@@ -982,6 +1043,7 @@ class ContinualEvalCallback(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        self._cost.add_batch(batch)  # the batch's leading dimension, read on the host
         step = self._current_step(trainer)
         if step == self._steps_done:
             return  # no optimizer step (gradient accumulation) since the last batch
@@ -1057,7 +1119,7 @@ class ContinualEvalCallback(Callback):
             and (done or self.epochs_per_task is not None)
             and self.stages_completed
         ):
-            rank_zero_info(format_matrix_table(self.results()))
+            rank_zero_info(format_matrix_table(self.continual_results()))
 
 
 def _too_many_stages(stage: int, num_tasks: int) -> ValueError:
@@ -1066,8 +1128,3 @@ def _too_many_stages(stage: int, num_tasks: int) -> ValueError:
         f"with only {num_tasks} tasks ({num_tasks} test dataloaders); more training stages than "
         "tasks"
     )
-
-
-def _remove_file(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.remove(path)

@@ -1,7 +1,9 @@
-"""Send a stage's accuracy matrix and metrics to every logger of a Trainer.
+"""Send a stage's score matrices and metrics to every logger of a Trainer.
 
-Every logger gets the scalars through ``log_metrics`` (step = stage index). Where the logger can
-show more, the matrix also goes out as a heatmap and as a table:
+Every function takes the run's :class:`~continual_eval.results.ContinualResults` (a
+``results.json`` document is accepted too and read into one). Every logger gets the scalars
+through ``log_metrics`` (step = stage index). Where the logger can show more, every matrix also
+goes out as a heatmap and as a table:
 
 ================  ===================================  ==========================================
 logger            heatmap                              table
@@ -9,16 +11,41 @@ logger            heatmap                              table
 TensorBoard       ``add_figure``                       ``add_text`` (markdown)
 Weights & Biases  ``wandb.Image``                      ``wandb.Table`` (one ``log`` per stage)
 MLflow            ``log_figure`` (one PNG per stage)   ``log_dict`` (``results.json``)
-CSV               --                                   ``scores.csv`` in the logger's ``log_dir``
+CSV               --                                   ``scores.csv``, ``scores_<name>.csv`` in the
+                                                       logger's ``log_dir``
 ================  ===================================  ==========================================
 
-With per-step evaluation (``eval_every_n_steps``), :func:`log_step` sends ``{prefix}step/{task}``
+Keys. The primary matrix keeps the keys of a single-scorer run; every other matrix carries its
+name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
+
+* metrics: ``{prefix}acc|bwt|fwt|forgetting`` for a primary accuracy matrix, else
+  ``{prefix}{name}/acc|bwt|fwt|forgetting``;
+* the row of R: ``{prefix}{score}/{task}`` (primary), ``{prefix}{name}/{task}`` (others);
+* the baseline: ``{prefix}baseline/{task}`` (primary), ``{prefix}{name}/baseline/{task}``;
+* per-step evaluations: ``{prefix}step/{task}`` (primary), ``{prefix}{name}/step/{task}``;
+* stability: ``{prefix}min_acc``, ``{prefix}wc_acc``, ``{prefix}gap_depth/{task}``,
+  ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``;
+* plasticity (per-step evaluation, after the last stage recorded): ``{prefix}anytime_acc``,
+  ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``;
+* against the callback's ``reference=``: ``{prefix}intransigence``, ``{prefix}fwt_isolated``;
+* cost of the stage: ``{prefix}cost/train_seconds``, ``eval_seconds``, ``peak_memory_bytes``,
+  ``parameters``, ``samples``, ``optimizer_steps``, ``replay_memory`` (when the module reports
+  it) and ``model_size_efficiency`` (over the stages so far);
+* class-incremental (``task_classes=``): ``{prefix}class_il/seen_acc_sample``,
+  ``seen_acc_task``, ``old_acc``, ``new_acc``, ``amca``, ``recency_prediction_share``,
+  ``recency_sample_share``, ``class_forgetting`` (see
+  :meth:`~continual_eval.class_incremental_results.ClassIncrementalResults.scalars`) and the
+  confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``;
+* figures: ``{prefix}{score}_matrix`` and ``{prefix}{score}_curves`` (primary),
+  ``{prefix}{name}_matrix`` and ``{prefix}{name}_curves``.
+
+With per-step evaluation (``eval_every_n_steps``), :func:`log_step` sends every scorer's scores
 at the callback's cumulative step (whole test sets: the per-step evaluations and every stage end,
 one value per step, as in ``results.json``'s curves; with ``step_eval_subset`` the per-step
-evaluations go to ``{prefix}step_subset/{task}`` instead), and every stage also logs
-``{prefix}min_acc``, ``{prefix}wc_acc`` and the stability gap of the task before it
-(``{prefix}gap_depth/{task}``, ``{prefix}gap_recovery_steps/{task}``) at step = stage; the per-task
-curves figure goes where the heatmap goes and to ``accuracy_curves.png`` in the results directory.
+evaluations go to ``.../step_subset/{task}`` instead), and every stage also logs min-ACC, WC-ACC
+and the stability gap of the task before it (``gap_depth/{task}``, ``gap_recovery_steps/{task}``)
+at step = stage; each matrix's step-curves figure goes where the heatmap goes and to
+``accuracy_curves.png`` (primary) or ``curves_<name>.png`` in the results directory.
 
 Call these on global rank 0 only (Lightning's logger methods are rank-zero-only anyway).
 """
@@ -41,16 +68,14 @@ from lightning.pytorch.loggers import (
     WandbLogger,
 )
 
-from continual_eval.results import (
-    METRIC_KEYS,
-    matrix_key,
-    results_to_curves,
-    results_to_tensors,
-    write_scores_csv,
-)
+from continual_eval.class_incremental_results import class_incremental_scalars
+from continual_eval.continual_results import ContinualResults, MatrixResults, Plasticity
+from continual_eval.functional.family import METRIC_KEYS
+from continual_eval.results import scores_csv_name, write_scores_csv
 
 __all__ = [
     "CURVES_PNG",
+    "curves_png_name",
     "format_matrix_table",
     "log_baseline",
     "log_stage",
@@ -60,55 +85,81 @@ __all__ = [
 ]
 
 CURVES_PNG = "accuracy_curves.png"
+_GAP_TAGS = (("depth", "gap_depth"), ("recovery_steps", "gap_recovery_steps"))
+#: the fields of a stage's cost logged as ``{prefix}cost/{field}``
+_COST_KEYS = (
+    "train_seconds",
+    "eval_seconds",
+    "peak_memory_bytes",
+    "parameters",
+    "samples",
+    "optimizer_steps",
+    "replay_memory",
+)
+
+
+def _as_results(results: ContinualResults | Mapping[str, Any]) -> ContinualResults:
+    """``results`` itself, or a ``results.json`` document read into :class:`ContinualResults`."""
+    if isinstance(results, ContinualResults):
+        return results
+    return ContinualResults.from_dict(results, validate=False)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
-    return "" if value is None else f"{value:.{digits}f}"
+    return f"{value:.{digits}f}" if _finite(value) else ""
 
 
-def matrix_sections(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """``(name, section)`` of every score matrix of a results document, the primary first (a
-    version-1 document has one, the top level)."""
-    matrices = results.get("matrices")
-    if matrices:
-        return list(matrices.items())
-    score = results.get("conventions", {}).get("score", "accuracy")
-    return [(matrix_key(score), {**results, "score": score})]
+def _cells(values: torch.Tensor) -> list[float | None]:
+    """A row as JSON-like cells (``None`` where NaN/inf)."""
+    return [v if math.isfinite(v) else None for v in values.tolist()]
 
 
-def _matrix_base(name: str, section: Mapping[str, Any], primary: bool, prefix: str) -> str:
+def curves_png_name(name: str, primary: bool) -> str:
+    """The step-curves picture in the results directory: :data:`CURVES_PNG` for the primary
+    matrix, ``curves_<name>.png`` for the others."""
+    return CURVES_PNG if primary else f"curves_{name}.png"
+
+
+def _metric_base(results: ContinualResults, name: str, prefix: str) -> str:
     """Key prefix of a matrix's metrics: ``{prefix}`` for the primary accuracy matrix (the keys
-    ``{prefix}acc`` ... of version 1), else ``{prefix}{name}/``."""
-    return prefix if primary and section["score"] == "accuracy" else f"{prefix}{name}/"
+    ``{prefix}acc`` ... of a single-scorer run), else ``{prefix}{name}/``."""
+    primary = name == results.primary_name
+    return prefix if primary and results[name].score == "accuracy" else f"{prefix}{name}/"
 
 
-def format_matrix_table(results: Mapping[str, Any], *, markdown: bool = False) -> str:
+def _scorer_base(results: ContinualResults, name: str, prefix: str) -> str:
+    """Key prefix of a matrix's baseline, per-step and stability values: ``{prefix}`` for the
+    primary matrix, else ``{prefix}{name}/``."""
+    return prefix if name == results.primary_name else f"{prefix}{name}/"
+
+
+def format_matrix_table(
+    results: ContinualResults | Mapping[str, Any], *, markdown: bool = False
+) -> str:
     """Every matrix (baseline row, one row per stage) and its metrics as compact text tables."""
-    sections = matrix_sections(results)
+    results = _as_results(results)
+    named = len(results.matrices) > 1
     return "\n\n".join(
-        _format_one_table(results, name, section, markdown=markdown, named=len(sections) > 1)
-        for name, section in sections
+        _format_one_table(results, matrix, markdown=markdown, named=named) for matrix in results
     )
 
 
 def _format_one_table(
-    results: Mapping[str, Any],
-    name: str,
-    section: Mapping[str, Any],
-    *,
-    markdown: bool,
-    named: bool,
+    results: ContinualResults, matrix: MatrixResults, *, markdown: bool, named: bool
 ) -> str:
-    names = list(results["task_names"])
-    header = ["stage", *names]
-    rows = [["baseline", *(_fmt(v) for v in section["baseline"])]]
-    rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(section["scores"])]
-    metrics = section.get("metrics", {})
+    header = ["stage", *results.task_names]
+    rows = [["baseline", *(_fmt(v) for v in matrix.baseline.tolist())]]
+    rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(matrix.scores.tolist())]
+    metrics = matrix.metrics
     summary = "  ".join(f"{k}={_fmt(metrics.get(k))}" for k in METRIC_KEYS if k in metrics)
-    score = section.get("score", "score")
+    score = matrix.score
     if named:
-        direction = "" if section.get("higher_is_better", True) else ", lower is better"
-        score = f"{name} ({score}{direction})"
+        direction = "" if matrix.higher_is_better else ", lower is better"
+        score = f"{matrix.name} ({score}{direction})"
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -125,84 +176,163 @@ def _format_one_table(
 
 
 def stage_scalars(
-    results: Mapping[str, Any], stage: int, *, prefix: str = "continual/"
+    results: ContinualResults | Mapping[str, Any], stage: int, *, prefix: str = "continual/"
 ) -> dict[str, float]:
-    """Scalars of ``stage``: the four metrics and the per-task scores of row ``stage``.
+    """Scalars of ``stage`` for every matrix: its metrics after that stage, the scores of row
+    ``stage`` and, with per-step evaluation, min-ACC, WC-ACC and the stability gap of the task
+    before it.
 
     The metrics of the primary accuracy matrix are ``{prefix}acc|bwt|fwt|forgetting``; those of
     every other matrix carry its name, ``{prefix}{name}/acc|bwt|fwt|forgetting`` (``metric=``
     names its matrix by the score, e.g. ``MulticlassF1Score``), so an F1 average is never logged
     as accuracy. Per-task scores are ``{prefix}{score}/{task}`` for the primary matrix and
-    ``{prefix}{name}/{task}`` for the others. Undefined values (not evaluated, NaN) are left
-    out rather than logged as 0.
+    ``{prefix}{name}/{task}`` for the others; stability values are ``{prefix}min_acc`` ... for the
+    primary matrix and ``{prefix}{name}/min_acc`` ... for the others. Undefined values (not
+    evaluated, NaN) are left out rather than logged as 0.
     """
+    results = _as_results(results)
     scalars: dict[str, float] = {}
-    for k, (key, section) in enumerate(matrix_sections(results)):
-        base = _matrix_base(key, section, k == 0, prefix)
-        scalars |= {f"{base}{m}": v for m, v in section["metrics"].items() if v is not None}
-        # per-task keys: {prefix}{score}/{task} for the primary matrix (as in version 1)
-        tasks = f"{prefix}{section['score']}/" if k == 0 else f"{prefix}{key}/"
-        for name, value in zip(results["task_names"], section["scores"][stage], strict=True):
-            if value is not None:
-                scalars[f"{tasks}{name}"] = value
-    scalars[f"{prefix}stage"] = float(stage)
-    stability = results.get("stability")
-    if stability is not None:
+    names = results.task_names
+    for name, matrix in results.matrices.items():
+        primary = name == results.primary_name
+        base = _metric_base(results, name, prefix)
+        scalars |= {f"{base}{m}": v for m, v in matrix.metrics_at(stage).items() if _finite(v)}
+        tasks = f"{prefix}{matrix.score}/" if primary else f"{prefix}{name}/"
+        if stage < matrix.num_stages:
+            for task, value in zip(names, matrix.scores[stage].tolist(), strict=True):
+                if _finite(value):
+                    scalars[f"{tasks}{task}"] = value
+        stability = matrix.stability
+        if stability is None:
+            continue
+        base = _scorer_base(results, name, prefix)
         for key in ("min_acc", "wc_acc"):
-            values = stability[key]
-            if stage < len(values) and values[stage] is not None:
-                scalars[f"{prefix}{key}"] = values[stage]
-        per_task = stability["per_task"]
-        if 1 <= stage <= len(per_task["depth"]):
-            name = results["task_names"][stage - 1]
-            for key, tag in (("depth", "gap_depth"), ("recovery_steps", "gap_recovery_steps")):
-                value = per_task[key][stage - 1]
-                if value is not None:
-                    scalars[f"{prefix}{tag}/{name}"] = value
+            values = getattr(stability, key)
+            if stage < len(values) and _finite(float(values[stage])):
+                scalars[f"{base}{key}"] = float(values[stage])
+        for key, tag in _GAP_TAGS:
+            values = stability.per_task.get(key)
+            if values is not None and 1 <= stage <= len(values):
+                value = float(values[stage - 1])
+                if _finite(value):
+                    scalars[f"{base}{tag}/{names[stage - 1]}"] = value
+    scalars |= _plasticity_scalars(results, stage, prefix)
+    scalars |= _reference_scalars(results, stage, prefix)
+    scalars |= _cost_scalars(results, stage, prefix)
+    scalars |= class_incremental_scalars(results, stage, prefix)
+    scalars[f"{prefix}stage"] = float(stage)
+    return scalars
+
+
+def _plasticity_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:
+    """``{prefix}anytime_acc``, ``{prefix}lca``, ``{prefix}auc_fwt`` (``{prefix}{name}/...`` for
+    the other matrices) after the last recorded stage (they cover every completed stage)."""
+    scalars: dict[str, float] = {}
+    if stage != results.stages_completed - 1:
+        return scalars
+    for name, matrix in results.matrices.items():
+        plasticity = matrix.plasticity
+        if plasticity is None:
+            continue
+        base = _scorer_base(results, name, prefix)
+        for key, value in _plasticity_values(plasticity):
+            if _finite(value):
+                scalars[f"{base}{key}"] = float(value)  # type: ignore[arg-type]
+    return scalars
+
+
+def _plasticity_values(plasticity: Plasticity) -> tuple[tuple[str, float | None], ...]:
+    return (
+        ("anytime_acc", plasticity.anytime_accuracy),
+        ("lca", plasticity.lca),
+        ("auc_fwt", plasticity.auc_forward_transfer),
+    )
+
+
+def _reference_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:
+    """``{prefix}intransigence`` and ``{prefix}fwt_isolated`` after ``stage`` (where defined)."""
+    reference = results.reference_metrics
+    scalars: dict[str, float] = {}
+    if reference is None:
+        return scalars
+    for key in ("intransigence", "fwt_isolated"):
+        values = reference.per_stage.get(key)
+        if values is not None and stage < len(values) and _finite(float(values[stage])):
+            scalars[f"{prefix}{key}"] = float(values[stage])
+    return scalars
+
+
+def _cost_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:
+    """``{prefix}cost/...``: what ``stage`` cost, and the model-size efficiency up to it."""
+    cost = results.cost.at(stage) if results.cost is not None else None
+    if cost is None or results.cost is None:
+        return {}
+    scalars = {
+        f"{prefix}cost/{key}": float(getattr(cost, key))
+        for key in _COST_KEYS
+        if getattr(cost, key) is not None
+    }
+    efficiency = results.cost.model_size_efficiency_at(stage)
+    if _finite(efficiency):
+        scalars[f"{prefix}cost/model_size_efficiency"] = float(efficiency)  # type: ignore[arg-type]
     return scalars
 
 
 def step_scalars(
     task_names: Sequence[str],
-    row: torch.Tensor,
+    rows: Mapping[str, torch.Tensor] | torch.Tensor,
     *,
     prefix: str = "continual/",
     subset: bool = False,
 ) -> dict[str, float]:
-    """``{prefix}step/{task}`` (whole test sets) or ``{prefix}step_subset/{task}`` (the fixed
-    ``step_eval_subset``) for the tasks scored at an evaluation during training (NaN left out)."""
+    """The scores of an evaluation during training: ``rows`` maps every scorer to its row
+    ``[T]``, the primary first (a tensor alone is the primary's row). Keys: ``{prefix}step/{task}``
+    (whole test sets) or ``{prefix}step_subset/{task}`` (the fixed ``step_eval_subset``) for the
+    primary scorer, ``{prefix}{name}/step/{task}`` (``.../step_subset/...``) for the others; NaN
+    left out."""
+    if isinstance(rows, torch.Tensor):
+        rows = {"": rows}
     key = "step_subset" if subset else "step"
-    return {
-        f"{prefix}{key}/{name}": float(v)
-        for name, v in zip(task_names, row.tolist(), strict=True)
-        if math.isfinite(v)
-    }
+    scalars: dict[str, float] = {}
+    for k, (name, row) in enumerate(rows.items()):
+        base = prefix if k == 0 else f"{prefix}{name}/"
+        for task, value in zip(task_names, row.tolist(), strict=True):
+            if math.isfinite(value):
+                scalars[f"{base}{key}/{task}"] = float(value)
+    return scalars
 
 
 def log_step(
     loggers: Sequence[Logger],
     task_names: Sequence[str],
-    row: torch.Tensor,
+    rows: Mapping[str, torch.Tensor] | torch.Tensor,
     step: int,
     *,
     prefix: str = "continual/",
     subset: bool = False,
 ) -> None:
-    """Log an evaluation during training at ``step`` (no ``save()``: the stage end flushes)."""
-    scalars = step_scalars(task_names, row, prefix=prefix, subset=subset)
+    """Log an evaluation during training (every scorer's row, see :func:`step_scalars`) at
+    ``step`` (no ``save()``: the stage end flushes)."""
+    scalars = step_scalars(task_names, rows, prefix=prefix, subset=subset)
     if scalars:
         for logger in loggers:
             logger.log_metrics(scalars, step=step)
 
 
 def log_baseline(
-    loggers: Sequence[Logger], results: Mapping[str, Any], *, prefix: str = "continual/"
+    loggers: Sequence[Logger],
+    results: ContinualResults | Mapping[str, Any],
+    *,
+    prefix: str = "continual/",
 ) -> None:
-    """Log the untrained scores as ``{prefix}baseline/{task}`` at step 0."""
+    """Log every matrix's untrained scores at step 0: ``{prefix}baseline/{task}`` for the primary
+    matrix, ``{prefix}{name}/baseline/{task}`` for the others."""
+    results = _as_results(results)
     scalars = {
-        f"{prefix}baseline/{name}": value
-        for name, value in zip(results["task_names"], results["baseline"], strict=True)
-        if value is not None and math.isfinite(value)
+        f"{_scorer_base(results, name, prefix)}baseline/{task}": value
+        for name, matrix in results.matrices.items()
+        for task, value in zip(results.task_names, matrix.baseline.tolist(), strict=True)
+        if math.isfinite(value)
     }
     for logger in loggers:
         if scalars:
@@ -210,40 +340,51 @@ def log_baseline(
         logger.save()
 
 
-def _figure(results: Mapping[str, Any], name: str | None = None) -> Any:
-    """The heatmap of the matrix ``name`` (default: the primary one)."""
+def _value_range(matrix: MatrixResults) -> tuple[float, float] | None:
+    """The matrix's bounds as a colour/axis range, ``None`` (autoscale) when unbounded."""
+    bounds = matrix.bounds
+    if bounds is None or not all(math.isfinite(v) for v in bounds):
+        return None
+    return float(bounds[0]), float(bounds[1])
+
+
+def _figure(results: ContinualResults, name: str) -> Any:
+    """The heatmap of the matrix ``name``."""
     from continual_eval.plotting import plot_accuracy_matrix
 
-    scores, baseline = results_to_tensors(results, name)
-    section = dict(matrix_sections(results)).get(name) if name is not None else None
-    score = (section or {}).get("score") or results.get("conventions", {}).get("score", "score")
-    bounds = (section or {}).get("bounds", [0.0, 1.0])
-    finite = bounds is not None and all(v is not None for v in bounds)
+    matrix = results[name]
     fig, _ = plot_accuracy_matrix(
-        scores,
-        baseline,
-        task_names=results["task_names"],
-        title=f"{score} after stage {results['stages_completed'] - 1}",
-        value_range=(float(bounds[0]), float(bounds[1])) if finite else None,
-        value_label=score,
+        matrix.scores,
+        matrix.baseline,
+        task_names=results.task_names,
+        title=f"{matrix.score} after stage {results.stages_completed - 1}",
+        value_range=_value_range(matrix),
+        value_label=matrix.score,
     )
     return fig
 
 
-def _curves_figure(results: Mapping[str, Any]) -> Any:
+def _curves_figure(results: ContinualResults, name: str) -> Any:
+    """The step curves of the matrix ``name``, a dashed line at each completed stage's end."""
     from continual_eval.functional.stability import boundary_indices
     from continual_eval.plotting import plot_accuracy_curves
 
-    steps, stage, accuracy = results_to_curves(results)
-    done = stage < results["stages_completed"]
+    steps, stage, scores = results.curves(name)
+    done = stage < results.stages_completed
     last = boundary_indices(stage[done]) if bool(done.any()) else stage[:0]
     boundaries = steps[last[last >= 0]]
+    matrix = results[name]
+    primary = name == results.primary_name
     fig, _ = plot_accuracy_curves(
         steps,
-        accuracy,
+        scores,
         boundaries,
-        task_names=results["task_names"],
-        ylabel=results["curves"].get("score", "accuracy"),
+        task_names=results.task_names,
+        ylabel=matrix.score,
+        value_range=_value_range(matrix),
+        title="Per-task accuracy during training (continual evaluation)"
+        if primary and matrix.score == "accuracy"
+        else f"Per-task {matrix.score} during training ({name})",
     )
     return fig
 
@@ -254,78 +395,80 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _matrix_tags(results: Mapping[str, Any], prefix: str) -> dict[str, str]:
-    """Heatmap tag of every matrix: ``{prefix}{score}_matrix`` for the primary one (as in
-    version 1), ``{prefix}{name}_matrix`` for the others; name -> tag."""
+def _tags(results: ContinualResults, prefix: str, kind: str) -> dict[str, str]:
+    """Figure tag of every matrix: ``{prefix}{score}_{kind}`` for the primary one (as in a
+    single-scorer run), ``{prefix}{name}_{kind}`` for the others; name -> tag."""
     return {
-        name: f"{prefix}{section['score']}_matrix" if k == 0 else f"{prefix}{name}_matrix"
-        for k, (name, section) in enumerate(matrix_sections(results))
+        name: f"{prefix}{matrix.score}_{kind}"
+        if name == results.primary_name
+        else f"{prefix}{name}_{kind}"
+        for name, matrix in results.matrices.items()
     }
 
 
 def log_stage(
     loggers: Sequence[Logger],
-    results: Mapping[str, Any],
+    results: ContinualResults | Mapping[str, Any],
     stage: int,
     *,
     prefix: str = "continual/",
     log_images: bool = True,
     results_dir: str | Path | None = None,
 ) -> None:
-    """Log stage ``stage`` (scalars, a heatmap and a table per matrix) to every logger, then
-    ``save()`` each one.
+    """Log stage ``stage`` (scalars, a heatmap, a step-curves figure and a table per matrix) to
+    every logger, then ``save()`` each one.
 
-    ``results_dir`` is where the CSV files already live; a CSVLogger elsewhere gets its own copy
-    of ``scores.csv``.
+    ``results_dir`` is where the CSV files already live (the step-curves pictures are written
+    there too); a CSVLogger elsewhere gets its own copy of the CSV files.
     """
+    results = _as_results(results)
     scalars = stage_scalars(results, stage, prefix=prefix)
-    tags = _matrix_tags(results, prefix)
-    primary_tag = next(iter(tags.values()))
-    curves_tag = f"{prefix}{results['conventions']['score']}_curves"
+    tags = _tags(results, prefix, "matrix")
+    curves_tags = _tags(results, prefix, "curves")
+    primary_tag = tags[results.primary_name]
     figures: dict[str, Any] = {}
-    curves_fig = None
-    has_curves = results.get("curves") is not None
+    curves_figures: dict[str, Any] = {}
+    has_curves = results.steps is not None
     image_loggers = any(
         isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
     )
+    document: dict[str, Any] | None = None
     if log_images and (image_loggers or (has_curves and results_dir is not None)):
         try:
-            if image_loggers:
-                for k, (name, tag) in enumerate(tags.items()):
-                    figures[tag] = _figure(results, None if k == 0 else name)
-            if has_curves:
-                curves_fig = _curves_figure(results)
-                if results_dir is not None:
-                    Path(results_dir).mkdir(parents=True, exist_ok=True)
-                    curves_fig.savefig(Path(results_dir) / CURVES_PNG, dpi=100)
+            for name in results.matrices:
+                if image_loggers:
+                    figures[tags[name]] = _figure(results, name)
+                if has_curves and results[name].step_scores is not None:
+                    fig = _curves_figure(results, name)
+                    curves_figures[curves_tags[name]] = fig
+                    if results_dir is not None:
+                        Path(results_dir).mkdir(parents=True, exist_ok=True)
+                        png = curves_png_name(name, name == results.primary_name)
+                        fig.savefig(Path(results_dir) / png, dpi=100)
+            section = results.class_incremental
+            if image_loggers and section is not None and stage < section.num_stages:
+                figures[f"{prefix}class_il/confusion"] = section.confusion_figure(stage)
         except ModuleNotFoundError as err:
             warnings.warn(f"ContinualEvalCallback: no figure logged ({err})", stacklevel=2)
     try:
         for logger in loggers:
             if isinstance(logger, WandbLogger):
-                images = {**figures, curves_tag: curves_fig}
+                images = {**figures, **curves_figures}
                 _log_wandb(logger, results, stage, tags, images, scalars)  # one W&B step a stage
             else:
                 logger.log_metrics(scalars, step=stage)
             if isinstance(logger, TensorBoardLogger):
-                for tag, fig in figures.items():
+                for tag, fig in {**figures, **curves_figures}.items():
                     logger.experiment.add_figure(tag, fig, global_step=stage, close=False)
-                if curves_fig is not None:
-                    logger.experiment.add_figure(
-                        curves_tag, curves_fig, global_step=stage, close=False
-                    )
                 logger.experiment.add_text(
                     primary_tag, format_matrix_table(results, markdown=True), global_step=stage
                 )
             elif isinstance(logger, MLFlowLogger):
                 run_id = logger.run_id
-                for tag, fig in figures.items():
+                for tag, fig in {**figures, **curves_figures}.items():
                     logger.experiment.log_figure(run_id, fig, f"{tag}_stage_{stage:03d}.png")
-                if curves_fig is not None:
-                    logger.experiment.log_figure(
-                        run_id, curves_fig, f"{curves_tag}_stage_{stage:03d}.png"
-                    )
-                logger.experiment.log_dict(run_id, dict(results), f"{prefix}results.json")
+                document = document or results.to_dict()
+                logger.experiment.log_dict(run_id, document, f"{prefix}results.json")
                 if results_dir is not None:
                     folder = prefix.rstrip("/") or None
                     for csv_path in sorted(Path(results_dir).glob("scores*.csv")):
@@ -333,19 +476,25 @@ def log_stage(
             elif isinstance(logger, CSVLogger):
                 log_dir = Path(logger.log_dir)
                 if results_dir is None or log_dir.resolve() != Path(results_dir).resolve():
-                    write_scores_csv(log_dir / "scores.csv", results)
+                    document = document or results.to_dict()
+                    for name in results.matrices:
+                        primary = name == results.primary_name
+                        write_scores_csv(
+                            log_dir / scores_csv_name(name, primary),
+                            document,
+                            None if primary else name,
+                        )
             logger.save()
     finally:
-        for figure in (*figures.values(), curves_fig):
-            if figure is not None:
-                import matplotlib.pyplot as plt
+        for figure in (*figures.values(), *curves_figures.values()):
+            import matplotlib.pyplot as plt
 
-                plt.close(figure)
+            plt.close(figure)
 
 
 def _log_wandb(
     logger: WandbLogger,
-    results: Mapping[str, Any],
+    results: ContinualResults,
     stage: int,
     tags: Mapping[str, str],
     figures: Mapping[str, Any],
@@ -353,11 +502,11 @@ def _log_wandb(
 ) -> None:
     import wandb
 
-    columns = ["stage", *results["task_names"]]
+    columns: list[Any] = ["stage", *results.task_names]
     payload: dict[str, Any] = dict(scalars)
-    for name, section in matrix_sections(results):
-        data = [["baseline", *section["baseline"]]]
-        data += [[str(i), *row] for i, row in enumerate(section["scores"])]
+    for name, matrix in results.matrices.items():
+        data: list[list[Any]] = [["baseline", *_cells(matrix.baseline)]]
+        data += [[str(i), *_cells(row)] for i, row in enumerate(matrix.scores)]
         payload[f"{tags[name]}_table"] = wandb.Table(columns=columns, data=data)
     for key, fig in figures.items():
         if fig is not None:

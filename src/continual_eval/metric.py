@@ -21,6 +21,7 @@ from continual_eval.functional._validation import (
 from continual_eval.functional._workspace import (
     triangle_masks,
 )
+from continual_eval.functional.family import METRIC_KEYS
 
 
 def replicated_reduction(gathered: Tensor) -> Tensor:
@@ -237,7 +238,8 @@ class ContinualMetrics(Metric):
 
     # ------------------------------------------------------------------ results
     def compute(self) -> dict[str, Tensor]:
-        """``continual_metrics(R[:s, :s], b[:s])`` over the ``s`` stages recorded so far."""
+        """``continual_metrics(R[:s, :s], b[:s])`` over the ``s`` stages recorded so far: the
+        final metrics of the family (:data:`~continual_eval.functional.family.METRIC_KEYS`)."""
         s = self.num_stages
         if s == 0:
             raise RuntimeError("ContinualMetrics.compute() needs at least one update(row)")
@@ -246,13 +248,14 @@ class ContinualMetrics(Metric):
                 f"ContinualMetrics has no baseline for tasks 1..{s - 1}: call update_baseline(b) "
                 "with the untrained model's accuracies before computing FWT"
             )
-        return continual_metrics(
+        values = continual_metrics(
             self.scores_state[:s, :s],
             self.baseline_state[:s],
             forgetting=self.forgetting,
             higher_is_better=self.scores_higher_is_better,
             validate=False,
         )
+        return {key: values[key] for key in METRIC_KEYS}
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> ContinualMetrics:
         # torchmetrics' set_dtype casts every state; the stage counter must stay an integer.

@@ -1,13 +1,32 @@
 """``continual-eval report RUN_DIR [RUN_DIR ...]``: pictures and tables from the callback's files.
 
 Per run (a directory holding ``results.json``): the accuracy-matrix heatmap and the per-task
-accuracy trajectories. Across runs, grouped by method: a bar chart of the metrics (mean over
-seeds; error bars = sample standard deviation when a method has two or more runs) and a table of
-mean ± spread. Everything goes into ``--out`` as PNGs, ``summary.csv`` and ``report.md``.
+accuracy trajectories. Across runs, grouped by method: a table of mean ± sample standard deviation
+(``n``, the runs, always shown), a bar chart of the means with the 95% Student-t interval of each
+mean as error bars (none for a method with one run), and the uncertainty across seeds from
+:mod:`continual_eval.seed_statistics`: per metric, each method's ``n``, mean, sample std, Student-t
+interval and percentile bootstrap interval (:data:`BOOTSTRAP_RESAMPLES` resamples drawn with seed
+:data:`BOOTSTRAP_SEED`, both stated in ``report.md``; one run: no interval), and the paired
+differences ``A - B`` of every pair of methods over the seeds they share (interval on the
+difference, and the seeds where A is better, where B is better, and ties; the direction of each
+metric from :func:`metric_higher_is_better`). With the runs' ``cost`` totals, a table of their
+means per method; with a matrix's ``plasticity`` (anytime accuracy, LCA), extra columns; with
+a ``class_incremental`` section (``task_classes=``), a table of the final class-incremental
+measures per method and, per run, the task-aware and task-agnostic heatmaps side by side
+and the final confusion matrix in order of arrival.
+Everything goes into ``--out``: PNGs, ``summary.csv`` (mean, std and n per metric),
+``seed_statistics.csv``, ``paired_differences.csv``, ``cost.csv`` (with costs) and ``report.md``.
 
-Intransigence needs the joint-training reference accuracy of each task; ``continual-eval fit``
-stores it as ``results.json["metadata"]["reference"]`` (a list, one value per task). Runs without it
-show no intransigence.
+Each run is read with :meth:`ContinualResults.load <continual_eval.results.ContinualResults.load>`
+(``format_version`` 1 or 2); the metric columns are the primary matrix's (the family's report
+columns, :data:`~continual_eval.functional.family.REPORT_KEYS`), and every matrix of a run is
+tabulated under its heading.
+
+Intransigence needs a reference accuracy of each task; ``continual-eval fit`` stores it as
+``results.json["metadata"]["reference"]`` (a list, one value per task) and its kind (``joint`` or
+``isolated``) as ``metadata["reference_kind"]``, which the report names. Runs without it show no
+intransigence. The reference models' own runs (``<run>/joint_reference/``,
+``<run>/isolated_reference/task_j/``: :data:`REFERENCE_DIR_NAMES`) are never listed as runs.
 
 The files read may come from anywhere: each is validated
 (:func:`continual_eval.results_schema.read_results_json`: size, nesting and name-length limits,
@@ -23,43 +42,94 @@ import argparse
 import csv
 import hashlib
 import html
+import io
+import json
 import math
 import os
 import re
 import sys
 import unicodedata
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from continual_eval._class_incremental_report import (
+    class_incremental_run_lines,
+    class_incremental_summary_lines,
+)
+from continual_eval.continual_results import ContinualResults, MatrixResults
 from continual_eval.functional import intransigence
-from continual_eval.results import RESULTS_FILE, results_to_tensors
-from continual_eval.results_schema import InvalidResultsError, printable, read_results_json
+from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
+from continual_eval.results import RESULTS_FILE
+from continual_eval.results_schema import InvalidResultsError, printable
+from continual_eval.seed_statistics import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    PairedDifference,
+    SeedSummary,
+    paired_csv,
+    paired_markdown,
+    pairwise_differences,
+    summarize,
+    summary_csv,
+    summary_markdown,
+)
 
 __all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "BOOTSTRAP_SEED",
+    "COST_COLUMNS",
+    "PLASTICITY_METRICS",
+    "REFERENCE_DIR_NAMES",
     "REPORT_METRICS",
     "MethodSummary",
     "Run",
     "escape_markdown",
     "find_runs",
     "main",
+    "metric_higher_is_better",
+    "paired_differences",
+    "run_cost",
     "run_metrics",
     "summarise",
     "write_report",
 ]
 
-#: metric key -> column title, in table and chart order
-REPORT_METRICS: dict[str, str] = {
-    "acc": "ACC",
-    "bwt": "BWT",
-    "fwt": "FWT",
-    "forgetting": "Forgetting",
-    "intransigence": "Intransigence",
-}
+#: metric key -> column title, in table and chart order (the family's report columns)
+REPORT_METRICS: dict[str, str] = {key: METRIC_TITLES[key] for key in REPORT_KEYS}
+#: further columns, shown when a run's primary matrix records them (its ``plasticity``)
+PLASTICITY_METRICS: dict[str, str] = {"anytime_accuracy": "Anytime ACC", "lca": "LCA"}
+#: metrics signed so that higher is better whatever the score's direction (the functional layer)
+_HIGHER_IS_BETTER = frozenset({"bwt", "fwt"})
+#: metrics where lower is better whatever the score's direction (a drop, a gap)
+_LOWER_IS_BETTER = frozenset({"forgetting", "intransigence"})
+#: the sub-directories ``continual-eval fit`` gives a run's reference models, skipped when
+#: searching for runs (:data:`continual_eval.references.REFERENCE_DIRS`; not imported from there:
+#: that module loads Lightning)
+REFERENCE_DIR_NAMES: tuple[str, ...] = ("isolated_reference", "joint_reference")
 JOINT_REFERENCE_DIR = "joint_reference"
+#: how each reference kind is named in ``report.md``
+_REFERENCE_NAMES = {
+    "joint": "joint-training reference",
+    "isolated": "isolated-training reference (each task trained alone)",
+    "given": "given reference",
+}
+#: percentile bootstrap: resamples and the seed of ``numpy.random.default_rng`` (the defaults of
+#: ``continual-eval report``; ``--resamples`` and ``--bootstrap-seed`` change them)
+BOOTSTRAP_RESAMPLES = DEFAULT_RESAMPLES
+BOOTSTRAP_SEED = 0
+#: the ``cost`` totals tabulated per method (key -> column title), when runs carry them
+COST_COLUMNS: dict[str, str] = {
+    "train_seconds": "train s",
+    "eval_seconds": "eval s",
+    "samples": "samples",
+    "optimizer_steps": "optimizer steps",
+    "peak_memory_bytes": "peak memory (MiB)",
+    "model_size_efficiency": "model-size efficiency",
+}
 #: longest run label used in a picture's file name (longer ones are cut and given a hash)
 MAX_LABEL_LENGTH = 80
 _HTML_SPECIAL = frozenset("&<>\"'")
@@ -116,14 +186,14 @@ def _plain_for_plot(text: str, limit: int = 40) -> str:
 
 @dataclass
 class Run:
-    """One run directory and its ``results.json``."""
+    """One run directory and its results (its ``results.json``, read)."""
 
     path: Path
-    results: dict[str, Any]
+    results: ContinualResults
 
     @property
     def metadata(self) -> dict[str, Any]:
-        return dict(self.results.get("metadata") or {})
+        return dict(self.results.metadata)
 
     @property
     def experiment(self) -> str:
@@ -144,7 +214,19 @@ class Run:
 
     @property
     def complete(self) -> bool:
-        return self.results["stages_completed"] == self.results["num_tasks"]
+        return self.results.complete
+
+    @property
+    def reference_kind(self) -> str | None:
+        """The kind of the reference behind intransigence: the ``reference`` section's kind
+        when recorded, else ``metadata["reference_kind"]`` (``continual-eval fit``), else
+        ``"joint"``; ``None`` without a reference."""
+        if self.results.reference is None:
+            return None
+        kind = _field(getattr(self.results, "reference_metrics", None), "kind")
+        if kind is None:
+            kind = self.metadata.get("reference_kind")
+        return "joint" if kind is None else str(kind)
 
     @property
     def label(self) -> str:
@@ -161,17 +243,23 @@ class Run:
 
 @dataclass
 class MethodSummary:
-    """Mean and spread of each metric over the runs of one method."""
+    """Each metric over the runs of one method: mean, sample std and the full statistics
+    (:class:`~continual_eval.seed_statistics.SeedSummary`: ``n``, both intervals)."""
 
     method: str
     runs: list[Run]
     mean: dict[str, float | None]
     std: dict[str, float | None]  # None with fewer than two values
+    #: metric -> its statistics over the runs with a value
+    stats: dict[str, SeedSummary] = field(default_factory=dict)
+    #: metric -> each run's value, in run order (``None``: absent in that run)
+    values: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Runs in ``paths``: each path is a run directory (or its results.json) or a folder searched
-    recursively for ``results.json`` (joint-reference sub-runs excluded). Sorted by path.
+    recursively for ``results.json``, leaving out the reference models' runs (anything under a
+    directory named in :data:`REFERENCE_DIR_NAMES`, below ``path``). Sorted by path.
 
     Every file is validated; the first invalid one raises
     :class:`~continual_eval.results_schema.InvalidResultsError`."""
@@ -184,58 +272,215 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
             candidates = [path / RESULTS_FILE]
         else:
             candidates = [
-                p for p in path.rglob(RESULTS_FILE) if JOINT_REFERENCE_DIR not in p.parent.parts
+                p for p in path.rglob(RESULTS_FILE) if not _in_reference_dir(p.relative_to(path))
             ]
             if not candidates:
                 raise FileNotFoundError(f"no {RESULTS_FILE} in {path}")
         for file in candidates:
-            found[file.parent.resolve()] = Run(file.parent, read_results_json(file))
+            found[file.parent.resolve()] = Run(file.parent, ContinualResults.load(file))
     return [found[k] for k in sorted(found)]
 
 
-def run_metrics(results: dict[str, Any]) -> dict[str, float | None]:
-    """ACC, BWT, FWT and forgetting as recorded, plus intransigence from
-    ``metadata["reference"]``: ``reference[j] - R[j, j]`` averaged over the completed stages
-    (``None`` without a reference)."""
-    metrics: dict[str, float | None] = {k: results["metrics"].get(k) for k in REPORT_METRICS}
-    reference = (results.get("metadata") or {}).get("reference")
-    stages = results["stages_completed"]
-    metrics["intransigence"] = None
-    if reference is not None and stages > 0 and all(v is not None for v in reference[:stages]):
-        scores, _ = results_to_tensors(results)
-        ref = torch.tensor(reference[:stages], dtype=torch.float64)
-        metrics["intransigence"] = float(intransigence(scores[:, :stages], ref))
+def _in_reference_dir(relative: Path) -> bool:
+    return any(part in REFERENCE_DIR_NAMES for part in relative.parent.parts)
+
+
+def metric_higher_is_better(key: str, score_higher_is_better: bool = True) -> bool:
+    """Which way a report column is better: BWT and FWT are signed so that higher is better for
+    any score, forgetting and intransigence are lower-is-better for any score (a drop, a gap),
+    and ACC, anytime accuracy and LCA (means of the score) follow the score's direction."""
+    if key in _HIGHER_IS_BETTER:
+        return True
+    if key in _LOWER_IS_BETTER:
+        return False
+    return bool(score_higher_is_better)
+
+
+def _field(section: Any, name: str) -> Any:
+    """``section[name]`` of a mapping or ``section.name`` of an object; ``None`` when absent."""
+    if section is None:
+        return None
+    if isinstance(section, Mapping):
+        return section.get(name)
+    return getattr(section, name, None)
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float (a number or a one-element tensor), else ``None``."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            return None
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _plasticity(matrix: MatrixResults) -> dict[str, float | None]:
+    """Anytime accuracy and LCA of a matrix's ``plasticity`` section (``{}`` without one)."""
+    section = getattr(matrix, "plasticity", None)
+    if section is None:
+        return {}
+    lca = _field(section, "lca")
+    lca_value = _finite(lca)
+    if lca_value is None:
+        lca_value = _finite(_field(lca, "value"))
+    return {"anytime_accuracy": _finite(_field(section, "anytime_accuracy")), "lca": lca_value}
+
+
+def run_metrics(results: ContinualResults | Mapping[str, Any]) -> dict[str, float | None]:
+    """The report columns of the primary matrix: the final metrics as recorded, plus
+    intransigence from ``metadata["reference"]``: ``reference[j] - R[j, j]`` averaged over the
+    completed stages (reversed for a lower-is-better score); ``None`` where undefined or without
+    a reference. With a ``plasticity`` section on the primary matrix, also its anytime accuracy
+    and LCA (:data:`PLASTICITY_METRICS`). ``results`` may also be a ``results.json`` document."""
+    if not isinstance(results, ContinualResults):
+        results = ContinualResults.from_dict(results)
+    primary = results.primary
+    metrics: dict[str, float | None] = {}
+    for key in REPORT_METRICS:
+        value = primary.metrics.get(key)
+        metrics[key] = value if value is not None and math.isfinite(value) else None
+    metrics["intransigence"] = _intransigence(primary, results.reference)
+    metrics.update(_plasticity(primary))
     return metrics
 
 
-def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    t = torch.tensor(values, dtype=torch.float64)
-    return float(t.mean()), (float(t.std(correction=1)) if len(values) > 1 else None)
+def run_cost(results: ContinualResults) -> dict[str, float | None] | None:
+    """The ``cost`` totals of a run (:data:`COST_COLUMNS`, ``None`` each where not recorded);
+    ``None`` when the run records no cost."""
+    summary = _field(getattr(results, "cost", None), "summary")
+    if callable(summary):
+        summary = summary()
+    if summary is None:
+        return None
+    return {key: _finite(_field(summary, key)) for key in COST_COLUMNS}
 
 
-def summarise(runs: Sequence[Run]) -> list[MethodSummary]:
-    """Group runs by experiment and method (in first-seen order) and average each metric over the
-    group. The group is named by its method alone when all runs share one experiment."""
+def _intransigence(matrix: MatrixResults, reference: torch.Tensor | None) -> float | None:
+    s = matrix.num_stages
+    if reference is None or s == 0 or bool(torch.isnan(reference[:s]).any()):
+        return None
+    value = intransigence(
+        matrix.scores[:, :s],
+        reference[:s],
+        higher_is_better=matrix.higher_is_better,
+        bounds=matrix.bounds,
+    )
+    return float(value)
+
+
+def summarise(
+    runs: Sequence[Run],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[MethodSummary]:
+    """Group runs by experiment and method (in first-seen order) and summarise each metric over
+    the group with :func:`~continual_eval.seed_statistics.summarize` (mean, sample std, the
+    Student-t and percentile bootstrap intervals at ``confidence``, the bootstrap drawing
+    ``resamples`` resamples with ``seed``). The group is named by its method alone when all runs
+    share one experiment. The metrics: :data:`REPORT_METRICS`, then the
+    :data:`PLASTICITY_METRICS` some run records."""
     one_experiment = len({run.experiment for run in runs}) <= 1
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(run.method if one_experiment else run.group, []).append(run)
+    per_group = {
+        method: [run_metrics(r.results) for r in members] for method, members in groups.items()
+    }
+    present = {
+        key
+        for rows in per_group.values()
+        for row in rows
+        for key, v in row.items()
+        if v is not None
+    }
+    keys = [*REPORT_METRICS, *(k for k in PLASTICITY_METRICS if k in present)]
     summaries = []
     for method, members in groups.items():
-        per_run = [run_metrics(r.results) for r in members]
-        mean, std = {}, {}
-        for key in REPORT_METRICS:
-            mean[key], std[key] = _mean_std([m[key] for m in per_run if m[key] is not None])
-        summaries.append(MethodSummary(method, members, mean, std))
+        values = {key: [row.get(key) for row in per_group[method]] for key in keys}
+        stats = {
+            key: summarize(values[key], confidence=confidence, resamples=resamples, seed=seed)
+            for key in keys
+        }
+        mean = {key: stats[key].mean for key in keys}
+        std = {key: stats[key].std for key in keys}
+        summaries.append(MethodSummary(method, members, mean, std, stats, values))
     return summaries
 
 
-def _cell(mean: float | None, std: float | None) -> str:
-    if mean is None:
+def _columns(summaries: Sequence[MethodSummary]) -> dict[str, str]:
+    """key -> title of the metrics the summaries hold, in table order."""
+    titles = {**REPORT_METRICS, **PLASTICITY_METRICS}
+    keys = summaries[0].mean if summaries else REPORT_METRICS
+    return {key: titles[key] for key in keys}
+
+
+def _directions(runs: Sequence[Run], keys: Sequence[str]) -> tuple[dict[str, bool], set[str]]:
+    """Each metric's direction (:func:`metric_higher_is_better` with the runs' primary matrix)
+    and the metrics whose direction differs between runs (then the first run's is used)."""
+    directions: dict[str, bool] = {}
+    mixed: set[str] = set()
+    for key in keys:
+        found = [metric_higher_is_better(key, r.results.primary.higher_is_better) for r in runs]
+        directions[key] = found[0] if found else metric_higher_is_better(key)
+        if len(set(found)) > 1:
+            mixed.add(key)
+    return directions, mixed
+
+
+def _seed_key(seed: Any) -> str:
+    """A run's seed as a matching key: ``1``, ``1.0``, ``"1"`` and ``true`` stay distinct."""
+    return json.dumps(seed, sort_keys=True)
+
+
+def _seed_order(seed: Any) -> tuple[int, float, str]:
+    """Numbers first, by value; then the rest by their JSON text."""
+    number = isinstance(seed, (int, float)) and not isinstance(seed, bool)
+    return (0, float(seed), "") if number else (1, 0.0, _seed_key(seed))
+
+
+def paired_differences(
+    summaries: Sequence[MethodSummary],
+    key: str,
+    *,
+    higher_is_better: bool,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[tuple[str, str], PairedDifference]:
+    """``A - B`` of metric ``key`` for every pair of methods (A before B in ``summaries``' order)
+    over the seeds both have a value for, by
+    :func:`~continual_eval.seed_statistics.pairwise_differences`. Runs are matched by their
+    ``metadata["seed"]``; a run without a seed, or whose seed another run of its method shares,
+    is not paired. The differences' ``seeds`` are indices into the sorted seeds of all runs
+    (numbers first, by value; then the rest by their JSON text)."""
+    index = {_seed_key(v): i for i, v in enumerate(_all_seeds(summaries))}
+    by_method: dict[str, dict[int, float | None]] = {}
+    for s in summaries:
+        keys = [None if r.seed is None else _seed_key(r.seed) for r in s.runs]
+        by_method[s.method] = {
+            index[k]: value
+            for k, value in zip(keys, s.values[key], strict=True)
+            if k is not None and keys.count(k) == 1
+        }
+    return pairwise_differences(
+        by_method,
+        higher_is_better=higher_is_better,
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+    )
+
+
+def _cell(stats: SeedSummary, runs: int) -> str:
+    if stats.mean is None:
         return "n/a"
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
+    text = f"{stats.mean:.4f}" if stats.std is None else f"{stats.mean:.4f} ± {stats.std:.4f}"
+    return text if stats.n == runs else f"{text} (n={stats.n})"
 
 
 def _seeds(summary: MethodSummary) -> str:
@@ -244,35 +489,51 @@ def _seeds(summary: MethodSummary) -> str:
 
 
 def markdown_table(summaries: Sequence[MethodSummary]) -> str:
-    """``| method | runs | seeds | ACC | ... |`` with mean ± sample std (mean alone for one run);
-    method names and seeds escaped (:func:`escape_markdown`)."""
-    header = ["method", "runs", "seeds", *REPORT_METRICS.values()]
+    """``| method | runs | seeds | ACC | ... |`` with mean ± sample std (mean alone for one run;
+    ``(n=k)`` where only ``k`` of the runs have a value); method names and seeds escaped
+    (:func:`escape_markdown`)."""
+    columns = _columns(summaries)
+    header = ["method", "runs", "seeds", *columns.values()]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
-        cells = [_cell(s.mean[k], s.std[k]) for k in REPORT_METRICS]
+        cells = [_cell(s.stats[k], len(s.runs)) for k in columns]
         row = [escape_markdown(s.method), str(len(s.runs)), escape_markdown(_seeds(s)), *cells]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
+def _error_bar(stats: SeedSummary) -> tuple[float, float] | None:
+    """``(below, above)`` the mean: the Student-t interval's ends; ``None`` without one."""
+    ci = stats.t_interval
+    if ci is None or stats.mean is None:
+        return None
+    return stats.mean - ci.low, ci.high - stats.mean
+
+
 def _plot_metric_bars(summaries: Sequence[MethodSummary], path: Path) -> None:
+    """Grouped bars of each method's mean per metric, the Student-t interval of the mean as
+    error bars (only where the method has two or more values), ``n`` in the legend."""
     from continual_eval.plotting import _pyplot
 
     plt = _pyplot()
-    keys = [k for k in REPORT_METRICS if any(s.mean[k] is not None for s in summaries)]
-    fig, ax = plt.subplots(figsize=(1.6 * len(keys) + 2.5, 4.2), layout="constrained")
+    columns = _columns(summaries)
+    keys = [k for k in columns if any(s.mean[k] is not None for s in summaries)]
+    confidence = summaries[0].stats[keys[0]].confidence if keys else DEFAULT_CONFIDENCE
+    pct = f"{100 * confidence:g}%"
+    fig, ax = plt.subplots(figsize=(1.6 * len(keys) + 2.5, 4.6), layout="constrained")
     width = 0.8 / len(summaries)
+    ends: list[float] = [0.0, 1.0]
+    any_interval = False
+    interval_label = f"{pct} Student-t interval of the mean (n ≥ 2)"
     for n, s in enumerate(summaries):
         xs = [i + (n - (len(summaries) - 1) / 2) * width for i in range(len(keys))]
         means = [math.nan if s.mean[k] is None else s.mean[k] for k in keys]
-        errs = [0.0 if s.std[k] is None else s.std[k] for k in keys]
-        has_spread = any(s.std[k] is not None for k in keys)
         label = f"{_plain_for_plot(s.method)} (n={len(s.runs)})"
         ax.bar(xs, means, width * 0.95, label=label)
-        if has_spread:
-            ax.errorbar(xs, means, yerr=errs, fmt="none", ecolor="black", capsize=3, linewidth=1)
-        for x, m, e in zip(xs, means, errs, strict=True):
-            if m != m:  # no value (e.g. intransigence without a reference)
+        for x, key in zip(xs, keys, strict=True):
+            stats = s.stats[key]
+            m = stats.mean
+            if m is None:  # no value (e.g. intransigence without a reference)
                 ax.annotate(
                     "n/a",
                     (x, 0),
@@ -283,48 +544,47 @@ def _plot_metric_bars(summaries: Sequence[MethodSummary], path: Path) -> None:
                     fontsize=7,
                     color="grey",
                 )
-            else:  # value labels beyond the bar end and its error bar
-                y = m + e if m >= 0 else m - e
-                ax.annotate(
-                    f"{m:.2f}",
-                    (x, y),
-                    xytext=(0, 3 if m >= 0 else -3),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom" if m >= 0 else "top",
-                    fontsize=7,
+                continue
+            bar = _error_bar(stats)
+            below, above = bar if bar is not None else (0.0, 0.0)
+            if bar is not None:
+                ax.errorbar(
+                    [x],
+                    [m],
+                    yerr=[[below], [above]],
+                    fmt="none",
+                    ecolor="black",
+                    capsize=3,
+                    linewidth=1,
+                    label=None if any_interval else interval_label,
                 )
+                any_interval = True
+            ends += [m - below, m + above]
+            # the value beyond the bar end and its error bar; n where it differs from the runs
+            text = f"{m:.2f}" if stats.n == len(s.runs) else f"{m:.2f}\nn={stats.n}"
+            ax.annotate(
+                text,
+                (x, m + above if m >= 0 else m - below),
+                xytext=(0, 3 if m >= 0 else -3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom" if m >= 0 else "top",
+                fontsize=7,
+            )
     ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(keys)), [REPORT_METRICS[k] for k in keys])
+    ax.set_xticks(range(len(keys)), [columns[k] for k in keys])
     ax.set_xlim(-0.6, len(keys) - 0.4)
-    ax.set_ylabel("value")
-    spread = any(len(s.runs) > 1 for s in summaries)
-    ax.set_title("Metrics per method" + (" (mean ± sample std over seeds)" if spread else ""))
+    ax.set_ylabel("value (mean over seeds)")
+    title = "Metrics per method: mean over seeds"
+    if any_interval:
+        title += f"\nerror bars: {pct} Student-t interval of the mean (methods with n ≥ 2)"
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    low = min(
-        [
-            0.0,
-            *(
-                s.mean[k] - (s.std[k] or 0)
-                for s in summaries
-                for k in keys
-                if s.mean[k] is not None
-            ),
-        ]
-    )
-    high = max(
-        [
-            1.0,
-            *(
-                s.mean[k] + (s.std[k] or 0)
-                for s in summaries
-                for k in keys
-                if s.mean[k] is not None
-            ),
-        ]
-    )
-    ax.set_ylim(low - 0.08, high + 0.08)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i] == interval_label)  # it goes last
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="best")
+    span = max(ends) - min(ends)
+    ax.set_ylim(min(ends) - 0.08 * span, max(ends) + 0.1 * span)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -333,81 +593,327 @@ def _plot_run(run: Run, out_dir: Path) -> tuple[Path, Path]:
     from continual_eval.plotting import _pyplot, plot_accuracy_matrix, plot_task_trajectories
 
     plt = _pyplot()
-    scores, baseline = results_to_tensors(run.results)
-    names = [_plain_for_plot(name) for name in run.results["task_names"]]
+    matrix = run.results.primary
+    names = [_plain_for_plot(name) for name in run.results.task_names]
+    score = _plain_for_plot(matrix.score)
+    bounds = matrix.bounds
+    value_range = None
+    if bounds is not None and all(math.isfinite(v) for v in bounds):
+        value_range = (float(bounds[0]), float(bounds[1]))
     title = _plain_for_plot(run.group)
     title = f"{title}, seed {_plain_for_plot(str(run.seed))}" if run.seed is not None else title
     matrix_path = out_dir / f"{run.label}_matrix.png"
-    fig, _ = plot_accuracy_matrix(scores, baseline, task_names=names, title=f"R[i, j]: {title}")
+    fig, _ = plot_accuracy_matrix(
+        matrix.scores,
+        matrix.baseline,
+        task_names=names,
+        title=f"R[i, j]: {title}",
+        value_range=value_range,
+        value_label=score,
+    )
     fig.savefig(matrix_path, dpi=120)
     plt.close(fig)
     traj_path = out_dir / f"{run.label}_trajectories.png"
-    fig, _ = plot_task_trajectories(scores, task_names=names, title=f"Per-task accuracy: {title}")
+    fig, _ = plot_task_trajectories(
+        matrix.scores,
+        task_names=names,
+        title=f"Per-task {score}: {title}",
+        ylabel=score,
+        value_range=value_range,
+    )
     fig.savefig(traj_path, dpi=120)
     plt.close(fig)
     return matrix_path, traj_path
 
 
 def _write_summary_csv(summaries: Sequence[MethodSummary], path: Path) -> None:
+    """One row per method: runs, then ``n``, mean and sample std of each metric."""
+    columns = _columns(summaries)
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(
-            ["method", "runs", *(f"{k}_{s}" for k in REPORT_METRICS for s in ("mean", "std"))]
+            ["method", "runs", *(f"{k}_{s}" for k in columns for s in ("n", "mean", "std"))]
         )
         for s in summaries:
             row: list[Any] = [s.method, len(s.runs)]
-            for k in REPORT_METRICS:
+            for k in columns:
                 row += [
+                    s.stats[k].n,
                     "" if s.mean[k] is None else repr(s.mean[k]),
                     "" if s.std[k] is None else repr(s.std[k]),
                 ]
             writer.writerow(row)
 
 
-def write_report(paths: Sequence[str | Path], out_dir: str | Path) -> Path:
-    """Draw and tabulate the runs found in ``paths`` into ``out_dir``; returns ``report.md``."""
+def _prefixed_csv(parts: Sequence[tuple[dict[str, Any], str]], suffix: Sequence[str]) -> str:
+    """The rows of several CSV texts (one header each, all alike) under one header, each row
+    with its part's columns (name -> value) first; ``suffix``: the ``shared_seeds`` column, one
+    value per row, at the end (none when empty)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    extra = iter(suffix)
+    for number, (first, text) in enumerate(parts):
+        rows = list(csv.reader(io.StringIO(text)))
+        if number == 0:
+            writer.writerow([*first, *rows[0], *(["shared_seeds"] if suffix else [])])
+        for row in rows[1:]:
+            writer.writerow([*first.values(), *row, *([next(extra)] if suffix else [])])
+    return out.getvalue()
+
+
+def _all_seeds(summaries: Sequence[MethodSummary]) -> list[Any]:
+    """The distinct seeds of all runs, sorted (numbers first): :func:`paired_differences`
+    numbers the seeds by their place here."""
+    seeds = {_seed_key(r.seed): r.seed for s in summaries for r in s.runs if r.seed is not None}
+    return sorted(seeds.values(), key=_seed_order)
+
+
+def _unpaired(summaries: Sequence[MethodSummary]) -> int:
+    """Runs without a seed, or sharing their seed with another run of their method."""
+    count = 0
+    for s in summaries:
+        keys = [None if r.seed is None else _seed_key(r.seed) for r in s.runs]
+        count += sum(1 for k in keys if k is None or keys.count(k) > 1)
+    return count
+
+
+def _direction_text(higher_is_better: bool) -> str:
+    return "higher is better" if higher_is_better else "lower is better"
+
+
+def _statistics(
+    summaries: Sequence[MethodSummary],
+    runs: Sequence[Run],
+    out: Path,
+    *,
+    confidence: float,
+    resamples: int,
+    seed: int,
+) -> list[str]:
+    """The uncertainty across seeds: per metric, the summary table and, with two or more
+    methods, the paired differences; as markdown lines for ``report.md`` (method names
+    escaped) and as ``seed_statistics.csv`` and ``paired_differences.csv`` in ``out``."""
+    columns = _columns(summaries)
+    directions, mixed = _directions(runs, list(columns))
+    pct = f"{100 * confidence:g}%"
+    q = f"{100 * (1 + confidence) / 2:g}"
+    tail = f"{100 * (1 - confidence) / 2:g}"
+    lines = [
+        "## Uncertainty across seeds",
+        "",
+        f"Per metric, over each method's runs (seeds): `n` (the runs with a value; `+k absent`: "
+        f"runs without one), the mean, the sample standard deviation `std`, the {pct} Student-t "
+        f"interval of the mean, `mean ± t({q}%, n-1) · std / √n`, and the {pct} percentile "
+        f"bootstrap interval: the {tail}% and {q}% quantiles of the means of **{resamples} "
+        f"resamples** of the runs with replacement, drawn with "
+        f"`numpy.random.default_rng({seed})` (**bootstrap seed {seed}**). A method with one "
+        "run has no interval (—). Paired differences `A - B` use the seeds both methods ran "
+        '(runs matched by `metadata["seed"]`): the same intervals on the mean difference (the '
+        "bootstrap resamples seeds, keeping pairs), and the number of shared seeds where A is "
+        "better, where B is better, and ties. As CSV: `seed_statistics.csv`, "
+        "`paired_differences.csv`.",
+        "",
+    ]
+    unpaired = _unpaired(summaries)
+    if unpaired and len(summaries) > 1:
+        lines += [
+            f"{unpaired} run(s) without a seed, or sharing their seed with another run of their "
+            "method, are left out of the paired differences.",
+            "",
+        ]
+    seeds = _all_seeds(summaries)
+    summary_parts: list[tuple[dict[str, Any], str]] = []
+    paired_parts: list[tuple[dict[str, Any], str]] = []
+    shared: list[str] = []
+    for key, title in columns.items():
+        hib = directions[key]
+        note = (
+            " (the runs' scores differ in direction: the first run's is used)"
+            if key in mixed
+            else ""
+        )
+        stats = {s.method: s.stats[key] for s in summaries}
+        escaped = {escape_markdown(s.method): s.stats[key] for s in summaries}
+        lines += [
+            f"### {title} ({_direction_text(hib)}){note}",
+            "",
+            summary_markdown(escaped),
+            "",
+        ]
+        summary_parts.append(({"metric": key, "higher_is_better": hib}, summary_csv(stats)))
+        if len(summaries) < 2:
+            continue
+        pairs = paired_differences(
+            summaries,
+            key,
+            higher_is_better=hib,
+            confidence=confidence,
+            resamples=resamples,
+            seed=seed,
+        )
+        escaped_pairs = {(escape_markdown(a), escape_markdown(b)): d for (a, b), d in pairs.items()}
+        lines += [
+            f"Paired differences of {title}, `A - B` over shared seeds ({_direction_text(hib)}: "
+            '"A better" counts the seeds where A\'s value is '
+            f"{'higher' if hib else 'lower'}):",
+            "",
+            paired_markdown(escaped_pairs),
+            "",
+        ]
+        paired_parts.append(({"metric": key}, paired_csv(pairs)))
+        shared += [json.dumps([seeds[i] for i in d.seeds]) for d in pairs.values()]
+    (out / "seed_statistics.csv").write_text(_prefixed_csv(summary_parts, []), encoding="utf-8")
+    if paired_parts:
+        (out / "paired_differences.csv").write_text(
+            _prefixed_csv(paired_parts, shared), encoding="utf-8"
+        )
+    return lines
+
+
+def _cost_section(summaries: Sequence[MethodSummary], out: Path) -> list[str]:
+    """With runs that record a ``cost``: a table of each method's mean totals (markdown lines)
+    and ``cost.csv``; nothing otherwise."""
+    rows = []
+    for s in summaries:
+        costs = [c for c in (run_cost(r.results) for r in s.runs) if c is not None]
+        means: dict[str, float | None] = {}
+        for key in COST_COLUMNS:
+            values = [v for v in (c[key] for c in costs) if v is not None]
+            means[key] = math.fsum(values) / len(values) if values else None
+        kinds = (_field(getattr(r.results, "cost", None), "memory_kind") for r in s.runs)
+        memory = ", ".join(dict.fromkeys(str(k) for k in kinds if k is not None))
+        rows.append((s.method, len(costs), means, memory))
+    if not any(count for _, count, _, _ in rows):
+        return []
+    formats = {"peak_memory_bytes": ".1f", "model_size_efficiency": ".4f", "samples": ".1f"}
+    formats |= {"optimizer_steps": ".1f", "train_seconds": ".2f", "eval_seconds": ".2f"}
+    scale = {"peak_memory_bytes": 1 / 2**20}
+    header = ["method", "runs with cost", *COST_COLUMNS.values(), "memory measured"]
+    lines = [
+        "## Cost",
+        "",
+        "Mean over each method's runs that record a cost (their `cost` totals: wall time of "
+        "training and of the evaluation, samples and optimizer steps trained, peak memory, "
+        "model-size efficiency) and what the peak memory measures (`cuda_max_allocated`: the "
+        "GPU's allocated bytes, `process_peak_rss`: the process's resident set); n/a where none "
+        "does.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|---:|" + "---:|" * len(COST_COLUMNS) + "---|",
+    ]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(
+        ["method", "runs_with_cost", *(f"{k}_mean" for k in COST_COLUMNS), "memory_kind"]
+    )
+    for method, count, means, memory in rows:
+        cells = [
+            "n/a" if v is None else format(v * scale.get(k, 1.0), formats[k])
+            for k, v in means.items()
+        ]
+        shown = escape_markdown(printable(memory, 80)) if memory else "n/a"
+        lines.append("| " + " | ".join([escape_markdown(method), str(count), *cells, shown]) + " |")
+        full = ["" if v is None else repr(v) for v in means.values()]
+        writer.writerow([method, count, *full, memory])
+    (out / "cost.csv").write_text(buffer.getvalue(), encoding="utf-8")
+    return [*lines, ""]
+
+
+def _reference_name(kind: str) -> str:
+    return _REFERENCE_NAMES.get(kind) or f"{escape_markdown(printable(kind, 40))} reference"
+
+
+def _reference_text(runs: Sequence[Run]) -> str:
+    """What intransigence is measured against, from the runs' ``reference_kind``."""
+    kinds = list(dict.fromkeys(k for k in (r.reference_kind for r in runs) if k is not None))
+    if not kinds:
+        return "a reference model's score (none recorded)"
+    if len(kinds) == 1:
+        return f"the score of the {_reference_name(kinds[0])}"
+    return "the score of each run's reference (" + "; ".join(map(_reference_name, kinds)) + ")"
+
+
+def write_report(
+    paths: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> Path:
+    """Draw and tabulate the runs found in ``paths`` into ``out_dir``; returns ``report.md``.
+    ``confidence``, ``resamples`` and ``bootstrap_seed``: the intervals across seeds."""
     runs = find_runs(paths)
+    summaries = summarise(runs, confidence=confidence, resamples=resamples, seed=bootstrap_seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summaries = summarise(runs)
+    pct = f"{100 * confidence:g}%"
     lines = ["# Continual-evaluation report", ""]
     lines += [
         f"{len(runs)} run(s). Metrics per method: mean over its runs; `±` = sample standard "
-        "deviation across runs (seeds), shown only with two or more runs. Peak forgetting, GEM "
-        "BWT/FWT; intransigence = joint-training reference minus R[j, j] (n/a without a "
-        "reference).",
+        "deviation across runs (seeds), shown only with two or more runs; `runs` = n, and "
+        "`(n=k)` where only k runs have a value. Peak forgetting, GEM BWT/FWT; intransigence = "
+        f"{_reference_text(runs)} minus R[j, j] (reversed for a lower-is-better score; n/a "
+        "without a reference). The columns are each run's primary matrix; every matrix is "
+        "tabulated under its run.",
         "",
         markdown_table(summaries),
         "",
     ]
     if len(runs) > 0:
         _plot_metric_bars(summaries, out / "metrics.png")
-        lines += ["![metrics per method](metrics.png)", ""]
+        lines += [
+            "![metrics per method](metrics.png)",
+            "",
+            f"Bars: mean over each method's runs (n in the legend). Error bars: the {pct} "
+            "Student-t interval of the mean, drawn only where a method has two or more values "
+            "(none for one run).",
+            "",
+        ]
     _write_summary_csv(summaries, out / "summary.csv")
+    if len(runs) > 1:
+        lines += _statistics(
+            summaries,
+            runs,
+            out,
+            confidence=confidence,
+            resamples=resamples,
+            seed=bootstrap_seed,
+        )
+    else:
+        lines += ["One run: no interval across seeds.", ""]
+    lines += _cost_section(summaries, out)
+    lines += class_incremental_summary_lines(summaries, escape_markdown)
     from continual_eval.loggers import format_matrix_table
 
     for run in runs:
         matrix_path, traj_path = _plot_run(run, out)
-        stages = f"{run.results['stages_completed']}/{run.results['num_tasks']} stages"
+        stages = f"{run.results.stages_completed}/{run.results.num_tasks} stages"
         heading = escape_markdown(f"{run.group}, seed {run.seed} ({stages})")
         lines += [f"## {heading}", "", _code_span(str(run.path)), ""]
         lines += [format_matrix_table(_escaped_names(run.results), markdown=True), ""]
         extra = run_metrics(run.results)["intransigence"]
-        if extra is not None:
-            lines += [f"intransigence={extra:.4f}", ""]
+        if extra is not None and run.reference_kind is not None:
+            lines += [
+                f"intransigence={extra:.4f} (against the {_reference_name(run.reference_kind)})",
+                "",
+            ]
         lines += [f"![R]({matrix_path.name}) ![trajectories]({traj_path.name})", ""]
+        lines += class_incremental_run_lines(run, out, _plain_for_plot)
     report = out / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return report
 
 
-def _escaped_names(results: dict[str, Any]) -> dict[str, Any]:
-    """A shallow copy of ``results`` whose task names and score name are Markdown-escaped."""
-    conventions = dict(results.get("conventions") or {})
-    if "score" in conventions:
-        conventions["score"] = escape_markdown(conventions["score"])
-    names = [escape_markdown(name) for name in results["task_names"]]
-    return {**results, "task_names": names, "conventions": conventions}
+def _escaped_names(results: ContinualResults) -> ContinualResults:
+    """A copy of ``results`` whose task names, matrix names and score names are
+    Markdown-escaped (for the tables of ``report.md``)."""
+    matrices = {  # the keys stay; the tables show each matrix's own name
+        name: replace(matrix, name=escape_markdown(name), score=escape_markdown(matrix.score))
+        for name, matrix in results.matrices.items()
+    }
+    names = tuple(escape_markdown(name) for name in results.task_names)
+    return replace(results, task_names=names, matrices=matrices)
 
 
 def _default_out(paths: Sequence[str]) -> Path:
@@ -422,17 +928,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``continual-eval report RUN_DIR [RUN_DIR ...] [--out DIR]``; returns the exit code."""
     parser = argparse.ArgumentParser(
         prog="continual-eval report",
-        description="Heatmaps, trajectories, a metric chart and a mean ± spread table from "
-        "the results.json files ContinualEvalCallback wrote.",
+        description="Heatmaps, trajectories, a metric chart with Student-t intervals, tables "
+        "of mean ± spread, intervals across seeds (Student-t and percentile bootstrap) and "
+        "paired differences between methods, from the results.json files "
+        "ContinualEvalCallback wrote.",
     )
     parser.add_argument("runs", nargs="+", help="run directories (or folders holding several)")
     parser.add_argument(
         "--out", default=None, help="output folder (default: <common parent of the runs>/report)"
     )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help="level of the intervals across seeds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--resamples",
+        type=int,
+        default=BOOTSTRAP_RESAMPLES,
+        help="bootstrap resamples (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--bootstrap-seed",
+        type=int,
+        default=BOOTSTRAP_SEED,
+        help="seed of the bootstrap's numpy.random.default_rng (default: %(default)s)",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     out = Path(args.out) if args.out else _default_out(args.runs)
     try:
-        report = write_report(args.runs, out)
+        report = write_report(
+            args.runs,
+            out,
+            confidence=args.confidence,
+            resamples=args.resamples,
+            bootstrap_seed=args.bootstrap_seed,
+        )
     except InvalidResultsError as err:  # a file that is not a valid results.json
         print(f"continual-eval report: {err}", file=sys.stderr)
         return 2

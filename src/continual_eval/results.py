@@ -1,19 +1,26 @@
 """The files :class:`~continual_eval.ContinualEvalCallback` writes after each stage; their reader.
 
-``results.json`` (``format_version`` 1) holds the accuracy matrix rows so far, the baseline, the
-metrics of ``R[:s, :s]`` and their per-stage curves, per-task transfer and forgetting, the
-conventions used and free-form metadata; ``scores.csv`` holds the same matrix as a table
-(``baseline`` row, then one row per stage; an empty field is a cell that was not evaluated). Both
-are replaced atomically (temporary file + ``os.replace``), so a crash leaves the previous complete
-version.
+The results of a run are one typed object, :class:`ContinualResults` (defined in
+:mod:`continual_eval.continual_results`): per scorer a :class:`MatrixResults` with the rows so
+far, the baseline, the metric family of one functional pass, the per-task values and the step
+curves. ``results.json`` is its document (:meth:`ContinualResults.to_dict`, ``format_version`` 2:
+the primary matrix at the top level as in version 1, every matrix under ``matrices``; version-1
+files still load); ``scores.csv`` holds the primary matrix as a table (``baseline`` row, then one
+row per stage; an empty field is a cell that was not evaluated) and ``scores_<name>.csv`` every
+other one. Every file is replaced atomically (temporary file + ``os.replace``), so a crash leaves
+the previous complete version.
 
-The pair is kept consistent: ``scores.csv`` is written first and ``results.json`` last, naming the
-SHA-256 of the ``scores.csv`` it was written with (``files``), so ``results.json`` is the commit
-record; a write interrupted between the two leaves ``scores.csv`` one stage ahead, which
-:func:`check_results_files` reports and the callback repairs when the run resumes. Temporary files
-of writers that died are removed by :func:`remove_stale_temporaries` when a run starts. Each
-document carries the ``run_id`` of the run that wrote it; a run never writes into a directory that
-holds another run's results (see ``ContinualEvalCallback(overwrite=...)``).
+The functions taking or returning a ``dict`` (:func:`build_results`, :func:`load_results`,
+:func:`write_results`, :func:`results_to_tensors`, :func:`results_to_curves`) are the dict view
+of the same document, kept for existing code.
+
+The set is kept consistent: the CSV files are written first and ``results.json`` last, naming the
+SHA-256 of each CSV it was written with (``files``), so ``results.json`` is the commit record; a
+write interrupted between them leaves a CSV one stage ahead, which :func:`check_results_files`
+reports and the callback repairs when the run resumes. Temporary files of writers that died are
+removed by :func:`remove_stale_temporaries` when a run starts. Each document carries the
+``run_id`` of the run that wrote it; a run never writes into a directory that holds another run's
+results (see ``ContinualEvalCallback(overwrite=...)``).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +41,37 @@ import torch
 from torch import Tensor
 
 from continual_eval._files import replace_atomically
-from continual_eval.functional import CURVE_KEYS, all_continual_metrics
-from continual_eval.functional.stability import (
-    min_accuracy,
-    stability_gap,
-    worst_case_accuracy,
+from continual_eval.continual_results import (
+    ContinualResults,
+    MatrixResults,
+    ScoreMatrix,
+    Stability,
+    StepEvaluations,
+    matrix_key,
+)
+from continual_eval.functional.family import (
+    CURVE_KEYS,
+    METRIC_FAMILY,
+    METRIC_KEYS,
+    PER_TASK_KEYS,
+    REPORT_KEYS,
 )
 from continual_eval.results_schema import FORMAT_VERSION, read_results_json
 
 __all__ = [
+    "CURVE_KEYS",
     "FORMAT_VERSION",
+    "METRIC_FAMILY",
+    "METRIC_KEYS",
+    "PER_TASK_KEYS",
+    "REPORT_KEYS",
     "RESULTS_FILE",
     "SCORES_FILE",
+    "ContinualResults",
+    "MatrixResults",
     "ScoreMatrix",
+    "Stability",
+    "StepEvaluations",
     "build_curves",
     "build_results",
     "check_results_files",
@@ -58,14 +83,13 @@ __all__ = [
     "remove_stale_temporaries",
     "results_to_curves",
     "results_to_tensors",
+    "scores_csv_name",
     "write_results",
     "write_scores_csv",
 ]
 
 RESULTS_FILE = "results.json"
 SCORES_FILE = "scores.csv"
-METRIC_KEYS = ("acc", "bwt", "fwt", "forgetting")
-PER_TASK_KEYS = ("bwt", "fwt", "forgetting")
 
 
 def default_results_dir(trainer: Any, dirpath: str | os.PathLike[str] | None = None) -> Path:
@@ -116,69 +140,8 @@ def new_version_dir(parent: str | os.PathLike[str]) -> Path:
             version += 1
 
 
-def _float_or_none(value: float) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _list(t: Tensor) -> list[Any]:
-    """Nested lists of floats with NaN/inf as ``None``."""
-    if t.ndim == 0:
-        return _float_or_none(t.item())  # type: ignore[return-value]
-    return [_list(x) if x.ndim else _float_or_none(x.item()) for x in t.detach().cpu().double()]
-
-
-@dataclass(frozen=True)
-class ScoreMatrix:
-    """One scorer's matrix: what its cells hold (``score``), the rows so far ``[s, T]``, the
-    untrained baseline ``[T]``, its direction and its validation range (``None`` = unbounded)."""
-
-    score: str
-    scores: Tensor
-    baseline: Tensor
-    higher_is_better: bool = True
-    bounds: tuple[float, float] | None = (0.0, 1.0)
-
-
-def matrix_key(score_name: str) -> str:
-    """The ``matrices`` key of a single scorer: ``"acc"`` for accuracy, else its score name."""
-    return "acc" if score_name == "accuracy" else score_name
-
-
-def _direction(matrix: ScoreMatrix) -> dict[str, Any]:
-    """Keyword arguments for the functional layer (none for the seed-000 default)."""
-    if matrix.higher_is_better and matrix.bounds == (0.0, 1.0):
-        return {}
-    return {"higher_is_better": matrix.higher_is_better, "bounds": matrix.bounds}
-
-
-def _matrix_section(matrix: ScoreMatrix, forgetting: str, validate: bool) -> dict[str, Any]:
-    """Rows, baseline and the metric family of one matrix, from ONE ``all_continual_metrics``
-    pass: ``metrics`` is exactly the last point of ``metrics_per_stage``."""
-    scores = torch.as_tensor(matrix.scores, dtype=torch.float64).cpu()
-    baseline = torch.as_tensor(matrix.baseline, dtype=torch.float64).cpu()
-    s = scores.shape[0]
-    metrics: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
-    curves: dict[str, list[Any]] = {k: [] for k in CURVE_KEYS}
-    per_task: dict[str, list[Any]] = {k: [] for k in PER_TASK_KEYS}
-    if s > 0:
-        R, b = scores[:, :s], baseline[:s]
-        family = all_continual_metrics(
-            R, b, forgetting=forgetting, validate=validate, **_direction(matrix)
-        )
-        curves = {k: _list(family["curve"][k]) for k in CURVE_KEYS}
-        per_task = {k: _list(family["per_task"][k]) for k in PER_TASK_KEYS}
-        metrics = {k: curves[k][-1] for k in METRIC_KEYS}
-    return {
-        "score": matrix.score,
-        "higher_is_better": bool(matrix.higher_is_better),
-        "bounds": None if matrix.bounds is None else [_float_or_none(v) for v in matrix.bounds],
-        "scores": _list(scores) if s else [],
-        "baseline": _list(baseline),
-        "metrics": metrics,
-        "metrics_per_stage": curves,
-        "per_task": per_task,
-    }
+def _cells(values: Sequence[Any]) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
 
 
 def build_results(
@@ -194,12 +157,8 @@ def build_results(
     run_id: str | None = None,
     matrices: Mapping[str, ScoreMatrix] | None = None,
 ) -> dict[str, Any]:
-    """The ``results.json`` document (``format_version`` 2) for ``s`` completed stages.
-
-    The top level holds the primary matrix (``scores``, ``baseline``, ``metrics``, ... as in
-    version 1, which readers of version 1 keep reading); ``matrices`` holds every scorer's matrix
-    by name, each with ``score``, ``higher_is_better``, ``bounds`` and its metric family
-    (``metrics`` equal to the last point of ``metrics_per_stage``, one functional pass).
+    """The ``results.json`` document (``format_version`` 2) for ``s`` completed stages: the dict
+    view of :meth:`ContinualResults.from_tensors(...).to_dict() <ContinualResults.to_dict>`.
 
     Args:
         scores: ``[s, T]`` rows of the primary R so far (NaN = not evaluated), ``0 <= s <= T``.
@@ -209,8 +168,10 @@ def build_results(
         score_name: what a primary cell holds (e.g. ``"accuracy"``).
         metadata: free-form, JSON-serialisable.
         validate: check the cells the metrics read (off by default: the caller already did).
-        step_curves: the ``curves`` and ``stability`` sections from :func:`build_curves` (per-step
-            evaluation); left out of the document when ``None``.
+        step_curves: the ``curves`` and ``stability`` sections from :func:`build_curves`
+            (per-step evaluation of the primary matrix); its rows become the primary matrix's
+            ``step_scores`` (when its :class:`ScoreMatrix` has none) and its stability is
+            recomputed with the primary's direction. Left out of the document when ``None``.
         run_id: the identifier of the run writing the document (left out when ``None``).
         matrices: every scorer's :class:`ScoreMatrix` by name, the primary first (its rows must
             be ``scores``/``baseline``); default: the primary alone, named by
@@ -218,41 +179,29 @@ def build_results(
     """
     scores = torch.as_tensor(scores, dtype=torch.float64).cpu()
     baseline = torch.as_tensor(baseline, dtype=torch.float64).cpu()
-    s, T = scores.shape
-    names = list(task_names) if task_names is not None else [f"task_{j}" for j in range(T)]
-    if len(names) != T:
-        raise ValueError(f"{len(names)} task names for {T} tasks")
+    T = scores.shape[1]
     if not matrices:
         matrices = {matrix_key(score_name): ScoreMatrix(score_name, scores, baseline)}
-    sections = {
-        name: _matrix_section(matrix, forgetting, validate) for name, matrix in matrices.items()
-    }
-    primary = next(iter(sections.values()))
-    document: dict[str, Any] = {"format_version": FORMAT_VERSION}
-    if run_id is not None:
-        document["run_id"] = run_id
-    document |= {
-        "num_tasks": T,
-        "task_names": names,
-        "stages_completed": s,
-        "scores": primary["scores"],
-        "baseline": primary["baseline"],
-        "metrics": primary["metrics"],
-        "metrics_per_stage": primary["metrics_per_stage"],
-        "per_task": primary["per_task"],
-        "conventions": {
-            "indexing": "zero-based",
-            "weighting": "equal-task",
-            "forgetting": forgetting,
-            "fwt": "R[j-1,j] - b[j] (GEM; b[j] - R[j-1,j] where lower is better)",
-            "score": primary["score"],
-        },
-        "metadata": dict(metadata or {}),
-        "matrices": sections,
-    }
+    steps, tolerance = None, 0.0
     if step_curves is not None:
-        document.update(step_curves)
-    return document
+        curves = step_curves["curves"]
+        steps = StepEvaluations.from_dict(curves)
+        tolerance = float((step_curves.get("stability") or {}).get("tolerance", 0.0))
+        rows = torch.tensor([_cells(r) for r in curves["accuracy"]], dtype=torch.float64)
+        matrices = dict(matrices)
+        first = next(iter(matrices))
+        if matrices[first].step_scores is None:
+            matrices[first] = replace(matrices[first], step_scores=rows.reshape(-1, T))
+    return ContinualResults.from_tensors(
+        matrices,
+        task_names=task_names,
+        forgetting=forgetting,
+        metadata=metadata,
+        run_id=run_id,
+        steps=steps,
+        tolerance=tolerance,
+        validate=validate,
+    ).to_dict()
 
 
 def build_curves(
@@ -266,56 +215,65 @@ def build_curves(
     score_name: str = "accuracy",
     subset: Mapping[str, Any] | None = None,
     tolerance: float = 0.0,
+    higher_is_better: bool = True,
 ) -> dict[str, Any]:
-    """The ``curves`` and ``stability`` sections of ``results.json``.
+    """The ``curves`` and ``stability`` sections of ``results.json`` for one matrix (the dict
+    view of :class:`StepEvaluations` and :meth:`Stability.compute`).
 
     ``curves`` holds every evaluation so far: ``step`` ``[N]``, ``stage`` ``[N]`` and ``accuracy``
     ``[N, T]`` (``None`` = not evaluated), ``full`` ``[N]`` (whole test sets, else a subset).
     ``stability`` reads the evaluations of the ``stages_completed`` finished stages only:
     ``min_acc``/``wc_acc`` per stage and, per task ``j`` (stages ``j+1``), the gap ``depth``,
     ``boundary``, ``minimum`` and ``recovery_steps`` (``None`` when undefined or never recovered),
-    from :mod:`continual_eval.functional.stability` (De Lange et al., ICLR 2023).
+    from :mod:`continual_eval.functional.stability` (De Lange et al., ICLR 2023), in the
+    direction ``higher_is_better``.
     """
-    steps = torch.as_tensor(steps, dtype=torch.int64).cpu()
-    stage = torch.as_tensor(stage, dtype=torch.int64).cpu()
+    evaluations = StepEvaluations(
+        step=torch.as_tensor(steps, dtype=torch.int64),
+        stage=torch.as_tensor(stage, dtype=torch.int64),
+        full=tuple(full) if full is not None else (),
+        step_counter=step_counter,
+        subset=dict(subset) if subset is not None else None,
+    )
     accuracy = torch.as_tensor(accuracy, dtype=torch.float64).cpu()
-    full_list = [True] * len(steps) if full is None else [bool(f) for f in full]
-    curves = {
-        "step": steps.tolist(),
-        "stage": stage.tolist(),
-        "accuracy": _list(accuracy) if len(steps) else [],
-        "full": full_list,
-        "score": score_name,
-        "step_counter": step_counter,
-        "subset": dict(subset) if subset is not None else None,
+    stability = Stability.compute(
+        accuracy,
+        evaluations,
+        stages_completed,
+        higher_is_better=higher_is_better,
+        tolerance=tolerance,
+    )
+    return {
+        "curves": evaluations.to_dict(accuracy, score_name),
+        "stability": stability.to_dict(),
     }
-    done = stage < stages_completed
-    acc, stg, stp = accuracy[done], stage[done], steps[done]
-    stability: dict[str, Any] = {
-        "min_acc": [],
-        "wc_acc": [],
-        "per_task": {"boundary": [], "minimum": [], "depth": [], "recovery_steps": []},
-        "tolerance": tolerance,
-        "source": "De Lange, van de Ven & Tuytelaars, ICLR 2023 (min-ACC eq. 4, WC-ACC eq. 5)",
-    }
-    if stages_completed > 0 and len(stg):
-        gap = stability_gap(acc, stg, stp, tolerance=tolerance)
-        stability["min_acc"] = _list(min_accuracy(acc, stg, validate=False))
-        stability["wc_acc"] = _list(worst_case_accuracy(acc, stg, validate=False))
-        stability["per_task"] = {k: _list(v) for k, v in gap.items()}
-    return {"curves": curves, "stability": stability}
 
 
-def results_to_curves(results: Mapping[str, Any]) -> tuple[Tensor, Tensor, Tensor]:
-    """``(step [N], stage [N], accuracy [N, T])`` from a document's ``curves`` section (NaN where
-    ``None``)."""
+def results_to_curves(
+    results: Mapping[str, Any], name: str | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(step [N], stage [N], scores [N, T])`` of a document's per-step evaluations (NaN where
+    ``None``): the primary matrix's (``curves.accuracy``), or the matrix ``name``'s
+    (``matrices[name].step_scores``)."""
     if results.get("curves") is None:
         raise ValueError("these results hold no curves (run with eval_every_n_steps)")
     c, T = results["curves"], int(results["num_tasks"])
+    rows = c["accuracy"]
+    if name is not None:
+        matrices = results.get("matrices") or {}
+        if name not in matrices:
+            raise KeyError(
+                f"these results hold no matrix {name!r}; they hold {sorted(matrices) or 'one'}"
+            )
+        section = matrices[name]
+        if "step_scores" in section:
+            rows = section["step_scores"]
+        elif name != next(iter(matrices)):
+            raise KeyError(f"the matrix {name!r} of these results holds no step curves")
     steps = torch.tensor(c["step"], dtype=torch.int64)
     stage = torch.tensor(c["stage"], dtype=torch.int64)
-    rows = [[math.nan if v is None else float(v) for v in row] for row in c["accuracy"]]
-    return steps, stage, torch.tensor(rows, dtype=torch.float64).reshape(-1, T)
+    scores = torch.tensor([_cells(row) for row in rows], dtype=torch.float64).reshape(-1, T)
+    return steps, stage, scores
 
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
@@ -341,6 +299,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _is_results_file(name: str) -> bool:
+    """``results.json``, ``scores.csv`` or a ``scores_<name>.csv``."""
+    return name in (RESULTS_FILE, SCORES_FILE) or (
+        name.startswith("scores_") and name.endswith(".csv")
+    )
+
+
 def remove_stale_temporaries(dirpath: str | os.PathLike[str]) -> list[Path]:
     """Delete the temporary files (``.NAME.PID.tmp``) that writers killed mid-write left in
     ``dirpath``; temporaries of live processes are kept. Returns the removed paths."""
@@ -350,7 +315,7 @@ def remove_stale_temporaries(dirpath: str | os.PathLike[str]) -> list[Path]:
         return removed
     for path in dirpath.iterdir():
         match = _TEMPORARY.match(path.name)
-        if match is None or match["name"] not in (RESULTS_FILE, SCORES_FILE):
+        if match is None or not _is_results_file(match["name"]):
             continue
         if not _pid_alive(int(match["pid"])):
             path.unlink(missing_ok=True)
@@ -394,22 +359,37 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def write_scores_csv(path: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
-    """Write ``scores.csv`` atomically: a header ``stage,<task names>``; a ``baseline`` row; one
-    row per stage (an empty field is a cell that was not evaluated)."""
+def _document(results: Mapping[str, Any] | ContinualResults) -> Mapping[str, Any]:
+    return results.to_dict() if isinstance(results, ContinualResults) else results
+
+
+def write_scores_csv(
+    path: str | os.PathLike[str],
+    results: Mapping[str, Any] | ContinualResults,
+    name: str | None = None,
+) -> Path:
+    """Write the CSV of the matrix ``name`` (default: the primary one) atomically: a header
+    ``stage,<task names>``; a ``baseline`` row; one row per stage (an empty field is a cell that
+    was not evaluated)."""
     path = Path(path)
-    _atomic_write(path, _scores_csv_text(results))
+    document = _document(results)
+    section = None if name is None else (document.get("matrices") or {})[name]
+    _atomic_write(path, _scores_csv_text(document, section))
     return path
 
 
-def write_results(dirpath: str | os.PathLike[str], results: Mapping[str, Any]) -> Path:
+def write_results(
+    dirpath: str | os.PathLike[str], results: Mapping[str, Any] | ContinualResults
+) -> Path:
     """Write ``scores.csv`` (and ``scores_<name>.csv`` per further matrix) and then
-    ``results.json`` into ``dirpath``, each atomically; return the JSON path.
+    ``results.json`` into ``dirpath``, each atomically; return the JSON path. ``results`` is a
+    :class:`ContinualResults` or its document (:meth:`ContinualResults.write` calls this).
 
     ``results.json`` is written last and records the SHA-256 and stage count of every CSV
     written with it (``files``): it is the commit record of the set.
     """
     dirpath = Path(dirpath)
+    results = _document(results)
     csv_files = _csv_files(results)
     stages = int(results["stages_completed"])
     document = dict(results)
@@ -476,7 +456,8 @@ def _read_document(path: Path) -> dict[str, Any]:
 
 
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a ``results.json`` (or the directory holding one) written by the callback.
+    """Read a ``results.json`` (or the directory holding one) written by the callback: the dict
+    view; :meth:`ContinualResults.load` gives the typed object.
 
     Returns the document as written (``None`` for cells that were not evaluated or metrics that are
     undefined), without the write bookkeeping (``files``, see :func:`check_results_files`). Use
@@ -512,9 +493,6 @@ def results_to_tensors(
             )
         section = matrices[name]
 
-    def conv(values: Sequence[Any]) -> list[float]:
-        return [math.nan if v is None else float(v) for v in values]
-
-    scores = torch.tensor([conv(r) for r in section["scores"]], dtype=torch.float64).reshape(-1, T)
-    baseline = torch.tensor(conv(section["baseline"]), dtype=torch.float64)
-    return scores, baseline
+    scores = torch.tensor([_cells(r) for r in section["scores"]], dtype=torch.float64)
+    baseline = torch.tensor(_cells(section["baseline"]), dtype=torch.float64)
+    return scores.reshape(-1, T), baseline

@@ -6,18 +6,29 @@ file and the offending field as a JSON path (``scores[2][1]``, ``metadata.refere
 expected and the found type, so no reader meets a ``KeyError``, ``TypeError`` or
 ``RecursionError`` later.
 
-Schema (``format_version`` 1; ``T = num_tasks``, ``s = stages_completed``, "cell" = a finite
-number or ``null``):
+Schema (``format_version`` 1 or 2; ``T = num_tasks``, ``s = stages_completed``, ``N`` = the
+per-step evaluations, "cell" = a finite number or ``null``):
 
-* required: ``format_version`` (1), ``num_tasks`` (integer, ``1..MAX_TASKS``), ``task_names``
-  (``T`` strings), ``stages_completed`` (integer, ``0..T``), ``scores`` (``s`` rows of ``T``
-  cells), ``baseline`` (``T`` cells), ``metrics`` (object of cells);
+* required: ``format_version`` (1 or 2), ``num_tasks`` (integer, ``1..MAX_TASKS``),
+  ``task_names`` (``T`` strings), ``stages_completed`` (integer, ``0..T``), ``scores`` (``s`` rows
+  of ``T`` cells), ``baseline`` (``T`` cells), ``metrics`` (object of cells);
 * optional, checked when present: ``metrics_per_stage`` (object of ``s`` cells each),
   ``per_task`` (object of ``max(s - 1, 0)`` cells each), ``conventions`` (object of strings),
   ``metadata`` (free-form object; ``experiment``, ``method`` and ``seed`` each a string, a number,
   a boolean or null; ``reference`` ``T`` cells or null), ``curves`` and ``stability`` (per-step
-  evaluation, see :func:`continual_eval.results.build_curves`), ``run_id`` (string), ``files``
-  (object of objects; ``files["scores.csv"]`` holds ``sha256`` and ``stages``);
+  evaluation of the primary matrix, see :func:`continual_eval.results.build_curves`), ``run_id``
+  (string), ``files`` (object of objects; ``files["scores.csv"]`` holds ``sha256`` and
+  ``stages``);
+* ``matrices`` (version 2; at most :data:`MAX_MATRICES`): name -> ``score`` (string), ``scores``,
+  ``baseline``, ``metrics`` as at the top level, optional ``higher_is_better`` (boolean),
+  ``bounds`` (2 cells, ``null`` = infinite, or null), ``metrics_per_stage``, ``per_task``, and
+  with per-step evaluation ``step_scores`` (``N`` rows of ``T`` cells, aligned with
+  ``curves.step``: only with ``curves``), ``stability`` (as at the top level) and ``plasticity``
+  (see ``_check_plasticity``);
+* optional sections of the callback, checked when present (not null): ``cost`` (what each stage
+  cost, see ``_check_cost``) and ``reference`` (the primary matrix against a reference model,
+  see ``_check_reference``), ``class_incremental`` (the class-incremental record, see
+  ``_check_class_incremental``);
 * unknown top-level keys are accepted (forward compatibility), within the nesting bound.
 
 Limits on what an untrusted file may hold (a file beyond them is refused, not truncated):
@@ -40,8 +51,11 @@ from typing import Any, NoReturn
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_CLASSES",
+    "MAX_CONFUSION_CELLS",
     "MAX_DEPTH",
     "MAX_FILE_BYTES",
+    "MAX_MATRICES",
     "MAX_NAME_LENGTH",
     "MAX_TASKS",
     "MAX_TEXT_LENGTH",
@@ -68,6 +82,11 @@ MAX_NAME_LENGTH = 200
 MAX_TEXT_LENGTH = 1000
 #: deepest nesting of arrays and objects, the document itself counting as level 1
 MAX_DEPTH = 32
+#: most class ids of a ``class_incremental`` section (``num_classes``)
+MAX_CLASSES = 5000
+#: most confusion cells of a ``class_incremental`` section, stages x classes**2 (the reader
+#: holds them as int64: 256 MiB)
+MAX_CONFUSION_CELLS = 2**25
 
 _MAX_EXACT_INT = 2**53  # integers beyond this are not exact as float64 cells
 _MAX_INT64 = 2**63 - 1
@@ -275,21 +294,209 @@ def _check_curves(check: _Checker, curves: Any, T: int) -> None:
         check.nesting(subset, "curves.subset", 3)
 
 
-def _check_stability(check: _Checker, stability: Any, T: int) -> None:
-    stability = check.mapping(stability, "stability")
+def _check_stability(check: _Checker, stability: Any, T: int, field: str = "stability") -> None:
+    stability = check.mapping(stability, field)
     for key in ("min_acc", "wc_acc"):
         if key in stability:
-            check.cells(stability[key], f"stability.{key}", most=T)
+            check.cells(stability[key], f"{field}.{key}", most=T)
     if "per_task" in stability:
-        check.cell_table(stability["per_task"], "stability.per_task", None, most=T)
+        check.cell_table(stability["per_task"], f"{field}.per_task", None, most=T)
     if "tolerance" in stability:
-        check.number(stability["tolerance"], "stability.tolerance")
+        check.number(stability["tolerance"], f"{field}.tolerance")
     if "source" in stability:
-        check.string(stability["source"], "stability.source", MAX_TEXT_LENGTH)
+        check.string(stability["source"], f"{field}.source", MAX_TEXT_LENGTH)
 
 
-def _check_matrices(check: _Checker, matrices: Any, T: int, s: int) -> None:
-    """``matrices``: name -> one scorer's matrix (format_version 2)."""
+def _check_cell(check: _Checker, section: dict[str, Any], key: str, field: str) -> None:
+    if key in section and not _is_cell(section[key]):
+        check.fail(f"{field}.{key}", "a finite number or null", section[key])
+
+
+def _check_plasticity(check: _Checker, plasticity: Any, T: int, field: str) -> None:
+    """A matrix's ``plasticity``: ``anytime_accuracy``, ``auc_forward_transfer`` (cells),
+    ``stage_auc``, ``auc_forward_transfer_per_task`` (at most ``T`` cells or null), ``lca``
+    (``{"beta": integer >= 0, "value": cell}`` or null)."""
+    plasticity = check.mapping(plasticity, field)
+    for key in ("anytime_accuracy", "auc_forward_transfer"):
+        _check_cell(check, plasticity, key, field)
+    for key in ("stage_auc", "auc_forward_transfer_per_task"):
+        if plasticity.get(key) is not None:
+            check.cells(plasticity[key], f"{field}.{key}", most=T)
+    if plasticity.get("lca") is not None:
+        lca = check.mapping(plasticity["lca"], f"{field}.lca")
+        if "beta" not in lca:
+            raise InvalidResultsError(check.source, f"{field}.lca.beta", "missing")
+        check.integer(lca["beta"], f"{field}.lca.beta")
+        _check_cell(check, lca, "value", f"{field}.lca")
+
+
+def _check_reference(check: _Checker, reference: Any, T: int, s: int) -> None:
+    """The ``reference`` section: ``kind`` (string), ``scores`` (``T`` cells), optional ``score``
+    (string), ``higher_is_better`` (boolean), ``auc`` (``T`` cells or null), ``intransigence`` and
+    ``fwt_isolated`` (cells), ``intransigence_per_task`` (``s`` cells),
+    ``fwt_isolated_per_task`` (``max(s - 1, 0)`` cells), ``per_stage`` (object of ``s`` cells
+    each), ``source`` (string)."""
+    field = "reference"
+    reference = check.mapping(reference, field)
+    for key in ("kind", "scores"):
+        if key not in reference:
+            raise InvalidResultsError(check.source, f"{field}.{key}", "missing")
+    check.string(reference["kind"], f"{field}.kind")
+    if "score" in reference:
+        check.string(reference["score"], f"{field}.score")
+    if "higher_is_better" in reference and type(reference["higher_is_better"]) is not bool:
+        check.fail(f"{field}.higher_is_better", "true or false", reference["higher_is_better"])
+    check.cells(reference["scores"], f"{field}.scores", T)
+    if reference.get("auc") is not None:
+        check.cells(reference["auc"], f"{field}.auc", T)
+    for key in ("intransigence", "fwt_isolated"):
+        _check_cell(check, reference, key, field)
+    if "intransigence_per_task" in reference:
+        check.cells(reference["intransigence_per_task"], f"{field}.intransigence_per_task", s)
+    if "fwt_isolated_per_task" in reference:
+        check.cells(
+            reference["fwt_isolated_per_task"], f"{field}.fwt_isolated_per_task", max(s - 1, 0)
+        )
+    if "per_stage" in reference:
+        check.cell_table(reference["per_stage"], f"{field}.per_stage", s)
+    if "source" in reference:
+        check.string(reference["source"], f"{field}.source", MAX_TEXT_LENGTH)
+
+
+_COST_COUNTS = ("peak_memory_bytes", "parameters", "trainable_parameters", "samples")
+_COST_KEYS = ("stage", "train_seconds", "eval_seconds", "memory_kind", "optimizer_steps")
+
+
+def _check_cost(check: _Checker, cost: Any, T: int) -> None:
+    """The ``cost`` section: ``per_stage`` (at most ``T`` objects, each with ``stage`` (integer
+    ``0..T-1``), ``train_seconds`` and ``eval_seconds`` (finite numbers), ``memory_kind``
+    (string), integers >= 0 ``peak_memory_bytes``, ``parameters``, ``trainable_parameters``,
+    ``samples``, ``optimizer_steps``, and ``replay_memory`` (integer >= 0 or null)), optional
+    ``summary`` (object of cells) and ``memory_kind`` (string or null)."""
+    cost = check.mapping(cost, "cost")
+    if "per_stage" not in cost:
+        raise InvalidResultsError(check.source, "cost.per_stage", "missing")
+    for i, entry in enumerate(check.array(cost["per_stage"], "cost.per_stage", most=T)):
+        field = f"cost.per_stage[{i}]"
+        entry = check.mapping(entry, field)
+        for key in (*_COST_KEYS, *_COST_COUNTS, "replay_memory"):
+            if key not in entry:
+                raise InvalidResultsError(check.source, f"{field}.{key}", "missing")
+        check.integer(entry["stage"], f"{field}.stage", 0, T - 1)
+        for key in ("train_seconds", "eval_seconds"):
+            check.number(entry[key], f"{field}.{key}")
+        check.string(entry["memory_kind"], f"{field}.memory_kind")
+        for key in (*_COST_COUNTS, "optimizer_steps"):
+            check.integer(entry[key], f"{field}.{key}")
+        if entry["replay_memory"] is not None:
+            check.integer(entry["replay_memory"], f"{field}.replay_memory")
+    if "summary" in cost:
+        for key, value in check.mapping(cost["summary"], "cost.summary").items():
+            if not _is_cell(value):
+                check.fail(_key_path("cost.summary", key), "a finite number or null", value)
+    if cost.get("memory_kind") is not None:
+        check.string(cost["memory_kind"], "cost.memory_kind")
+
+
+_CLASS_IL_STAGE_CELLS = ("new_accuracy", "mean_class_accuracy", "amca_per_stage")
+_CLASS_IL_STAGE_CELLS += ("mean_class_forgetting_per_stage",)
+_CLASS_IL_TABLES = ("seen_accuracy", "old_accuracy", "recency_bias")
+
+
+def _check_class_incremental(check: _Checker, section: Any, T: int, s: int) -> None:
+    """The ``class_incremental`` section (:mod:`continual_eval.class_incremental_results`):
+    ``task_classes`` (``T`` non-empty arrays of distinct class ids ``0 .. num_classes - 1``, no
+    class in two tasks), ``num_classes`` (integer ``1 ..`` :data:`MAX_CLASSES`, with ``s *
+    num_classes ** 2 <=`` :data:`MAX_CONFUSION_CELLS`), ``confusion.stages`` (``s`` strings of
+    space-separated ``true:predicted:count`` cells: class ids, ``true`` a class of a task ``<= i``
+    at stage ``i``, ``count >= 1``, each cell at most once); optional ``confusion.encoding``,
+    ``source`` (strings), ``prediction``, ``forgetting`` (names), ``class_order`` (``num_classes``
+    integers), ``per_class_accuracy`` (``s`` rows of ``num_classes`` cells), ``class_forgetting``
+    (``num_classes`` cells), ``amca``, ``mean_class_forgetting`` (cells), ``new_accuracy``,
+    ``mean_class_accuracy``, ``amca_per_stage``, ``mean_class_forgetting_per_stage`` (``s`` cells),
+    ``seen_accuracy``, ``old_accuracy``, ``recency_bias`` (objects of ``s`` cells each),
+    ``last_accuracy``, ``average_incremental_accuracy`` (objects of cells)."""
+    field = "class_incremental"
+    section = check.mapping(section, field)
+    for key in ("task_classes", "num_classes", "confusion"):
+        if key not in section:
+            raise InvalidResultsError(check.source, f"{field}.{key}", "missing")
+    C = check.integer(section["num_classes"], f"{field}.num_classes", 1, MAX_CLASSES)
+    if s * C * C > MAX_CONFUSION_CELLS:
+        check.fail(
+            f"{field}.num_classes",
+            f"stages * num_classes**2 <= {MAX_CONFUSION_CELLS} (here {s} stages)",
+            C,
+        )
+    owner: dict[int, int] = {}
+    for j, classes in enumerate(check.array(section["task_classes"], f"{field}.task_classes", T)):
+        at = f"{field}.task_classes[{j}]"
+        for k, c in enumerate(check.array(classes, at, most=C)):
+            check.integer(c, f"{at}[{k}]", 0, C - 1)
+            if c in owner:
+                check.fail(f"{at}[{k}]", "a class id of no other task", c)
+            owner[c] = j
+        if not classes:
+            check.fail(at, "a non-empty array of class ids", classes)
+    confusion = check.mapping(section["confusion"], f"{field}.confusion")
+    if "stages" not in confusion:
+        raise InvalidResultsError(check.source, f"{field}.confusion.stages", "missing")
+    if "encoding" in confusion:
+        check.string(confusion["encoding"], f"{field}.confusion.encoding", MAX_TEXT_LENGTH)
+    for i, text in enumerate(check.array(confusion["stages"], f"{field}.confusion.stages", s)):
+        at = f"{field}.confusion.stages[{i}]"
+        if not isinstance(text, str):
+            check.fail(at, 'a string of "true:predicted:count" cells', text)
+        seen: set[tuple[int, int]] = set()
+        for n, cell in enumerate(text.split(" ") if text else []):
+            parts = cell.split(":")
+            digits = all(p.isascii() and p.isdigit() and len(p) <= 16 for p in parts)
+            if len(parts) != 3 or not digits:
+                check.fail(f"{at} cell {n}", "true:predicted:count (decimal integers)", cell)
+            true, pred, count = (int(p) for p in parts)
+            if n >= C * C or true >= C or pred >= C or not 1 <= count <= _MAX_EXACT_INT:
+                check.fail(
+                    f"{at} cell {n}",
+                    f"class ids below {C}, a count >= 1, at most {C * C} cells",
+                    cell,
+                )
+            if owner.get(true, T) > i:
+                check.fail(f"{at} cell {n}", f"a class of a task <= {i} (seen at stage {i})", cell)
+            if (true, pred) in seen:
+                check.fail(f"{at} cell {n}", "each confusion cell at most once", cell)
+            seen.add((true, pred))
+    for key in ("prediction", "forgetting"):
+        if key in section:
+            check.string(section[key], f"{field}.{key}")
+    if "source" in section:
+        check.string(section["source"], f"{field}.source", MAX_TEXT_LENGTH)
+    if "class_order" in section:
+        for k, c in enumerate(check.array(section["class_order"], f"{field}.class_order", C)):
+            check.integer(c, f"{field}.class_order[{k}]", 0, C - 1)
+    if "per_class_accuracy" in section:
+        check.matrix(section["per_class_accuracy"], f"{field}.per_class_accuracy", s, C)
+    if "class_forgetting" in section:
+        check.cells(section["class_forgetting"], f"{field}.class_forgetting", C)
+    for key in ("amca", "mean_class_forgetting"):
+        _check_cell(check, section, key, field)
+    for key in _CLASS_IL_STAGE_CELLS:
+        if key in section:
+            check.cells(section[key], f"{field}.{key}", s)
+    for key in _CLASS_IL_TABLES:
+        if key in section:
+            check.cell_table(section[key], f"{field}.{key}", s)
+    for key in ("last_accuracy", "average_incremental_accuracy"):
+        if key in section:
+            for name, value in check.mapping(section[key], f"{field}.{key}").items():
+                if not _is_cell(value):
+                    check.fail(_key_path(f"{field}.{key}", name), "a finite number or null", value)
+
+
+def _check_matrices(
+    check: _Checker, matrices: Any, T: int, s: int, evaluations: int | None
+) -> None:
+    """``matrices``: name -> one scorer's matrix (format_version 2); ``evaluations``: the length
+    of ``curves.step`` (``None`` without curves)."""
     matrices = check.mapping(matrices, "matrices")
     if len(matrices) > MAX_MATRICES:
         check.fail("matrices", f"at most {MAX_MATRICES} matrices", f"{len(matrices)} entries")
@@ -318,6 +525,16 @@ def _check_matrices(check: _Checker, matrices: Any, T: int, s: int) -> None:
             check.cell_table(section["metrics_per_stage"], f"{field}.metrics_per_stage", s)
         if "per_task" in section:
             check.cell_table(section["per_task"], f"{field}.per_task", max(s - 1, 0))
+        if section.get("step_scores") is not None:
+            if evaluations is None:
+                raise InvalidResultsError(
+                    check.source, f"{field}.step_scores", "step curves without a curves section"
+                )
+            check.matrix(section["step_scores"], f"{field}.step_scores", evaluations, T)
+        if section.get("stability") is not None:
+            _check_stability(check, section["stability"], T, f"{field}.stability")
+        if section.get("plasticity") is not None:
+            _check_plasticity(check, section["plasticity"], T, f"{field}.plasticity")
 
 
 def _check_files(check: _Checker, files: Any, T: int) -> None:
@@ -396,9 +613,18 @@ def validate_results(document: Any, source: str | os.PathLike = "results.json") 
     if "files" in doc:
         _check_files(check, doc["files"], T)
     if "matrices" in doc:
-        _check_matrices(check, doc["matrices"], T, s)
+        curves = doc.get("curves")
+        evaluations = None if curves is None else len(curves["step"])
+        _check_matrices(check, doc["matrices"], T, s, evaluations)
+    if doc.get("cost") is not None:
+        _check_cost(check, doc["cost"], T)
+    if doc.get("reference") is not None:
+        _check_reference(check, doc["reference"], T, s)
+    if doc.get("class_incremental") is not None:
+        _check_class_incremental(check, doc["class_incremental"], T, s)
     known = {*_REQUIRED, "metrics_per_stage", "per_task", "conventions", "metadata"}
     known |= {"curves", "stability", "run_id", "files", "matrices"}
+    known |= {"cost", "reference", "class_incremental"}
     for key, value in doc.items():
         if key not in known:
             check.nesting(value, _key_path("", key), 2)

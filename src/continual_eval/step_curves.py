@@ -1,11 +1,11 @@
 """The step curves of a run: every evaluation inside a stage (``eval_every_n_steps``) and at its
-end, as ``(step, stage, scores, full)`` rows, with the rule that a stage-end evaluation replaces a
-per-step one taken at the same step."""
+end, as ``(step, stage, scores per scorer, full)`` rows, with the rule that a stage-end evaluation
+replaces a per-step one taken at the same step."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -15,47 +15,86 @@ __all__ = ["StepCurves"]
 
 
 class StepCurves:
-    """Rows ``(step, stage, scores [T], full)``; ``scores`` holds the tasks ``<= stage`` (NaN for
-    later tasks), ``full`` says whether the whole test sets were scored (else a fixed subset)."""
+    """Rows ``(step, stage, {scorer: scores [T]}, full)``; ``scores`` holds the tasks
+    ``<= stage`` (NaN for later tasks), ``full`` says whether the whole test sets were scored
+    (else a fixed subset). Every evaluation scores every scorer of ``names`` (the primary first).
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, names: Sequence[str] = ("acc",)) -> None:
+        if not names:
+            raise ValueError("StepCurves needs at least one scorer name")
+        #: the scorers, the primary first
+        self.names: list[str] = list(names)
         self.steps: list[int] = []
         self.stages: list[int] = []
-        self.scores: list[Tensor] = []
+        #: scorer -> its rows, one per evaluation
+        self.rows: dict[str, list[Tensor]] = {name: [] for name in self.names}
         self.full: list[bool] = []
 
     def __len__(self) -> int:
         return len(self.steps)
 
-    def clear(self) -> None:
-        self.steps, self.stages, self.scores, self.full = [], [], [], []
+    @property
+    def primary(self) -> str:
+        return self.names[0]
 
-    def add(self, step: int, stage: int, row: Tensor, full: bool) -> Tensor | None:
-        """Append a row (its tasks after ``stage`` set to NaN). A row for the same ``(step,
-        stage)`` as the last one replaces it (a stage end at the step of a per-step evaluation);
-        the replaced row is returned when it was a whole-test-set row, else ``None``."""
-        row = row.clone()
-        row[stage + 1 :] = math.nan
+    @property
+    def scores(self) -> list[Tensor]:
+        """The primary scorer's rows."""
+        return self.rows[self.primary]
+
+    def clear(self) -> None:
+        self.steps, self.stages, self.full = [], [], []
+        self.rows = {name: [] for name in self.names}
+
+    def last(self) -> dict[str, Tensor]:
+        """The rows of the last evaluation, scorer -> ``[T]``."""
+        return {name: rows[-1] for name, rows in self.rows.items()}
+
+    def add(
+        self, step: int, stage: int, rows: Mapping[str, Tensor] | Tensor, full: bool
+    ) -> dict[str, Tensor] | None:
+        """Append an evaluation: ``rows`` maps every scorer to its row ``[T]`` (a tensor alone is
+        the primary scorer's row; the others are then NaN), tasks after ``stage`` set to NaN. An
+        evaluation at the same ``(step, stage)`` as the last one replaces it (a stage end at the
+        step of a per-step evaluation); the replaced rows are returned when they were
+        whole-test-set rows, else ``None``."""
+        if isinstance(rows, Tensor):
+            rows = {self.primary: rows}
+        missing = [name for name in self.names if name not in rows]
+        if len(missing) == len(self.names):
+            raise ValueError(f"no row for any scorer of {self.names}")
+        num_tasks = next(len(rows[name]) for name in self.names if name in rows)
+        new: dict[str, Tensor] = {}
+        for name in self.names:
+            row = (
+                rows[name].detach().cpu().double().clone()
+                if name in rows
+                else torch.full((num_tasks,), math.nan, dtype=torch.float64)
+            )
+            row[stage + 1 :] = math.nan
+            new[name] = row
         replaced = None
         if self.steps and self.steps[-1] == step and self.stages[-1] == stage:
             self.steps.pop()
             self.stages.pop()
-            replaced = self.scores.pop()
+            replaced = {name: self.rows[name].pop() for name in self.names}
             if not self.full.pop():
                 replaced = None
         self.steps.append(step)
         self.stages.append(stage)
-        self.scores.append(row)
+        for name in self.names:
+            self.rows[name].append(new[name])
         self.full.append(full)
         return replaced
 
-    def tensors(self, num_tasks: int) -> tuple[Tensor, Tensor, Tensor]:
-        """``(step [N] int64, stage [N] int64, scores [N, T] float64)``."""
-        scores = (
-            torch.stack(self.scores)
-            if self.scores
-            else torch.zeros(0, num_tasks, dtype=torch.float64)
-        )
+    def tensors(self, num_tasks: int, name: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(step [N] int64, stage [N] int64, scores [N, T] float64)`` of the scorer ``name``
+        (default: the primary one)."""
+        if name is not None and name not in self.rows:
+            raise KeyError(f"no step curves for {name!r}; the scorers are {self.names}")
+        rows = self.rows[self.primary if name is None else name]
+        scores = torch.stack(rows) if rows else torch.zeros(0, num_tasks, dtype=torch.float64)
         return (
             torch.tensor(self.steps, dtype=torch.int64),
             torch.tensor(self.stages, dtype=torch.int64),
@@ -63,22 +102,43 @@ class StepCurves:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The rows under the checkpoint keys of the callback's state (``curve_*``)."""
+        """The rows under the checkpoint keys of the callback's state (``curve_*``): the primary
+        scorer's rows under ``curve_scores`` (as when only it was evaluated per step), every other
+        scorer's under ``curve_matrices[name]``."""
         return {
             "curve_step": list(self.steps),
             "curve_stage": list(self.stages),
             "curve_scores": [row.clone() for row in self.scores],
             "curve_full": list(self.full),
+            "curve_matrices": {
+                name: [row.clone() for row in self.rows[name]] for name in self.names[1:]
+            },
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.steps = [int(s) for s in state.get("curve_step", [])]
-        self.stages = [int(s) for s in state.get("curve_stage", [])]
-        self.scores = [row.double() for row in state.get("curve_scores", [])]
-        self.full = [bool(f) for f in state.get("curve_full", [True] * len(self.steps))]
-        if not len(self.steps) == len(self.stages) == len(self.scores) == len(self.full):
+        """Load :meth:`state_dict`'s keys from the callback's state. A state written when only
+        the primary scorer was evaluated per step (no ``curve_matrices``) leaves the other
+        scorers' rows NaN (not evaluated)."""
+        steps = [int(s) for s in state.get("curve_step", [])]
+        stages = [int(s) for s in state.get("curve_stage", [])]
+        primary = [row.double() for row in state.get("curve_scores", [])]
+        full = [bool(f) for f in state.get("curve_full", [True] * len(steps))]
+        if not len(steps) == len(stages) == len(primary) == len(full):
             raise ValueError(
                 "the checkpoint's step curves have rows of different lengths: "
-                f"{len(self.steps)} steps, {len(self.stages)} stages, {len(self.scores)} score "
-                f"rows, {len(self.full)} flags"
+                f"{len(steps)} steps, {len(stages)} stages, {len(primary)} score "
+                f"rows, {len(full)} flags"
             )
+        recorded = state.get("curve_matrices") or {}
+        rows = {self.primary: primary}
+        for name in self.names[1:]:
+            if name in recorded:
+                rows[name] = [row.double() for row in recorded[name]]
+                if len(rows[name]) != len(steps):
+                    raise ValueError(
+                        f"the checkpoint's step curves of {name!r} have {len(rows[name])} rows "
+                        f"for {len(steps)} steps"
+                    )
+            else:  # not evaluated per step when the state was written
+                rows[name] = [torch.full_like(row, math.nan) for row in primary]
+        self.steps, self.stages, self.full, self.rows = steps, stages, full, rows

@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from continual_eval.evaluation import evaluate_tasks, shard_dataloader
 
@@ -81,9 +83,29 @@ class Confidence:
         return reduced_counts[:, 0] / reduced_counts[:, 1]
 
 
+class MedianConfidence(Metric):
+    """A metric with a list state (``dist_reduce_fx="cat"``), so not count-based: reduced by
+    torchmetrics' own sync after each task. The median over the task's samples of the top softmax
+    probability (the same for any order or sharding of the samples)."""
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("top", [], dist_reduce_fx="cat")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        self.top.append(preds.softmax(dim=1).amax(dim=1))
+
+    def compute(self) -> Tensor:
+        return dim_zero_cat(self.top).median()
+
+
 def make_scorers() -> list:
-    """Accuracy, cross-entropy, top-5, a torchmetrics F1, a per-sample loss callable, a
-    batch-mean loss callable and a user's protocol object."""
+    """Accuracy, cross-entropy, top-5, a torchmetrics F1 (sum-reduced integer states: count-based,
+    fed concatenated batches), a per-sample loss callable, a batch-mean loss callable, a user's
+    protocol object and a list-state metric (reduced by its own sync)."""
     from torchmetrics.classification import MulticlassF1Score
 
     return [
@@ -94,6 +116,7 @@ def make_scorers() -> list:
         brier,
         nn.functional.nll_loss,  # a scalar batch mean (of -preds[n, y_n])
         Confidence(),
+        MedianConfidence(),
     ]
 
 

@@ -279,3 +279,39 @@ def test_accuracy_path_has_no_host_sync_per_batch(tasks):
     one_hot = torch.nn.functional.one_hot(y, NUM_CLASSES).float()
     for target in (y, y.float(), one_hot):
         assert syncs(3, target) == syncs(12, target)  # per task, not per batch
+
+
+def test_several_scorers_have_no_host_sync_per_batch(tasks):
+    """Accuracy, cross-entropy, top-2 and a torchmetrics F1 (count-based, fed concatenated
+    batches) with a list-state metric (its own per-batch updates): host reads per task, not per
+    batch."""
+    from torchmetrics.classification import MulticlassF1Score
+    from torchmetrics.utilities import dim_zero_cat
+
+    class TopScores(Metric):
+        full_state_update = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_state("top", [], dist_reduce_fx="cat")
+
+        def update(self, preds, target):
+            self.top.append(preds.amax(1))
+
+        def compute(self):
+            return dim_zero_cat(self.top).mean()
+
+    net = make_net()
+    x, y = tasks[0][1]
+
+    def syncs(num_batches: int, with_list_metric: bool) -> int:
+        batches = [(x[:8], y[:8])] * num_batches
+        scorers = ["acc", "loss", "top2", MulticlassF1Score(num_classes=NUM_CLASSES)]
+        if with_list_metric:
+            scorers.append(TopScores())
+        with HostSyncCounter() as counter:
+            evaluate_tasks(net, [batches, batches], [0, 1], scorers=scorers)
+        return counter.syncs
+
+    for with_list_metric in (False, True):
+        assert syncs(3, with_list_metric) == syncs(12, with_list_metric)

@@ -217,3 +217,75 @@ def test_final_table_printed(tasks, tmp_path, caplog):
     assert "stage 3/3 (task_2; row 2 of R)" in text
     assert "baseline" in text and f"{cb.scores[2, 2].item():.4f}" in text
     assert not math.isnan(cb.results()["metrics"]["acc"])
+
+
+def test_every_matrix_logged_read_back_and_tabled(tasks, tmp_path, caplog):
+    """Two scorers: each matrix's metrics, rows, baseline, stability, heatmap and curves figure
+    reach TensorBoard and metrics.csv under its own keys (read back with each tool's reader and
+    compared with ContinualResults); a CSVLogger outside the results directory gets every CSV;
+    the end-of-run table shows both matrices."""
+    import logging
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    csv_logger = CSVLogger(tmp_path, name="csv")
+    tb_logger = TensorBoardLogger(tmp_path, name="tb")
+    model = Classifier(make_net())
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks),
+        scorers={"acc": "accuracy", "loss": "cross_entropy"},
+        dirpath=tmp_path / "out",
+        eval_every_n_steps=2,
+    )
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+        for dl in train_loaders(tasks):
+            kwargs = trainer_kwargs(tmp_path, max_epochs=1, logger=[csv_logger, tb_logger])
+            pl.Trainer(callbacks=[cb], **kwargs).fit(model, dl)
+    results = cb.continual_results()
+    assert results.to_dict() == cb.results()
+    loss, acc = results["loss"], results.primary
+    assert loss.higher_is_better is False and torch.equal(loss.scores, cb.matrices["loss"])
+
+    events = EventAccumulator(
+        str(tb_logger.log_dir), size_guidance={"images": 0, "tensors": 0, "scalars": 0}
+    )
+    events.Reload()
+    for key in ("acc", "bwt", "fwt", "forgetting"):
+        for tag, matrix in ((f"continual/{key}", acc), (f"continual/loss/{key}", loss)):
+            logged = events.Scalars(tag)
+            assert [e.step for e in logged] == [0, 1, 2], tag
+            expected = matrix.metrics_per_stage[key].tolist()
+            assert [e.value for e in logged] == pytest.approx(expected, rel=1e-6, abs=1e-7), tag
+    for j in range(3):
+        rows = [e.value for e in events.Scalars(f"continual/loss/task_{j}")]
+        assert rows == pytest.approx(loss.scores[:, j].tolist(), rel=1e-6)  # every stage
+        (base,) = events.Scalars(f"continual/loss/baseline/task_{j}")
+        assert base.step == 0 and base.value == pytest.approx(loss.baseline[j].item(), rel=1e-6)
+    wc = [e.value for e in events.Scalars("continual/loss/wc_acc")]
+    assert wc == pytest.approx(loss.stability.wc_acc.tolist(), rel=1e-6)
+    steps = [e.step for e in events.Scalars("continual/loss/step/task_0")]
+    assert steps == results.steps.step.tolist()
+    for tag in ("accuracy_matrix", "loss_matrix", "accuracy_curves", "loss_curves"):
+        images = events.Images(f"continual/{tag}")
+        assert [im.step for im in images] == [0, 1, 2], tag
+        assert images[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
+    text_tag = next(t for t in events.Tags()["tensors"] if t.startswith("continual/accuracy_mat"))
+    text = events.Tensors(text_tag)[-1].tensor_proto.string_val[0].decode()
+    assert "loss (cross_entropy, lower is better)" in text and "acc (accuracy)" in text
+    assert f"{loss.scores[2, 1].item():.4f}" in text
+
+    # metrics.csv (the CSV logger's) and its copies of both CSV files
+    log_dir = tmp_path / "csv" / "version_0"
+    with open(log_dir / "metrics.csv") as fh:
+        staged = [r for r in csv.DictReader(fh) if r.get("continual/loss/forgetting")]
+    assert float(staged[-1]["continual/loss/forgetting"]) == pytest.approx(
+        loss.metrics["forgetting"]
+    )
+    for name in ("scores.csv", "scores_loss.csv"):
+        assert (log_dir / name).read_text() == (tmp_path / "out" / name).read_text()
+
+    # the end-of-run table: every matrix with its metrics
+    final = [r.getMessage() for r in caplog.records if "R[i, j]" in r.getMessage()][-1]
+    assert "acc (accuracy) R[i, j]" in final
+    assert "loss (cross_entropy, lower is better) R[i, j]" in final
+    assert f"forgetting={loss.metrics['forgetting']:.4f}" in final

@@ -39,11 +39,14 @@ def tasks():
     return make_tasks()
 
 
-def reference_curves(tasks, k: int, epochs: int = EPOCHS, subset: dict | None = None):
+def reference_curves(
+    tasks, k: int, epochs: int = EPOCHS, subset: dict | None = None, loss: bool = False
+):
     """Plain torch: SGD in fixed order; after every k-th optimizer step (counted over the whole
     run) score tasks 0..i (on ``subset[j]`` indices if given); at the end of task i score every
     task on the whole test set, replacing a per-step row taken at the same step. Returns
-    ``(steps, stages, rows, full)`` as Python lists (NaN = not evaluated)."""
+    ``(steps, stages, rows, full)`` as Python lists (NaN = not evaluated); with ``loss`` each
+    cell is ``(accuracy, mean cross-entropy)``."""
     net = make_net()
     T = len(tasks)
 
@@ -57,8 +60,12 @@ def reference_curves(tasks, k: int, epochs: int = EPOCHS, subset: dict | None = 
                 int((net(x[s : s + 8]).argmax(1) == y[s : s + 8]).sum())
                 for s in range(0, len(y), 8)
             )
+            ce = sum(
+                float(nn.functional.cross_entropy(net(x[s : s + 8]), y[s : s + 8], reduction="sum"))
+                for s in range(0, len(y), 8)
+            )
         net.train()
-        return correct / len(y)
+        return (correct / len(y), ce / len(y)) if loss else correct / len(y)
 
     opt = torch.optim.SGD(net.parameters(), lr=0.2)
     steps, stages, rows, full = [], [], [], []
@@ -535,3 +542,150 @@ def test_tensorboard_wandb_mlflow_get_steps_and_curves_figure(tasks, tmp_path, m
     assert sorted(m.step for m in history) == [8, 12, 16, 18]
     artifacts = {a.path for a in client.list_artifacts(ml.run_id, "continual")}
     assert "continual/accuracy_curves_stage_002.png" in artifacts
+
+
+# ---------------------------------------------------------------- every scorer per step
+SCORERS = {"acc": "accuracy", "loss": "cross_entropy"}
+
+
+class CountingClassifier(Classifier):
+    """Counts the forward passes of evaluations (the model in eval mode)."""
+
+    def __init__(self, net):
+        super().__init__(net)
+        self.eval_forwards = 0
+
+    def forward(self, x):
+        if not self.training:
+            self.eval_forwards += 1
+        return super().forward(x)
+
+
+def split_cells(rows):
+    """``(accuracy rows, loss rows)`` of :func:`reference_curves` with ``loss=True``."""
+    acc = [[c[0] if isinstance(c, tuple) else math.nan for c in row] for row in rows]
+    ce = [[c[1] if isinstance(c, tuple) else math.nan for c in row] for row in rows]
+    return acc, ce
+
+
+def close(a: torch.Tensor, b, rtol: float = 1e-6) -> bool:
+    """Same NaN cells, the others within ``rtol`` (float32 per-sample losses)."""
+    b = torch.as_tensor(b, dtype=torch.float64)
+    nan = torch.isnan(a)
+    return (
+        a.shape == b.shape
+        and torch.equal(nan, torch.isnan(b))
+        and torch.allclose(a[~nan], b[~nan], rtol=rtol, atol=0)
+    )
+
+
+def hand_loss_stability(stages, rows):
+    """min-ACC, WC-ACC and gap depth of a lower-is-better curve with loops (worst = highest)."""
+    S = max(stages) + 1
+    last = [max(n for n in range(len(stages)) if stages[n] == s) for s in range(S)]
+    min_acc, wc_acc = [math.nan], [rows[last[0]][0]]
+    for k in range(1, S):
+        worst = [max(rows[n][i] for n in range(len(rows)) if i < stages[n] <= k) for i in range(k)]
+        min_acc.append(sum(worst) / k)
+        wc_acc.append(rows[last[k]][k] / (k + 1) + (1 - 1 / (k + 1)) * min_acc[-1])
+    depth = [
+        max(rows[n][j] for n in range(len(rows)) if stages[n] == j + 1) - rows[last[j]][j]
+        for j in range(S - 1)
+    ]
+    return min_acc, wc_acc, depth
+
+
+def test_every_scorer_gets_step_curves_from_the_same_forward_passes(tasks, tmp_path):
+    from continual_eval.results import ContinualResults
+
+    steps, stages, rows, _ = reference_curves(tasks, K, loss=True)
+    acc_rows, loss_rows = split_cells(rows)
+    forwards = {}
+    for scorers in ({"acc": "accuracy"}, SCORERS):
+        model = CountingClassifier(make_net())
+        out = tmp_path / str(len(scorers))
+        cb = ContinualEvalCallback(
+            eval_loaders(tasks), scorers=scorers, eval_every_n_steps=K, dirpath=out, verbose=False
+        )
+        logger = CSVLogger(out, name="csv")
+        for dl in train_loaders(tasks):
+            kwargs = trainer_kwargs(out, max_epochs=EPOCHS, logger=logger)
+            pl.Trainer(callbacks=[cb], **kwargs).fit(model, dl)
+        forwards[len(scorers)] = model.eval_forwards
+    assert forwards[2] == forwards[1]  # one forward pass per test batch feeds every scorer
+
+    got = cb.curves()
+    assert got[0].tolist() == steps and got[1].tolist() == stages and same(got[2], acc_rows)
+    loss = cb.curves("loss")
+    assert loss[0].tolist() == steps and close(loss[2], loss_rows)
+    # stage-end rows of the loss curve are the rows of the loss matrix
+    for n in (1, 3, 5):
+        stage = stages[n]
+        assert same(loss[2][n, : stage + 1], cb.matrices["loss"][stage, : stage + 1])
+
+    document = load_results(out)
+    assert document["matrices"]["loss"]["step_scores"] == json.loads(
+        json.dumps([[None if math.isnan(v) else v for v in r] for r in loss[2].tolist()])
+    )
+    assert document["curves"]["accuracy"] == document["matrices"]["acc"]["step_scores"]
+    results = ContinualResults.load(out)
+    stability = results["loss"].stability
+    min_acc, wc_acc, depth = hand_loss_stability(stages, loss[2].tolist())
+    assert stability.min_acc[1:].tolist() == pytest.approx(min_acc[1:], abs=1e-12)
+    assert stability.wc_acc.tolist() == pytest.approx(wc_acc, abs=1e-12)
+    assert stability.per_task["depth"].tolist() == pytest.approx(depth, abs=1e-12)
+    assert (out / "accuracy_curves.png").stat().st_size > 1000
+    assert (out / "curves_loss.png").stat().st_size > 1000
+
+    # logged per scorer: the primary keeps its keys, the loss carries its name
+    with open(out / "csv" / "version_0" / "metrics.csv") as fh:
+        logged = list(csv.DictReader(fh))
+    per_step = [r for r in logged if r.get("continual/loss/step/task_0")]
+    assert [int(r["step"]) for r in per_step] == steps
+    assert [float(r["continual/loss/step/task_0"]) for r in per_step] == loss[2][:, 0].tolist()
+    assert [float(r["continual/step/task_0"]) for r in per_step] == got[2][:, 0].tolist()
+    staged = [r for r in logged if r.get("continual/loss/wc_acc")]
+    assert [int(r["step"]) for r in staged] == [0, 1, 2]
+    assert [float(r["continual/loss/wc_acc"]) for r in staged] == pytest.approx(wc_acc)
+    assert float(staged[1]["continual/loss/gap_depth/task_0"]) == pytest.approx(depth[0])
+    assert float(staged[2]["continual/wc_acc"]) == pytest.approx(
+        results.primary.stability.wc_acc[2].item()
+    )
+
+
+def test_old_checkpoint_with_primary_curves_only_resumes(tasks, tmp_path):
+    """A checkpoint written when only the primary scorer was evaluated per step: the primary's
+    curves continue as an uninterrupted run's, the loss is NaN (not evaluated) before the
+    resume and scored after it."""
+    steps, stages, rows, _ = reference_curves(tasks, K, loss=True)
+    acc_rows, loss_rows = split_cells(rows)
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks), scorers=SCORERS, eval_every_n_steps=K, verbose=False
+    )
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=EPOCHS))
+    fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks)[:1], checkpoint_dir=tmp_path)
+    checkpoint = torch.load(tmp_path / "task_0.ckpt", weights_only=False)
+    (state,) = [s for s in checkpoint["callbacks"].values() if "curve_step" in s]
+    assert set(state["curve_matrices"]) == {"loss"}
+    del state["curve_matrices"]
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+
+    cb2 = ContinualEvalCallback(
+        eval_loaders(tasks), scorers=SCORERS, eval_every_n_steps=K, verbose=False
+    )
+    trainer = pl.Trainer(callbacks=[cb2], **trainer_kwargs(tmp_path, max_epochs=EPOCHS))
+    fit_tasks(
+        trainer,
+        Classifier(make_net(seed=1)),
+        train_loaders(tasks),
+        ckpt_path=tmp_path / "old.ckpt",
+    )
+    got = cb2.curves()
+    assert got[0].tolist() == steps and same(got[2], acc_rows)
+    loss = cb2.curves("loss")[2]
+    before = [n for n, s in enumerate(stages) if s == 0]
+    assert torch.isnan(loss[before]).all()
+    after = [n for n, s in enumerate(stages) if s > 0]
+    assert close(loss[after], [loss_rows[n] for n in after])
+    document = load_results(cb2.results_dir)  # valid, with the NaN rows as null
+    assert document["matrices"]["loss"]["step_scores"][0] == [None] * 3

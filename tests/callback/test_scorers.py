@@ -4,7 +4,9 @@ the reduction (one collective, float sums), make_scorer's errors, the package's 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from scorers_ddp_script import (
     BATCH,
     NUM_CLASSES,
     Confidence,
+    MedianConfidence,
     brier,
     loaders,
     make_problem,
@@ -32,6 +35,7 @@ from continual_eval.evaluation import (
     fast_loader,
     make_scorer,
 )
+from continual_eval.evaluation import scorers as scorers_module
 from script_runner import run_script
 
 HERE = Path(__file__).parent
@@ -71,6 +75,7 @@ def reference(net: nn.Module, tests) -> dict[str, Tensor]:
             "brier": brier(zd, y).mean(),
             "nll_loss": -zd.gather(1, y[:, None]).mean(),
             "confidence": zd.softmax(1).amax(1).mean(),
+            "MedianConfidence": z.softmax(1).amax(1).median(),
         }
         for name, value in values.items():
             rows.setdefault(name, []).append(float(value))
@@ -184,16 +189,25 @@ def test_one_collective_per_call_and_float_sums_reduced_exactly(problem):
     assert torch.equal(ints.scores, plain.scores)
     for got, want in zip(floats.scores_by_scorer, plain.scores_by_scorer, strict=True):
         assert torch.equal(got, want)  # x + x is exact in floating point
-    # a metric scorer: one reduction per task, then the metric's own compute
+    # a metric with sum-reduced states: its states are counts too, still one collective; its
+    # doubled states give the same F1 (x + x scales every count by 2, exactly)
     calls.clear()
-    evaluate_tasks(
+    with_f1 = evaluate_tasks(
         net,
         loaders(tests),
         range(3),
         scorers=["acc", MulticlassF1Score(num_classes=NUM_CLASSES), "loss"],
         all_reduce=two_ranks,
     )
-    assert calls == [torch.float64] * 3
+    assert calls == [torch.float64]
+    f1 = evaluate_tasks(net, loaders(tests), range(3), scorers=[make_f1])
+    assert torch.equal(with_f1.scores_by_scorer[1], f1.scores)
+    # a metric with list states: one reduction per task, then the metric's own sync and compute
+    calls.clear()
+    evaluate_tasks(
+        net, loaders(tests), range(3), scorers=["acc", MedianConfidence()], all_reduce=two_ranks
+    )
+    assert calls == [torch.int64] * 3
 
 
 def test_scorer_directions_bounds_and_names():
@@ -373,3 +387,267 @@ def test_ddp_two_processes_every_scorer_equals_single_process(tmp_path):
             # batch), so they may differ by a few float32 ulps: observed ~1e-8 relative
             torch.testing.assert_close(ddp, one, **FLOAT_TOL, msg=name)
         assert_matches(name, ddp, expected[name])
+
+
+# ------------------------------------------------- batches fed concatenated (batch_additive)
+class CallCounting(Confidence):
+    """A user's scorer that declares batch_additive: how many update calls it got."""
+
+    batch_additive = True
+
+    def start(self, device: torch.device) -> None:
+        super().start(device)
+        self.calls = 0
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        self.calls += 1
+        super().update(preds, target)
+
+
+def test_batches_fed_concatenated_count_what_single_batches_count(problem, monkeypatch):
+    """Each task's batches reach the batch-additive scorers in one update (F1, accuracy, loss,
+    top-5, a user's scorer); with a buffer of 1 byte every batch is fed alone. Same counts, bit
+    for bit; float sums up to summation order; both equal to plain torch."""
+    net, tests = problem
+    expected = reference(net, tests)
+    batches = [-(-len(y) // BATCH) for _, y in tests]
+
+    def run() -> tuple[Any, list[int]]:
+        counting = CallCounting()
+        calls = []
+        original = counting.local_counts
+
+        def local_counts() -> Tensor:
+            calls.append(counting.calls)
+            return original()
+
+        counting.local_counts = local_counts  # type: ignore[method-assign]
+        result = evaluate_tasks(net, loaders(tests), range(3), scorers=[*make_scorers(), counting])
+        return result, calls
+
+    grouped, grouped_calls = run()
+    monkeypatch.setattr(scorers_module, "BUFFER_BYTES", 1)
+    single, single_calls = run()
+    assert grouped_calls == [1, 1, 1]  # one update per task
+    assert single_calls == batches  # one update per batch
+    for name, a, b in zip(
+        grouped.scorer_names, grouped.scores_by_scorer, single.scores_by_scorer, strict=True
+    ):
+        if name in (*EXACT, "MulticlassF1Score", "MedianConfidence"):
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
+        if name in expected:
+            assert_matches(name, a, expected[name])
+    assert torch.equal(grouped.correct, single.correct)
+
+
+def test_batches_of_other_shapes_start_a_new_group_and_nan_names_its_batch():
+    """Sequence outputs [N, C, L] with L changing between batches, and batch sizes that are not
+    all equal: each scorer equals plain torch over the elements, the F1 equals the metric updated
+    by hand batch by batch; a NaN names its batch whichever group holds it."""
+    g = torch.Generator().manual_seed(3)
+    # (N, L): groups of 4 batches (equal but the last), 3 (the last larger), 1, 3 (unequal)
+    shapes = [
+        (4, 5),
+        (4, 5),
+        (4, 5),
+        (3, 5),
+        (2, 7),
+        (2, 7),
+        (5, 7),
+        (3, 2),
+        (2, 4),
+        (5, 4),
+        (1, 4),
+    ]
+    batches = [
+        (
+            torch.randn(n, NUM_CLASSES, length, generator=g),
+            torch.randint(0, NUM_CLASSES, (n, length), generator=g),
+        )
+        for n, length in shapes
+    ]
+    f1 = MulticlassF1Score(num_classes=NUM_CLASSES)
+    result = evaluate_tasks(
+        nn.Identity(), [batches], [0], scorers=["acc", "loss", "top3", f1.clone()]
+    )
+    hits = top3 = elements = 0
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    by_hand = f1.clone()
+    for z, y in batches:
+        hits += int((z.argmax(1) == y).sum())
+        top3 += int((z.topk(3, dim=1).indices == y[:, None]).any(1).sum())
+        loss_sum += nn.functional.cross_entropy(z.double(), y, reduction="sum")
+        elements += y.numel()
+        by_hand.update(z, y)
+    accuracy, loss, top, f1_score = result.scores_by_scorer
+    assert accuracy.tolist() == [hits / elements] and top.tolist() == [top3 / elements]
+    torch.testing.assert_close(loss, (loss_sum / elements).reshape(1), **FLOAT_TOL)
+    assert torch.equal(f1_score, by_hand.compute().double().reshape(1))
+    assert result.total.tolist() == [elements]
+
+    for bad in (2, 3, 6, 7, 9):
+        broken = [(z.clone(), y) for z, y in batches]
+        broken[bad][0][-1, :, 0] = math.nan
+        with pytest.raises(EvaluationError, match=rf"first in batch {bad} of the test"):
+            evaluate_tasks(nn.Identity(), [broken], [0], scorers=["acc", "loss"])
+
+
+def test_a_step_that_reuses_its_output_buffers_is_scored_right(problem):
+    """Outputs written into the same tensors at every batch (as CUDA graphs do): the loop copies
+    what it holds for a later concatenation."""
+    net, tests = problem
+    out, labels = torch.empty(BATCH, NUM_CLASSES), torch.empty(BATCH, dtype=torch.int64)
+
+    def step(module: nn.Module, batch: Any, task_id: int) -> tuple[Tensor, Tensor]:
+        x, y = batch
+        out[: len(y)] = module(x)
+        labels[: len(y)] = y
+        return out[: len(y)], labels[: len(y)]
+
+    result = evaluate_tasks(net, loaders(tests), range(3), scorers=make_scorers()[:4], step=step)
+    expected = reference(net, tests)
+    for name, scores in zip(result.scorer_names, result.scores_by_scorer, strict=True):
+        assert_matches(name, scores, expected[name])
+
+
+# ------------------------------------------------------------------- torchmetrics metrics
+class Binary(nn.Module):
+    """Scores for a binary metric: batch 0 holds probabilities in [0, 1], later batches logits,
+    so a binary metric applies a sigmoid to some batches only (it decides per batch)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+def binary_batches() -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    probabilities = torch.rand(BATCH, generator=g)
+    logits = [torch.randn(BATCH, generator=g) * 3 for _ in range(3)]
+    return [
+        (scores, torch.randint(0, 2, (BATCH,), generator=g)) for scores in (probabilities, *logits)
+    ]
+
+
+def by_hand(metric: Any, batches: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """The metric updated batch by batch, as a user calls it."""
+    metric = metric.clone()
+    for preds, target in batches:
+        metric.update(preds, target)
+    return metric.compute().double().reshape(())
+
+
+def metric_cases() -> list[tuple[Any, bool, bool]]:
+    """(metric, count_based, batch_additive)"""
+    from torchmetrics.classification import (
+        BinaryF1Score,
+        MulticlassAccuracy,
+        MulticlassAUROC,
+        MulticlassCohenKappa,
+        MulticlassJaccardIndex,
+        MulticlassPrecision,
+    )
+
+    return [
+        (MulticlassF1Score(num_classes=NUM_CLASSES, average="macro"), True, True),
+        (MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro", top_k=2), True, True),
+        (
+            MulticlassPrecision(num_classes=NUM_CLASSES, average="weighted", ignore_index=0),
+            True,
+            True,
+        ),
+        (MulticlassJaccardIndex(num_classes=NUM_CLASSES), True, True),
+        (MulticlassCohenKappa(num_classes=NUM_CLASSES), True, True),
+        # not batch-additive: a softmax applied or not per batch; integer binned states
+        (MulticlassAUROC(num_classes=NUM_CLASSES, thresholds=11), True, False),
+        (MulticlassAUROC(num_classes=NUM_CLASSES), False, False),  # list states
+        (BinaryF1Score(), True, False),  # a sigmoid applied or not per batch
+        (MeanSquaredError(), True, False),  # float states
+        (MulticlassF1Score(num_classes=NUM_CLASSES, multidim_average="samplewise"), False, False),
+        (MulticlassF1Score(num_classes=NUM_CLASSES, sync_on_compute=False), False, False),
+    ]
+
+
+def test_each_metric_equals_the_metric_called_by_hand(problem):
+    """Whatever the path (states among the loop's counts or the metric's own sync; batches fed
+    concatenated or one by one), a metric's score is the metric updated by hand batch by batch
+    over the task's batches: bit for bit."""
+    net, tests = problem
+    for metric, count_based, batch_additive in metric_cases():
+        scorer = MetricScorer(metric)
+        assert (scorer.count_based, scorer.batch_additive) == (count_based, batch_additive), metric
+        if isinstance(metric, MeanSquaredError) or getattr(metric, "multidim_average", "") != (
+            "global"
+        ):
+            continue  # scores for regression; one score per sample
+        name = type(metric).__name__
+        if name == "BinaryF1Score":
+            batches = binary_batches()
+            result = evaluate_tasks(Binary(), [batches], [0], scorers=[scorer])
+            assert result.scores.tolist() == [float(by_hand(metric, batches))], name
+            continue
+        result = evaluate_tasks(net, loaders(tests), range(3), scorers=[scorer])
+        for j, (x, y) in enumerate(tests):
+            z = logits_of(net, x)
+            task_batches = [(z[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
+            assert float(result.scores[j]) == float(by_hand(metric, task_batches)), (name, j)
+
+
+def test_a_batch_dependent_metric_forced_batch_additive_sees_the_concatenation():
+    """The binary test data tells the difference: BinaryF1Score over the concatenation (all
+    sigmoid) is not its score batch by batch; batch_additive=True gives the former."""
+    from torchmetrics.classification import BinaryF1Score
+
+    batches = binary_batches()
+    joined = [(torch.cat([p for p, _ in batches]), torch.cat([t for _, t in batches]))]
+    per_batch, concatenated = by_hand(BinaryF1Score(), batches), by_hand(BinaryF1Score(), joined)
+    assert per_batch != concatenated
+    forced = MetricScorer(BinaryF1Score(), batch_additive=True)
+    result = evaluate_tasks(Binary(), [batches], [0], scorers=[forced])
+    assert result.scores.tolist() == [float(concatenated)]
+    with pytest.raises(TypeError, match="batch_additive must be None, True or False"):
+        MetricScorer(BinaryF1Score(), batch_additive="yes")  # type: ignore[arg-type]
+
+
+def test_batch_additive_only_for_the_update_it_knows():
+    from torchmetrics.classification import MulticlassAccuracy
+
+    class Mine(MulticlassAccuracy):
+        def update(self, preds: Tensor, target: Tensor) -> None:
+            super().update(preds[: len(preds) // 2 + 1], target[: len(target) // 2 + 1])
+
+    assert MetricScorer(MulticlassAccuracy(num_classes=3)).batch_additive is True
+    assert MetricScorer(Mine(num_classes=3)).batch_additive is False
+    assert MetricScorer(Mine(num_classes=3)).count_based is True
+    assert (
+        MetricScorer(
+            MulticlassAccuracy(num_classes=3, dist_sync_fn=lambda t, group=None: [t])
+        ).count_based
+        is False
+    )
+    assert AccuracyScorer.batch_additive and TopKAccuracyScorer(2).batch_additive
+    assert LossScorer().batch_additive and not LossScorer(brier).batch_additive
+
+
+def test_a_metric_state_that_changes_shape_is_an_error():
+    from torchmetrics import Metric
+
+    class Growing(Metric):
+        full_state_update = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_state("s", torch.zeros(()), dist_reduce_fx="sum")
+
+        def update(self, preds: Tensor, target: Tensor) -> None:
+            self.s = self.s + preds.sum(0)
+
+        def compute(self) -> Tensor:
+            return self.s.sum()
+
+    net, tests = make_problem()
+    with pytest.raises(
+        EvaluationError, match=r"task 0 \('task_0'\), test dataloader 0: metric Growing: state 's'"
+    ):
+        evaluate_tasks(net, loaders(tests), range(3), scorers=[Growing()])

@@ -125,3 +125,69 @@ def test_default_out_and_missing_run(runs: list[Path], tmp_path: Path, capsys) -
     assert (runs[3] / "report" / "report.md").is_file()
     assert report_main([str(tmp_path / "nowhere")]) == 1
     assert "no results.json" in capsys.readouterr().err
+
+
+LOSS = [[0.40, 1.90, 2.10], [0.95, 0.35, 1.80], [1.20, 0.70, 0.30]]
+LOSS_BASELINE = [2.2, 2.0, 2.3]
+
+
+def write_two_matrix_run(root: Path, name: str, primary: str, meta: dict) -> Path:
+    """A run with an accuracy and a cross-entropy matrix, ``primary`` first."""
+    from continual_eval.results import ContinualResults, ScoreMatrix
+
+    matrices = {
+        "acc": ScoreMatrix(
+            "accuracy",
+            torch.tensor(NAIVE[0], dtype=torch.float64),
+            torch.tensor(BASELINE, dtype=torch.float64),
+        ),
+        "loss": ScoreMatrix(
+            "cross_entropy",
+            torch.tensor(LOSS, dtype=torch.float64),
+            torch.tensor(LOSS_BASELINE, dtype=torch.float64),
+            higher_is_better=False,
+            bounds=None,
+        ),
+    }
+    order = [primary, *(k for k in matrices if k != primary)]
+    results = ContinualResults.from_tensors({k: matrices[k] for k in order}, metadata=meta)
+    results.write(root / name)
+    return root / name
+
+
+def test_several_matrices_and_a_lower_is_better_primary(tmp_path: Path) -> None:
+    """The columns are the primary matrix's (recorded metrics; intransigence reversed for a
+    loss: R[j, j] - reference[j]); every matrix of a run is tabulated; the pictures draw."""
+    from continual_eval.report import find_runs, run_metrics
+    from continual_eval.results import ContinualResults
+
+    reference = [0.2, 0.25, 0.3]
+    acc_run = write_two_matrix_run(tmp_path, "a/version_0", "acc", {"method": "acc_first"})
+    loss_run = write_two_matrix_run(
+        tmp_path, "b/version_0", "loss", {"method": "loss_first", "reference": reference}
+    )
+    out = tmp_path / "report"
+    assert report_main([str(acc_run), str(loss_run), "--out", str(out)]) == 0
+    runs = find_runs([acc_run, loss_run])
+    assert all(isinstance(run.results, ContinualResults) for run in runs)
+    with open(out / "summary.csv") as fh:
+        rows = {row["method"]: row for row in csv.DictReader(fh)}
+    for method, run, primary in (("acc_first", acc_run, "acc"), ("loss_first", loss_run, "loss")):
+        recorded = json.loads((run / "results.json").read_text())["matrices"]
+        assert next(iter(recorded)) == primary
+        for key in ("acc", "bwt", "fwt", "forgetting"):
+            value = float(rows[method][f"{key}_mean"])
+            assert value == recorded[primary]["metrics"][key], (method, key)
+    # a loss: BWT positive = improved, forgetting = rise above the lowest value (plain loops)
+    bwt = sum(LOSS[j][j] - LOSS[2][j] for j in range(2)) / 2
+    assert float(rows["loss_first"]["bwt_mean"]) == pytest.approx(bwt, abs=1e-12)
+    intr = sum(LOSS[j][j] - reference[j] for j in range(3)) / 3
+    assert float(rows["loss_first"]["intransigence_mean"]) == pytest.approx(intr, abs=1e-12)
+    assert run_metrics(runs[1].results) == run_metrics(
+        json.loads((loss_run / "results.json").read_text())
+    )
+    text = (out / "report.md").read_text()
+    assert text.count("acc (accuracy)") == 2 and text.count("loss (cross\\_entropy, lower is") == 2
+    for label in ("loss_first_version_0", "acc_first_version_0"):
+        for kind in ("matrix", "trajectories"):
+            assert (out / f"{label}_{kind}.png").stat().st_size > 10_000

@@ -152,13 +152,24 @@ def test_names_escaped_in_report(tmp_path: Path) -> None:
     images = re.findall(r"<img[^>]*>", page)
     sources = [re.search(r'src="([^"]*)"', tag).group(1) for tag in images]
     assert sources and all((out / src).is_file() for src in sources), sources  # local PNGs only
-    assert page.count("<h1>") == 1 and page.count("<h2>") == len(runs)
+    # the uncertainty section is one more heading; per metric a summary and a paired table
+    assert page.count("<h1>") == 1 and page.count("<h2>") == len(runs) + 1
+    assert page.count("<h3>") == 5
     tables = re.findall(r"<table>.*?</table>", page, flags=re.S)
-    assert len(tables) == 1 + len(runs)  # summary + one matrix per run
+    assert len(tables) == 1 + 2 * 5 + len(runs)  # overview, statistics, one matrix per run
+    methods = [HOSTILE_METHOD, "<img src=http://evil.test/i.png>"]
     summary_rows = [cells(r) for r in re.findall(r"<tr>.*?</tr>", tables[0], flags=re.S)]
     assert all(len(r) == 8 for r in summary_rows)
-    assert [r[0] for r in summary_rows[1:]] == [HOSTILE_METHOD, "<img src=http://evil.test/i.png>"]
-    for table, names in zip(tables[1:], [HOSTILE_TASKS[1:], HOSTILE_TASKS[:3]], strict=True):
+    assert [r[0] for r in summary_rows[1:]] == methods
+    for number, table in enumerate(tables[1:11]):
+        rows = [cells(r) for r in re.findall(r"<tr>.*?</tr>", table, flags=re.S)]
+        if number % 2 == 0:  # the metric's summary: one row per method
+            assert all(len(r) == 6 for r in rows) and [r[0] for r in rows[1:]] == methods
+        else:  # the paired differences: one row per pair
+            assert all(len(r) == 8 for r in rows) and [r[0] for r in rows[1:]] == [
+                f"{methods[0]} - {methods[1]}"
+            ]
+    for table, names in zip(tables[11:], [HOSTILE_TASKS[1:], HOSTILE_TASKS[:3]], strict=True):
         rows = [cells(r) for r in re.findall(r"<tr>.*?</tr>", table, flags=re.S)]
         assert all(len(r) == 4 for r in rows)  # "a | b | c" is one cell
         assert rows[0][1:] == [n.replace("\n", "\\n") for n in names]
@@ -194,3 +205,19 @@ def test_many_tasks_bounded_pictures(tmp_path: Path) -> None:
     for png in pngs:
         height, width, _ = mpimg.imread(png).shape
         assert max(height, width) <= 16 * 120  # MAX_FIGURE_INCHES at the report's dpi
+
+
+def test_matrix_names_and_scores_escaped(tmp_path: Path) -> None:
+    """A version-2 file whose matrix name and score look like HTML/Markdown: text in the table."""
+    doc = results_doc(method="naive", seed=0)
+    section = dict(doc["matrices"]["acc"])
+    section["score"] = "<script>alert(2)</script>"
+    doc["matrices"]["[x](http://evil.test)"] = section
+    run = write_run(tmp_path / "run", doc)
+    out = tmp_path / "report"
+    assert report_main([str(run), "--out", str(out)]) == 0
+    page = markdown.markdown((out / "report.md").read_text(encoding="utf-8"), extensions=["tables"])
+    assert "<script" not in page
+    assert 'href="http://evil.test"' not in page
+    visible = re.sub(r"\\([:$~])", r"\1", html.unescape(re.sub(r"<[^>]+>", "", page)))
+    assert "[x](http://evil.test) (<script>alert(2)</script>)" in visible

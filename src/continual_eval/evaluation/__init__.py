@@ -31,6 +31,8 @@ Layout (every name is re-exported here):
 * :mod:`~continual_eval.evaluation.step`: the batch step, :func:`default_batch_step`;
 * :mod:`~continual_eval.evaluation.scorers`: the :class:`Scorer` protocol, the built-in scorers,
   :func:`make_scorer`;
+* :mod:`~continual_eval.evaluation.class_incremental`: the task-aware and task-agnostic
+  accuracy scorers of single-head class-incremental models, :func:`task_classes_from_loaders`;
 * :mod:`~continual_eval.evaluation.loaders`: :func:`shard_dataloader`, :func:`subset_dataloader`;
 * :mod:`~continual_eval.evaluation.fast_path`, :mod:`~continual_eval.evaluation.pools`: reading
   the batches (:func:`fast_loader`, worker pools);
@@ -62,6 +64,11 @@ from continual_eval.evaluation.cache import (  # noqa: E402
     cache_safety,
 )
 from continual_eval.evaluation.cache import _CachedLoader as _CachedLoader  # noqa: E402
+from continual_eval.evaluation.class_incremental import (  # noqa: E402
+    TaskAgnosticAccuracyScorer,
+    TaskAwareAccuracyScorer,
+    task_classes_from_loaders,
+)
 from continual_eval.evaluation.errors import EvaluationError  # noqa: E402
 from continual_eval.evaluation.fast_path import fast_loader  # noqa: E402
 from continual_eval.evaluation.guards import (  # noqa: E402
@@ -108,6 +115,8 @@ __all__ = [
     "LossScorer",
     "MetricScorer",
     "Scorer",
+    "TaskAgnosticAccuracyScorer",
+    "TaskAwareAccuracyScorer",
     "TaskEvaluation",
     "TaskLoaders",
     "TopKAccuracyScorer",
@@ -121,4 +130,5 @@ __all__ = [
     "preserve_training_flags",
     "shard_dataloader",
     "subset_dataloader",
+    "task_classes_from_loaders",
 ]

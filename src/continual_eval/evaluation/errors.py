@@ -11,6 +11,10 @@ from torch import Tensor
 class EvaluationError(ValueError):
     """A test loader or the model's output cannot be scored; the message names the task."""
 
+    #: set by a count-based scorer's ``result`` (which scores every task at once): the row of the
+    #: task it is about, so that the evaluation loop can name that task
+    task_row: int | None = None
+
 
 def _describe(value: Any, depth: int = 0) -> str:
     """A short description of a model output: tensors as ``Tensor[8, 3] float32``, containers with

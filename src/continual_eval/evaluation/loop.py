@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities import move_data_to_device
 from torch import Tensor, nn
 
+import continual_eval.evaluation.scorers as scorers_module
 from continual_eval.evaluation.cache import _CachedLoader
 from continual_eval.evaluation.errors import EvaluationError
 from continual_eval.evaluation.fast_path import fast_loader
@@ -25,6 +26,7 @@ from continual_eval.evaluation.pools import _pool_settings, _worker_pool, _Worke
 from continual_eval.evaluation.scorers import (
     _OUT_OF_RANGE,
     AccuracyScorer,
+    MetricScorer,
     Scorer,
     make_scorer,
 )
@@ -56,23 +58,41 @@ class _OutputWatch:
     A prediction is one score vector over the class dimension (dim 1) when ``preds`` has one more
     dimension than ``target``, else one element. It is non-finite when its top score is NaN or
     infinite: a NaN or ``+inf`` anywhere in the vector, or every score ``-inf``; ``-inf`` scores
-    next to finite ones (masked classes) are fine. Per batch this costs a max, an ``isfinite`` and a
-    sum on the device; the counts are read after the task.
+    next to finite ones (masked classes) are fine. Per update (a batch, or a group of consecutive
+    batches concatenated) this costs a max, an ``isfinite`` and a sum on the device (a group: a few
+    more ops to find its first bad batch); the counts are read after the task.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._finite: list[Tensor] = []  # per float batch: finite predictions (device scalar)
-        self._sizes: list[int] = []  # per float batch: predictions
-        self._batches: list[int] = []  # per float batch: its index in the loader
+        self._finite: list[Tensor] = []  # per float update: finite predictions (device scalar)
+        self._sizes: list[int] = []  # per float update: predictions
+        self._batches: list[int] = []  # per float update: the index of its first batch
+        #: per float update: its first bad batch's offset from ``_batches`` (device scalar);
+        #: ``None`` for a single batch
+        self._offsets: list[Tensor | None] = []
 
-    def update(self, preds: Tensor, target: Tensor, batch_index: int) -> None:
+    def update(
+        self, preds: Tensor, target: Tensor, batch_index: int, sizes: Sequence[int] = ()
+    ) -> None:
+        """Watch ``preds``: one batch, or with ``sizes`` (rows per batch) a group of consecutive
+        batches concatenated along dim 0, the first of them batch ``batch_index``."""
         if not preds.is_floating_point():
             return
         top = preds.amax(dim=1) if preds.ndim == target.ndim + 1 and preds.ndim >= 2 else preds
-        self._finite.append(torch.isfinite(top).sum())
+        finite = (top - top) == 0  # torch.isfinite in 2 kernels: x - x is 0 iff x is finite
+        self._finite.append(finite.sum())
         self._sizes.append(top.numel())
         self._batches.append(batch_index)
+        offset = None
+        if len(sizes) > 1 and finite.numel():
+            bad_rows = ~finite.reshape(finite.shape[0], -1).all(dim=1)
+            if sizes[0] > 0 and sizes[-1] <= sizes[0] and all(n == sizes[0] for n in sizes[:-1]):
+                offset = bad_rows.int().argmax() // sizes[0]  # equal batches but the last
+            else:
+                flags = torch.stack([rows.any() for rows in bad_rows.split(list(sizes))])
+                offset = flags.int().argmax()
+        self._offsets.append(offset)
 
     def counts(self, rank: int, world_size: int) -> Tensor:
         """``[nonfinite, predictions, first_bad_batch + 1 of rank 0, ..., of rank W-1]`` (int64):
@@ -83,11 +103,108 @@ class _OutputWatch:
         sizes = torch.tensor(self._sizes, dtype=torch.int64, device=self.device)
         bad = sizes - torch.stack(self._finite).to(self.device, torch.int64)
         batches = torch.tensor(self._batches, dtype=torch.int64, device=self.device)
+        if any(offset is not None for offset in self._offsets):
+            zero = torch.zeros((), dtype=torch.int64, device=self.device)
+            offsets = [zero if offset is None else offset for offset in self._offsets]
+            batches = batches + torch.stack(offsets).to(self.device, torch.int64)
         out[0] = bad.sum()
         out[1] = sum(self._sizes)
         flagged = bad > 0
         out[2 + rank] = torch.where(flagged.any(), batches[flagged.int().argmax()] + 1, 0)
         return out
+
+
+def _group_key(preds: Tensor, target: Tensor) -> tuple[Any, ...] | None:
+    """What two batches must share to be concatenated along dim 0 (``None``: this batch is fed
+    alone: not plain strided tensors with a batch dimension of equal length)."""
+    if (
+        type(preds) is not Tensor
+        or type(target) is not Tensor
+        or preds.ndim == 0
+        or target.ndim == 0
+        or preds.shape[0] != target.shape[0]
+        or preds.layout != torch.strided
+        or target.layout != torch.strided
+    ):
+        return None
+    return (
+        preds.shape[1:],
+        preds.dtype,
+        preds.device,
+        target.shape[1:],
+        target.dtype,
+        target.device,
+    )
+
+
+def _copy(t: Tensor) -> Tensor:
+    """A copy of ``t`` that a later forward pass cannot overwrite (e.g. a CUDA-graph output)."""
+    return (t.detach() if t.requires_grad else t).clone()
+
+
+class _TaskFeed:
+    """Feeds one task's ``(preds, target)`` pairs to the output watch and every scorer.
+
+    Scorers that are not ``batch_additive`` get each batch as the step returned it, at once. The
+    batch-additive scorers and the watch get copies of consecutive batches concatenated along dim
+    0, one update per group: a group ends when a batch does not fit it (another shape beyond dim 0,
+    dtype or device), when its copies reach :data:`BUFFER_BYTES`, and at the end of the task
+    (:meth:`flush`). A batch that cannot be concatenated (0-d, or not as many predictions as
+    targets) or that alone holds :data:`BUFFER_BYTES` is fed alone, uncopied, after the group
+    before it. Without batch-additive scorers the watch too sees every batch alone and nothing is
+    copied.
+    """
+
+    def __init__(self, scorers: Sequence[Scorer], watch: _OutputWatch) -> None:
+        self.each = [s for s in scorers if getattr(s, "batch_additive", False) is not True]
+        self.grouped = [s for s in scorers if getattr(s, "batch_additive", False) is True]
+        self.watch = watch
+        self._preds: list[Tensor] = []
+        self._targets: list[Tensor] = []
+        self._sizes: list[int] = []
+        self._first = 0  # the group's first batch index
+        self._key: tuple[Any, ...] | None = None
+        self._bytes = 0
+
+    def add(self, preds: Tensor, target: Tensor, batch_index: int) -> None:
+        if not self.grouped:
+            self.watch.update(preds, target, batch_index)
+        for s in self.each:
+            s.update(preds, target)
+        if not self.grouped:
+            return
+        key = _group_key(preds, target)
+        if key is None or key != self._key:
+            self.flush()
+        if key is None or preds.nbytes + target.nbytes >= scorers_module.BUFFER_BYTES:
+            self._feed(preds, target, batch_index, ())  # alone, and a big batch is not copied
+            return
+        if not self._preds:
+            self._key, self._first = key, batch_index
+        self._preds.append(_copy(preds))
+        self._targets.append(_copy(target))
+        self._sizes.append(preds.shape[0])
+        self._bytes += preds.nbytes + target.nbytes
+        if self._bytes >= scorers_module.BUFFER_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Feed the group held (if any)."""
+        if not self._preds:
+            return
+        preds, target = self._preds, self._targets
+        sizes, first = self._sizes, self._first
+        self._preds, self._targets, self._sizes = [], [], []
+        self._key, self._bytes = None, 0
+        if len(preds) == 1:
+            self._feed(preds[0], target[0], first, ())
+        else:
+            self._feed(torch.cat(preds), torch.cat(target), first, sizes)
+
+    def _feed(self, preds: Tensor, target: Tensor, first: int, sizes: Sequence[int]) -> None:
+        self.watch.update(preds, target, first, sizes)
+        for s in self.grouped:
+            s.update(preds, target)
 
 
 def _batch_sources(
@@ -137,13 +254,13 @@ def _batch_sources(
     return sources
 
 
-def _nonfinite_problem(watch: Tensor, world_size: int) -> str | None:
+def _nonfinite_problem(watch: Sequence[float], world_size: int) -> str | None:
     """The output watch's reduced ``[nonfinite, predictions, first bad batch + 1 per rank]``,
     in words (``None``: every prediction finite)."""
     nonfinite, predictions = int(watch[0]), int(watch[1])
     if not nonfinite:
         return None
-    first = watch[2:].tolist()
+    first = [int(b) for b in watch[2:]]
     if world_size <= 1:
         where = f"first in batch {first[0] - 1} of the test dataloader"
     else:
@@ -158,8 +275,10 @@ def _nonfinite_problem(watch: Tensor, world_size: int) -> str | None:
     )
 
 
-def _task_problems(row: Sequence[Tensor], scorers: Sequence[Scorer], world_size: int) -> list[str]:
-    """What is wrong with one task's reduced counts (one vector per scorer, then the output
+def _task_problems(
+    row: Sequence[Sequence[float]], scorers: Sequence[Scorer], world_size: int
+) -> list[str]:
+    """What is wrong with one task's reduced counts (one list per scorer, then the output
     watch's), in words; each message once, whichever scorers found it."""
     problems: list[str] = []
     nonfinite = _nonfinite_problem(row[-1], world_size)
@@ -167,7 +286,9 @@ def _task_problems(row: Sequence[Tensor], scorers: Sequence[Scorer], world_size:
         problems.append(nonfinite)
     for scorer, counts in zip(scorers, row, strict=False):
         messages = getattr(scorer, "target_problems", (_OUT_OF_RANGE,))
-        for k in range(2, counts.numel()):
+        num_problems = getattr(scorer, "num_problems", None)
+        end = len(counts) if num_problems is None else min(len(counts), 2 + num_problems)
+        for k in range(2, end):
             count = int(counts[k])
             if count > 0:
                 message = messages[k - 2] if k - 2 < len(messages) else _OUT_OF_RANGE
@@ -178,7 +299,7 @@ def _task_problems(row: Sequence[Tensor], scorers: Sequence[Scorer], world_size:
 
 
 def _raise_for_task(
-    row: Sequence[Tensor], label: str, scorers: Sequence[Scorer], world_size: int
+    row: Sequence[Sequence[float]], label: str, scorers: Sequence[Scorer], world_size: int
 ) -> None:
     if int(row[0][1]) == 0:
         raise EvaluationError(
@@ -202,20 +323,47 @@ def _local_counts(scorer: Scorer, device: torch.device) -> Tensor:
     return counts.to(device=device, dtype=dtype)
 
 
+@dataclass(frozen=True)
+class _Reduced:
+    """Tasks' counts summed across ranks: row ``k`` holds task ``k``'s count vectors (one per
+    scorer, then the output watch's) side by side, in their promoted dtype; ``host`` is the same
+    on the host (one read for every task)."""
+
+    packed: Tensor
+    sizes: list[int]
+    dtypes: list[torch.dtype]
+    host: list[list[float]]
+
+    def part(self, i: int) -> Tensor:
+        """Vector ``i`` of every row, ``[tasks, K_i]``, in its own dtype."""
+        start = sum(self.sizes[:i])
+        return self.packed[:, start : start + self.sizes[i]].to(self.dtypes[i])
+
+    def host_row(self, k: int) -> list[list[float]]:
+        """Row ``k`` on the host, split into its vectors."""
+        row, out, start = self.host[k], [], 0
+        for size in self.sizes:
+            out.append(row[start : start + size])
+            start += size
+        return out
+
+
 def _reduce_counts(
     rows: list[list[Tensor]], all_reduce: Callable[[Tensor], Tensor] | None
-) -> list[list[Tensor]]:
+) -> _Reduced:
     """Sum every task's count vectors (one per scorer, then the output watch's) across ranks in
-    ONE collective call, each vector coming back in its own dtype.
+    ONE collective call (none without ``all_reduce``), each vector coming back in its own dtype.
 
-    All int64 (accuracy, top-k, metric bookkeeping): reduced as int64, exactly. When a scorer
-    holds float sums (a loss), the whole call is reduced as one float64 tensor: integer counts
-    below 2**53 are exact in float64 and cast back, and float sums are exact up to the order of
-    summation (rank 0's sum plus rank 1's, ...), so no second collective is needed.
+    All int64 (accuracy, top-k, integer metric states): reduced as int64, exactly. When a scorer
+    holds float sums (a loss, a float metric state), the whole call is reduced as one float64
+    tensor: integer counts below 2**53 are exact in float64 and cast back, and float sums are exact
+    up to the order of summation (rank 0's sum plus rank 1's, ...), so no second collective is
+    needed.
     """
-    if all_reduce is None or not rows:
-        return rows
+    dtypes = [v.dtype for v in rows[0]]
     dtype = functools.reduce(torch.promote_types, (v.dtype for row in rows for v in row))
+    if dtype.is_floating_point and rows[0][0].device.type != "mps":
+        dtype = torch.promote_types(dtype, torch.float64)  # a float16 sum: integers stay exact
     sizes = [v.numel() for v in rows[0]]
     if any([v.numel() for v in row] != sizes for row in rows):
         raise EvaluationError(
@@ -223,11 +371,9 @@ def _reduce_counts(
             "number of entries for every task (and on every rank)"
         )
     packed = torch.stack([torch.cat([v.to(dtype) for v in row]) for row in rows])
-    reduced = all_reduce(packed.clone())
-    return [
-        [part.to(v.dtype) for part, v in zip(reduced[k].split(sizes), row, strict=True)]
-        for k, row in enumerate(rows)
-    ]
+    if all_reduce is not None:
+        packed = all_reduce(packed.clone())
+    return _Reduced(packed, sizes, dtypes, packed.tolist())
 
 
 def _resolve_scorers(scorer: Scorer | None, scorers: Sequence[Any] | None) -> list[Scorer]:
@@ -263,15 +409,23 @@ def evaluate_tasks(
     """Score ``module`` on ``dataloaders[j]`` for each ``j`` in ``task_ids``, with every scorer.
 
     Each test batch goes through ``step`` (one forward pass) once; its ``(preds, target)`` is
-    checked for non-finite predictions once, then fed to every scorer in order.
+    checked for non-finite predictions once and fed to every scorer. Scorers that are not
+    ``batch_additive`` get each batch at once, as ``step`` returned it; the batch-additive ones
+    (the built-in accuracy, top-k and cross-entropy scorers, the torchmetrics metrics
+    :class:`MetricScorer` knows to be) and the non-finite check get copies of a task's
+    consecutive batches concatenated, one update per task (or per :data:`BUFFER_BYTES` of
+    copies; a batch of another shape beyond dim 0, dtype or device starts a new group), so their
+    per-batch work runs once per group.
 
     Reduction: each task's counts (every scorer's :meth:`~Scorer.local_counts`, then the output
     checks) are summed across ranks by ``all_reduce``: once for all tasks when every scorer is
-    count-based, else once per task, right after it, followed by each metric scorer's own sync
-    (a collective per task per metric scorer, in scorer order, on every rank). Integer counts
-    are reduced exactly; with a float-sum scorer (a loss) the call is reduced as float64, in which
-    integer counts below 2**53 stay exact and float sums are exact up to summation order. No host
-    sync per batch.
+    count-based (a metric whose states are all sum-reduced tensors is: its states are among its
+    counts), else once per task, right after it, followed by each non-count-based metric scorer's
+    own sync (a collective per task per such scorer, in scorer order, on every rank). Integer
+    counts are reduced exactly; with a float-sum scorer (a loss, a float metric state) the call is
+    reduced as float64, in which integer counts below 2**53 stay exact and float sums are exact up
+    to summation order. Count-based scores are computed after every task's counts are reduced
+    and checked. No host sync per batch.
 
     Args:
         module: the model; called through ``step`` (default: ``module(x)`` / ``module(x, t)``).
@@ -323,6 +477,7 @@ def evaluate_tasks(
     # metric state sync is a collective: every rank reduces and computes every task, in order
     per_task = not all(s.count_based for s in scorer_list)
     rows: list[list[Tensor]] = []  # per task: each scorer's counts, then the output watch's
+    reduced: list[_Reduced] = []  # per task (per_task), else one for all tasks
     synced: list[list[Tensor | None]] = []  # per task: each non-count-based scorer's result
     counted = [j for j in task_ids if world_size <= 1 or j not in unsharded or rank == 0]
     with preserve_rng_state(device), preserve_training_flags(module), grad_context():
@@ -330,9 +485,13 @@ def evaluate_tasks(
         for j in task_ids:
             for s in scorer_list:
                 s.start(device)
+                set_task = getattr(s, "set_task", None)
+                if set_task is not None:
+                    set_task(j)  # optional: scorers whose scoring depends on the task scored
             watch = _OutputWatch(device)
             if j in sources:
                 batches, on_device = sources[j]
+                feed = _TaskFeed(scorer_list, watch)
                 try:
                     for batch_index, batch in enumerate(batches):
                         if not on_device:
@@ -341,47 +500,61 @@ def evaluate_tasks(
                             batch = convert_input(batch)
                         with forward_context():
                             preds, target = _step_pair(step(module, batch, j), step)
-                        watch.update(preds, target, batch_index)
-                        for s in scorer_list:
-                            s.update(preds, target)
+                        feed.add(preds, target, batch_index)
+                    feed.flush()
                 except EvaluationError as err:
                     raise EvaluationError(f"{label(j)}: {err}") from err
-            row = [_local_counts(s, device) for s in scorer_list]
+            try:
+                row = [_local_counts(s, device) for s in scorer_list]
+            except EvaluationError as err:
+                raise EvaluationError(f"{label(j)}: {err}") from err
             row.append(watch.counts(rank, world_size))
             if not per_task:
                 rows.append(row)
                 continue
-            row = _reduce_counts([row], all_reduce)[0]
-            _raise_for_task(row, label(j), scorer_list, world_size)
+            counts = _reduce_counts([row], all_reduce)
+            _raise_for_task(counts.host_row(0), label(j), scorer_list, world_size)
             try:
                 synced.append(
                     [
-                        None if s.count_based else s.result(c)
-                        for s, c in zip(scorer_list, row[:-1], strict=True)
+                        None if s.count_based else s.result(counts.part(i)[0])
+                        for i, s in enumerate(scorer_list)
                     ]
                 )
             except EvaluationError as err:
                 raise EvaluationError(f"{label(j)}: {err}") from err
-            rows.append(row)
-    if not per_task:
-        rows = _reduce_counts(rows, all_reduce)
-        for row, j in zip(rows, task_ids, strict=True):
-            _raise_for_task(row, label(j), scorer_list, world_size)
+            reduced.append(counts)
+    if not per_task and rows:
+        counts = _reduce_counts(rows, all_reduce)
+        for k, j in enumerate(task_ids):
+            _raise_for_task(counts.host_row(k), label(j), scorer_list, world_size)
+        reduced.append(counts)
+
+    def part(i: int) -> Tensor:
+        """Scorer ``i``'s reduced counts of every task, ``[tasks, K_i]``."""
+        parts = [counts.part(i) for counts in reduced]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
     scores_by_scorer = []
     for i, s in enumerate(scorer_list):
-        if not rows:
+        if not reduced:
             scores = torch.zeros(0, dtype=torch.float64)
         elif s.count_based:
-            scores = s.result(torch.stack([row[i] for row in rows]))
+            try:
+                scores = s.result(part(i))
+            except EvaluationError as err:
+                if err.task_row is None or not 0 <= err.task_row < len(task_ids):
+                    raise
+                raise EvaluationError(f"{label(task_ids[err.task_row])}: {err}") from err
         else:
             scores = torch.stack([result[i] for result in synced])  # type: ignore[misc]
         scores_by_scorer.append(scores.detach().to("cpu", torch.float64))
-    first = (
-        torch.stack([row[0] for row in rows]).cpu()
-        if rows
-        else torch.zeros(0, 3, dtype=torch.int64)
+    first = part(0).cpu() if reduced else torch.zeros(0, 3, dtype=torch.int64)
+    integer_counts = (
+        scorer_list[0].count_based
+        and not first.is_floating_point()
+        and not isinstance(scorer_list[0], MetricScorer)  # its value entry is 0, not a count
     )
-    integer_counts = scorer_list[0].count_based and not first.is_floating_point()
     return TaskEvaluation(
         task_ids=tuple(task_ids),
         scores=scores_by_scorer[0],

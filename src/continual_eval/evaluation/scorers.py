@@ -20,9 +20,18 @@ scorer                        ``name``                 higher is better  ``bound
 Exactness under DDP on unpadded shards: count/sum scorers (``count_based = True``) return their
 per-rank sums from :meth:`Scorer.local_counts`, which the loop sums across ranks in its own
 collectives (int64 counts exactly; float sums exactly up to summation order, see
-:func:`~continual_eval.evaluation.evaluate_tasks`); a torchmetrics metric is reduced by its own
-state sync. Scorers hold no state between evaluations (:meth:`Scorer.start` resets them), so a
-resumed run needs nothing from them.
+:func:`~continual_eval.evaluation.evaluate_tasks`). A torchmetrics metric whose states are all
+sum-reduced tensors is count-based too (its states are its local counts, summed with the others in
+one collective for all tasks, exactly as its own sync sums them); any other metric is reduced by
+its own state sync after each task. Scorers hold no state between evaluations
+(:meth:`Scorer.start` resets them), so a resumed run needs nothing from them.
+
+Speed: a scorer that declares ``batch_additive = True`` may be fed a task's consecutive batches
+concatenated (copies, at most :data:`BUFFER_BYTES` at a time) in one :meth:`Scorer.update` call
+instead of one call per batch, so that its per-batch work (target checks, argmax, a torchmetrics
+update) runs once per task. The built-in label scorers are batch-additive (integer counts are
+unchanged; a loss sum changes at most by its summation order), and so are the torchmetrics
+metrics that :class:`MetricScorer` knows to be (see there).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from torch import Tensor
 from continual_eval.evaluation.errors import EvaluationError, _what
 
 __all__ = [
+    "BUFFER_BYTES",
     "AccuracyScorer",
     "LossScorer",
     "MetricScorer",
@@ -46,6 +56,11 @@ __all__ = [
     "TopKAccuracyScorer",
     "make_scorer",
 ]
+
+
+#: the most bytes of copied ``(preds, target)`` the evaluation loop holds for the batch-additive
+#: scorers of a run before it feeds them (one concatenation per task when a task's outputs fit)
+BUFFER_BYTES = 16 * 2**20
 
 
 class Scorer(Protocol):
@@ -63,9 +78,20 @@ class Scorer(Protocol):
         target_problems: (optional) ``target_problems[k - 2]`` describes a positive entry ``k >=
             2`` of :meth:`local_counts`, with ``{n}`` its count; without it: targets outside the
             class dimension.
+        num_problems: (optional) how many entries after ``[value, total]`` of
+            :meth:`local_counts` are problem counts; the entries after them are further sums that
+            only :meth:`result` reads. Without it: every entry after ``total`` is a problem count.
+        batch_additive: (optional, default ``False``) ``True`` promises that one
+            :meth:`update` with two batches concatenated along dim 0 counts what two calls, one
+            per batch, count (exactly for counts; float sums up to summation order) and that
+            :meth:`update` keeps no reference to its arguments. The loop may then feed the
+            scorer a task's consecutive batches whose shapes beyond dim 0, dtypes and devices
+            agree as one concatenation of copies (up to :data:`BUFFER_BYTES`), once per task
+            when they fit.
 
     Protocol per task: ``start(device)``, ``update(preds, target)`` for each batch (the tensors
-    every scorer sees; do not modify them in place), then ``local_counts()`` and ``result``.
+    every scorer sees; do not modify them in place) or group of batches (``batch_additive``), then
+    ``local_counts()`` and ``result``.
     """
 
     name: str
@@ -158,6 +184,8 @@ class _LabelScorer:
     count_based = True
     higher_is_better = True
     bounds: tuple[float, float] | None = (0.0, 1.0)
+    #: every count is a sum over samples: batches may be fed concatenated
+    batch_additive = True
     #: what a positive entry ``2, 3, 4`` of :meth:`local_counts` means; ``{n}``: that entry
     target_problems: tuple[str, ...] = (_OUT_OF_RANGE, _NOT_WHOLE, _NOT_DISTRIBUTION)
     #: layouts without a class dimension (``preds`` already labels) are refused when set
@@ -242,24 +270,33 @@ class _LabelScorer:
         self._values.append(self._batch_value(preds, target, labels, mode))
         self._total += labels.numel()
 
-    def _sum(self, values: list[Tensor], dtype: torch.dtype = torch.int64) -> Tensor:
+    def _sum(
+        self, values: list[Tensor], dtype: torch.dtype = torch.int64, zero: Tensor | None = None
+    ) -> Tensor:
+        """The sum of ``values`` (device scalars) as ``dtype``; ``zero`` (or a new zero) when
+        empty. One entry (a task fed as one group) costs no op."""
         if not values:
-            return torch.zeros((), dtype=dtype, device=self._device)
-        return torch.stack(values).sum().to(dtype)
+            return torch.zeros((), dtype=dtype, device=self._device) if zero is None else zero
+        total = values[0] if len(values) == 1 else torch.stack(values).sum()
+        return total.to(dtype)
 
     def _label_counts(self, dtype: torch.dtype) -> list[Tensor]:
         """``[total, out_of_range, not_whole, not_distribution]`` as ``dtype`` scalars."""
-        out_of_range = torch.zeros((), dtype=torch.int64, device=self._device)
+        zero = torch.zeros((), dtype=dtype, device=self._device)
+        out_of_range = zero
         if self._num_classes is not None and self._ranges:
-            lowest = torch.stack([low for low, _ in self._ranges]).min()
-            highest = torch.stack([high for _, high in self._ranges]).max()
-            out_of_range = ((lowest < 0) | (highest >= self._num_classes)).long()
+            if len(self._ranges) == 1:
+                lowest, highest = self._ranges[0]
+            else:
+                lowest = torch.stack([low for low, _ in self._ranges]).min()
+                highest = torch.stack([high for _, high in self._ranges]).max()
+            out_of_range = ((lowest < 0) | (highest >= self._num_classes)).to(dtype)
         total = torch.tensor(self._total, dtype=dtype, device=self._device)
         return [
             total,
-            out_of_range.to(dtype),
-            self._sum(self._not_whole, dtype),
-            self._sum(self._not_distribution, dtype),
+            out_of_range,
+            self._sum(self._not_whole, dtype, zero),
+            self._sum(self._not_distribution, dtype, zero),
         ]
 
     def local_counts(self) -> Tensor:
@@ -339,10 +376,11 @@ class LossScorer(_LabelScorer):
     over samples). Its targets are not checked. Named ``name``, else the callable's
     ``__name__`` (a class name for an ``nn.Module``), else ``"loss"``.
 
-    Sums: each batch's loss sum is taken in float64 on the device (float32 on MPS) and summed
-    across ranks by the loop's reduction, so under DDP the mean equals one process's up to float
-    summation order. A non-finite loss sum (a NaN or infinite per-sample loss) is reported after
-    the task.
+    Sums: each update's loss sum (a batch's, or with the default cross-entropy, which is
+    ``batch_additive``, a group of concatenated batches') is taken in float64 on the device
+    (float32 on MPS) and summed across ranks by the loop's reduction, so the mean equals a
+    per-batch or single-process sum up to float summation order. A non-finite loss sum (a NaN or
+    infinite per-sample loss) is reported after the task. A ``loss_fn`` is called once per batch.
     """
 
     higher_is_better = False
@@ -357,6 +395,8 @@ class LossScorer(_LabelScorer):
         if name is None:
             name = "cross_entropy" if loss_fn is None else _callable_name(loss_fn)
         self.name = name
+        # a callable's loss may depend on the batch (a mean, a batch statistic): one call a batch
+        self.batch_additive = loss_fn is None
         if loss_fn is None:
             self.needs_class_scores = True
             self.target_problems = (_OUT_OF_RANGE, _NOT_WHOLE, _NOT_DISTRIBUTION, _NOT_FINITE_LOSS)
@@ -418,16 +458,14 @@ class LossScorer(_LabelScorer):
         (the bracketed entries for the default cross-entropy only; ``not_finite``: 1 when this
         rank's sum is NaN or infinite)."""
         dtype = self._dtype
-        problems = self._label_counts(dtype)[1:] if self.loss_fn is None else []
+        if self.loss_fn is None:
+            total, *problems = self._label_counts(dtype)
+        else:
+            total, problems = torch.tensor(self._total, dtype=dtype, device=self._device), []
         loss_sum = self._sum(self._values, dtype)
-        return torch.stack(
-            [
-                loss_sum,
-                torch.tensor(self._total, dtype=dtype, device=self._device),
-                *problems,
-                (~torch.isfinite(loss_sum)).to(dtype),  # a NaN/inf loss makes the sum one
-            ]
-        )
+        # a NaN/inf loss makes the sum one; x - x is 0 exactly for a finite x, else NaN
+        not_finite = (loss_sum - loss_sum != 0).to(dtype)
+        return torch.stack([loss_sum, total, *problems, not_finite])
 
     def result(self, reduced_counts: Tensor) -> Tensor:
         loss_sum, total = reduced_counts[..., 0], reduced_counts[..., 1]
@@ -443,20 +481,98 @@ def _callable_name(fn: Any) -> str:
     return "loss"
 
 
+def _summed_states(metric: Any) -> tuple[str, ...] | None:
+    """The names of ``metric``'s states when the loop can reduce them across ranks itself, else
+    ``None``: every state a tensor (not a list) that torchmetrics' sync sums
+    (``dist_reduce_fx="sum"``), of an integer or floating dtype, in a metric that syncs the default
+    way (no ``dist_sync_fn`` or ``process_group`` of its own, ``sync_on_compute=True``, no override
+    of ``sync``/``_sync_dist``) and holds no child metric. Summing such states in the loop's
+    collective is what torchmetrics' own sync does (gather every rank's state, sum)."""
+    from torchmetrics import Metric
+    from torchmetrics.utilities.data import dim_zero_sum
+
+    defaults = getattr(metric, "_defaults", None)
+    reductions = getattr(metric, "_reductions", None)
+    if not isinstance(defaults, dict) or not defaults or not isinstance(reductions, dict):
+        return None
+    cls = type(metric)
+    if any(getattr(cls, m, None) is not getattr(Metric, m) for m in ("sync", "_sync_dist")):
+        return None
+    if (
+        getattr(metric, "dist_sync_fn", None) is not None
+        or getattr(metric, "process_group", None) is not None
+        or getattr(metric, "sync_on_compute", True) is not True
+    ):
+        return None
+    if any(isinstance(m, Metric) for m in metric.modules() if m is not metric):
+        return None
+    for name, default in defaults.items():
+        if not isinstance(default, Tensor) or reductions.get(name) is not dim_zero_sum:
+            return None
+        if default.dtype == torch.bool or default.is_complex():
+            return None
+    return tuple(defaults)
+
+
+def _known_batch_additive(metric: Any) -> bool:
+    """Whether ``metric``'s ``update`` is torchmetrics' multiclass stat-scores or confusion-matrix
+    update, not overridden: integer counts of each sample's argmax (or top-k) against its label,
+    however the samples are batched (accuracy, precision, recall, F-beta, specificity, Hamming
+    distance, stat scores; Jaccard index, Cohen's kappa, Matthews correlation). Binary, multilabel
+    and curve metrics are not: their update decides per batch whether to apply a sigmoid/softmax
+    (when some score lies outside [0, 1]), so the same samples batched otherwise can count
+    differently."""
+    try:
+        from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassStatScores
+    except ImportError:  # pragma: no cover - another torchmetrics layout
+        return False
+    cls = type(metric)
+    if isinstance(metric, MulticlassStatScores):
+        return (
+            cls.update is MulticlassStatScores.update
+            and cls._update_state is MulticlassStatScores._update_state
+        )
+    if isinstance(metric, MulticlassConfusionMatrix):
+        return cls.update is MulticlassConfusionMatrix.update
+    return False
+
+
 class MetricScorer:
-    """Any torchmetrics metric (an instance, cloned, or a factory returning one), its state
-    reduced by torchmetrics' own sync (exact on unpadded shards); its ``compute()`` must return one
-    finite number per task.
+    """Any torchmetrics metric (an instance, cloned, or a factory returning one), reduced across
+    ranks exactly on unpadded shards; its ``compute()`` must return one finite number per task.
 
     ``name`` is the metric's class name; ``higher_is_better`` the metric's (a metric that declares
     none, ``None``, is taken as higher-is-better); ``bounds`` ``(0, 1)`` when the metric's plot
     bounds are ``0`` and ``1`` (``plot_lower_bound``/``plot_upper_bound``), else ``None``.
+
+    Reduction (``count_based``): when every state of the metric is a tensor that torchmetrics'
+    sync sums (``dist_reduce_fx="sum"``: the stat-score, confusion-matrix, mean and sum metrics;
+    and the metric syncs the default way, see below), its states after a task are part of
+    :meth:`local_counts`: the loop sums them across ranks with every other count in one collective
+    for all tasks (``all_reduce``, as for every count-based scorer), and :meth:`result` loads each
+    task's summed states into the metric and runs its class's ``compute`` (not the instance's
+    wrapper: no second sync, no cache), once per task, after the evaluation. That is torchmetrics'
+    own sync (gather, sum), so integer states reduce exactly and float states up to summation
+    order. Any other metric (list
+    or ``cat`` states, ``max``/``min``/``mean`` reductions, a ``dist_sync_fn`` or
+    ``process_group`` of its own, ``sync_on_compute=False``, child metrics, an overridden
+    ``sync``/``_sync_dist``) is reduced by its own sync right after each task, on every rank.
+
+    Batching (``batch_additive``): ``None`` (default) feeds the metric each task's batches
+    concatenated (:data:`BUFFER_BYTES` at a time, see :class:`Scorer`) only when that cannot
+    change its states: integer sum-reduced states, ``full_state_update = False``, and the update
+    of torchmetrics' multiclass stat-scores or confusion-matrix metrics (accuracy, precision,
+    recall, F-beta, specificity, Hamming distance, Jaccard index, Cohen's kappa, Matthews
+    correlation with ``multidim_average="global"``), a sum over samples of integer counts; else
+    one update per batch. ``True``/``False`` force either (``True`` asserts that the metric's
+    update over a concatenation of batches equals its updates over each).
     """
 
-    count_based = False
     target_problems = (_OUT_OF_RANGE,)
+    #: ``local_counts()[2]`` counts problems; the entries after it are the metric's states
+    num_problems = 1
 
-    def __init__(self, metric: Any) -> None:
+    def __init__(self, metric: Any, *, batch_additive: bool | None = None) -> None:
         from torchmetrics import Metric
 
         if isinstance(metric, Metric):
@@ -469,12 +585,26 @@ class MetricScorer:
                 )
         else:
             raise TypeError(f"`metric` must be a torchmetrics Metric or a factory, got {metric!r}")
+        if batch_additive is not None and not isinstance(batch_additive, bool):
+            raise TypeError(f"batch_additive must be None, True or False, got {batch_additive!r}")
         self.name = type(self._metric).__name__
         declared = getattr(self._metric, "higher_is_better", None)
         self.higher_is_better = True if declared is None else bool(declared)
         low = getattr(self._metric, "plot_lower_bound", None)
         high = getattr(self._metric, "plot_upper_bound", None)
         self.bounds: tuple[float, float] | None = (0.0, 1.0) if (low, high) == (0, 1) else None
+        self._states = _summed_states(self._metric)
+        self.count_based = self._states is not None
+        if batch_additive is None:
+            batch_additive = (
+                self._states is not None
+                and not any(self._metric._defaults[n].is_floating_point() for n in self._states)
+                and getattr(self._metric, "full_state_update", None) is False
+                and _known_batch_additive(self._metric)
+            )
+        self.batch_additive = batch_additive
+        #: per state: (name, shape, dtype), as packed by the last local_counts()
+        self._layout: list[tuple[str, torch.Size, torch.dtype]] = []
 
     def start(self, device: torch.device) -> None:
         self._metric.reset()
@@ -482,7 +612,7 @@ class MetricScorer:
             self._metric.to(device)
         self._device = device
         self._total = 0  # host int: no device op per batch
-        self._ranges: list[Tensor] = []  # per integer-labelled batch: [min, max] (aminmax)
+        self._ranges: list[tuple[Tensor, Tensor]] = []  # per integer-labelled update: aminmax
         self._classes: list[int] = []  # its class count
 
     def update(self, preds: Tensor, target: Tensor) -> None:
@@ -496,51 +626,114 @@ class MetricScorer:
             and target.numel()
         ):
             low, high = torch.aminmax(target)
-            self._ranges.append(torch.stack([low, high]))
+            self._ranges.append((low, high))
             self._classes.append(preds.shape[1])
         self._total += target.shape[0]
         self._metric.update(preds, target)
 
     def local_counts(self) -> Tensor:
-        """``[0, samples, out_of_range]`` (int64; ``out_of_range``: the number of batches holding a
-        target outside the class dimension)."""
-        zero = torch.zeros((), dtype=torch.int64, device=self._device)
-        bad = zero
-        if self._ranges:
-            ranges = torch.stack(self._ranges)
+        """``[0, samples, out_of_range, *states]``: ``out_of_range`` the number of batches holding
+        a target outside the class dimension; then, for a count-based metric, its states
+        flattened in declaration order. int64, or float64 (float32 on MPS) when a state is
+        floating."""
+        if len(self._ranges) == 1:  # one update (a task fed as one group)
+            low, high = self._ranges[0]
+            bad = ((low < 0) | (high >= self._classes[0])).to(torch.int64).reshape(1)
+        elif self._ranges:
+            lows = torch.stack([low for low, _ in self._ranges])
+            highs = torch.stack([high for _, high in self._ranges])
             classes = torch.tensor(self._classes, device=self._device)
-            bad = ((ranges[:, 0] < 0) | (ranges[:, 1] >= classes)).sum()
-        total = torch.tensor(self._total, dtype=torch.int64, device=self._device)
-        return torch.stack([zero, total, bad.to(torch.int64)])
+            bad = ((lows < 0) | (highs >= classes)).sum().reshape(1)
+        else:
+            bad = torch.zeros(1, dtype=torch.int64, device=self._device)
+        head = torch.tensor([0, self._total], dtype=torch.int64, device=self._device)
+        if self._states is None:
+            return torch.cat([head, bad])
+        layout, flat = [], []
+        for name in self._states:
+            state, default = getattr(self._metric, name), self._metric._defaults[name]
+            if not isinstance(state, Tensor) or state.shape != default.shape:
+                shown = list(state.shape) if isinstance(state, Tensor) else _what(state)
+                raise EvaluationError(
+                    f"metric {self.name}: state {name!r} is {shown} after the task, declared "
+                    f"{list(default.shape)} (add_state); its states are summed across ranks as "
+                    "declared: keep their shapes fixed"
+                )
+            layout.append((name, state.shape, state.dtype))
+            flat.append(state.reshape(-1))
+        self._layout = layout
+        floating = any(t.is_floating_point() for t in flat)
+        dtype = _float_sum_dtype(self._device) if floating else torch.int64
+        parts = [head, bad, *(t.to(device=self._device) for t in flat)]
+        return torch.cat([t.to(dtype) for t in parts])
 
     def result(self, reduced_counts: Tensor) -> Tensor:
-        """The metric's ``compute()``: one finite number, else :class:`EvaluationError`."""
-        value = self._metric.compute()
+        """The metric's ``compute()``: one finite number per task, else
+        :class:`EvaluationError` (with ``task_row``, the task's row, for a count-based metric).
+        Count-based: ``reduced_counts`` ``[tasks, K]``; each task's summed states are loaded into
+        the metric and its compute (without another sync) returns its score."""
+        if not self.count_based:
+            value = self._one_number(self._metric.compute(), None)
+            if not bool(torch.isfinite(value)):
+                raise self._not_finite(value, None)
+            return value
+        compute = type(self._metric).compute  # not the instance's wrapper: no second sync
+        tasks, start = reduced_counts.shape[0], 3
+        states = {}  # name -> every task's summed state [tasks, *shape], a copy of its own
+        for name, shape, dtype in self._layout:
+            block = reduced_counts[:, start : start + shape.numel()]
+            states[name] = block.to(dtype=dtype, copy=True).reshape(tasks, *shape)
+            start += shape.numel()
+        values = []
+        for row in range(tasks):
+            for name, state in states.items():
+                setattr(self._metric, name, state[row])
+            values.append(self._one_number(compute(self._metric), row, convert=False))
+        device = values[0].device
+        scores = torch.stack([v if v.device == device else v.to(device) for v in values]).double()
+        finite = torch.isfinite(scores)
+        if not bool(finite.all()):
+            row = int((~finite).int().argmax())
+            raise self._not_finite(scores[row], row)
+        return scores
+
+    def _one_number(self, value: Any, row: int | None, convert: bool = True) -> Tensor:
+        """``value`` as a scalar tensor (float64 with ``convert``), else
+        :class:`EvaluationError`."""
         if isinstance(value, (int, float)):
             value = torch.tensor(float(value))
         if not isinstance(value, Tensor):
             shown = (
                 f"a dict with keys {sorted(value)}" if isinstance(value, Mapping) else _what(value)
             )
-            raise EvaluationError(
+            raise _row_error(
                 f"metric {self.name} returned {shown}, not one number; continual-eval records one "
-                "score per task: pass a metric whose compute() returns a scalar tensor"
+                "score per task: pass a metric whose compute() returns a scalar tensor",
+                row,
             )
         value = value.detach()
         if value.numel() != 1:
-            raise EvaluationError(
+            raise _row_error(
                 f"metric {self.name} returned a tensor of shape {list(value.shape)}, not one "
                 "number; continual-eval records one score per task: reduce it in the metric "
-                "(e.g. average='macro' or 'micro' instead of average='none')"
+                "(e.g. average='macro' or 'micro' instead of average='none')",
+                row,
             )
-        value = value.double().reshape(())
-        if not bool(torch.isfinite(value)):
-            raise EvaluationError(
-                f"metric {self.name} returned {value.item()}, not a finite score; a score must be "
-                "defined on every task (e.g. a ratio whose denominator is 0 on this task's "
-                "samples, such as the recall of a class absent from its test set)"
-            )
-        return value
+        return value.double().reshape(()) if convert else value.reshape(())
+
+    def _not_finite(self, value: Tensor, row: int | None) -> EvaluationError:
+        return _row_error(
+            f"metric {self.name} returned {value.item()}, not a finite score; a score must be "
+            "defined on every task (e.g. a ratio whose denominator is 0 on this task's "
+            "samples, such as the recall of a class absent from its test set)",
+            row,
+        )
+
+
+def _row_error(message: str, row: int | None) -> EvaluationError:
+    err = EvaluationError(message)
+    err.task_row = row
+    return err
 
 
 _TOP_K = re.compile(r"^top_?(\d+)(_acc|_accuracy)?$")

@@ -4,7 +4,12 @@
 from continual_eval.experiments.digits import DigitsMLP, SplitDigits
 from continual_eval.experiments.logistic import CircleGridTasks, LogisticClassifier
 from continual_eval.experiments.replay import ReservoirBuffer
-from continual_eval.experiments.stream import TaskStreamDataModule, fit_stream, joint_reference
+from continual_eval.experiments.stream import (
+    TaskStreamDataModule,
+    fit_stream,
+    joint_reference,
+    stream_reference,
+)
 
 __all__ = [
     "CircleGridTasks",
@@ -15,4 +20,5 @@ __all__ = [
     "TaskStreamDataModule",
     "fit_stream",
     "joint_reference",
+    "stream_reference",
 ]

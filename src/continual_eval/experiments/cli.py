@@ -4,9 +4,11 @@ The config is an ordinary LightningCLI file (``trainer``, ``model``, ``data``, `
 plus two sections of this command:
 
 ``continual``  arguments of :class:`~continual_eval.ContinualEvalCallback` (its test loaders and
-               task names come from the datamodule, which must be a :class:`TaskStreamDataModule`);
-``stream``     :class:`StreamOptions`: experiment name, method label, seeds, joint reference,
-               report.
+               task names come from the datamodule, which must be a :class:`TaskStreamDataModule`;
+               ``task_classes: [[0, 1], [2, 3], ...]`` turns on class-incremental evaluation,
+               as in ``configs/digits_class_incremental.yaml``);
+``stream``     :class:`StreamOptions`: experiment name, method label, seeds, reference model
+               (``reference: none | isolated | joint``), report.
 
 ``trainer.max_epochs`` is the training budget *per task*. Each task is one ``trainer.fit`` on the
 same Trainer (``fit_loop.max_epochs`` is raised before each); one line per stage says how many
@@ -26,12 +28,22 @@ rewritten: a name is refused (exit code 2, a one-line message naming the option)
 ``.`` or ``..``, longer than :data:`MAX_RUN_NAME_LENGTH` characters, has leading or trailing
 whitespace, or holds a path separator (``/`` or ``\\``, on every platform) or a control, format
 or line-separator character. The resolved run directory must also lie inside ``stream.save_dir``
-(a symbolic link inside it that points elsewhere is refused too).
+(a symbolic link inside it that points elsewhere is refused too). A ``stream.reference`` other
+than ``none``, ``isolated`` or ``joint`` is refused the same way (exit code 2, one line).
+
+With ``stream.reference: isolated`` or ``joint`` the reference (see
+:mod:`continual_eval.references`) is trained before the stream, its per-task scores are stored in
+results.json as ``metadata["reference"]`` with ``metadata["reference_kind"]``, and the end of the
+run prints, from :mod:`continual_eval.functional`, the intransigence per task and its mean
+(``intransigence_per_task``, ``intransigence``) and, for an isolated reference, the forward
+transfer against it (``forward_transfer_per_task`` / ``forward_transfer`` with
+``convention="isolated"``).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 import unicodedata
@@ -42,15 +54,29 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from continual_eval.callback import ContinualEvalCallback
-from continual_eval.experiments.stream import TaskStreamDataModule, fit_stream, progress, run_dir_of
-from continual_eval.report import run_metrics, write_report
+from continual_eval.experiments.stream import (
+    REFERENCE_OPTIONS,
+    TaskStreamDataModule,
+    fit_stream,
+    progress,
+    run_dir_of,
+)
+from continual_eval.functional import (
+    forward_transfer,
+    forward_transfer_per_task,
+    intransigence,
+    intransigence_per_task,
+)
+from continual_eval.report import write_report
 
 __all__ = [
     "MAX_RUN_NAME_LENGTH",
+    "OptionError",
     "RunNameError",
     "StreamCLI",
     "StreamOptions",
@@ -74,6 +100,10 @@ _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 class RunNameError(ValueError):
     """A run name that cannot be used as one directory of the run path, or a run directory that
     resolves outside ``save_dir``."""
+
+
+class OptionError(ValueError):
+    """A ``stream`` option with a value this command does not accept (exit code 2)."""
 
 
 def check_run_name(value: object, option: str) -> str:
@@ -125,9 +155,15 @@ class StreamOptions:
             attribute, else its class name); a safe directory name when set.
         seeds: run the whole stream once per seed (each in its own run directory); empty = once,
             with ``seed_everything``.
-        joint_reference: also train a fresh copy of the model on all tasks' training data at once
-            (same per-task epoch budget) and store its per-task accuracy as
-            ``metadata["reference"]`` (used for intransigence).
+        reference: ``none``; ``isolated``: before the stream, train a fresh copy of the untrained
+            model on each task alone (``trainer.max_epochs`` epochs, the stream's budget per
+            task); ``joint``: one fresh copy on all tasks' training data together
+            (``trainer.max_epochs`` epochs over the union: every example seen as often as in the
+            stream). Their per-task scores go to ``metadata["reference"]`` and the kind to
+            ``metadata["reference_kind"]``; the fit prints intransigence (and, isolated, FWT
+            against isolated training). See :mod:`continual_eval.references`.
+        joint_reference: deprecated alias: ``true`` is ``reference: joint`` (the command prints
+            a deprecation line).
         report: write the report (PNGs + report.md) into ``<run_dir>/report`` after the stream.
         save_dir: root of the default loggers.
     """
@@ -135,6 +171,7 @@ class StreamOptions:
     experiment: str = "stream"
     method: str | None = None
     seeds: list[int] = field(default_factory=list)
+    reference: str = "none"
     joint_reference: bool = False
     report: bool = True
     save_dir: str = "runs"
@@ -143,6 +180,18 @@ class StreamOptions:
         check_run_name(self.experiment, "stream.experiment")
         if self.method is not None:
             check_run_name(self.method, "stream.method")
+        if not isinstance(self.reference, str) or self.reference not in REFERENCE_OPTIONS:
+            raise OptionError(
+                f"stream.reference: {self.reference!r} is not one of {', '.join(REFERENCE_OPTIONS)}"
+            )
+        if self.joint_reference:
+            if self.reference not in ("none", "joint"):
+                raise OptionError(
+                    f"stream.joint_reference: true (the older spelling of stream.reference: "
+                    f"joint) contradicts stream.reference: {self.reference}; keep only "
+                    "stream.reference"
+                )
+            self.reference = "joint"  # main() prints the deprecation notice
 
 
 class StreamCLI(LightningCLI):
@@ -212,6 +261,41 @@ def _write_report(paths: list[Path], out_dir: Path) -> Path | None:
         return None
 
 
+def _print_reference_metrics(callback: ContinualEvalCallback, kind: str) -> None:
+    """Intransigence (per task and mean) against the run's reference and, for an isolated one,
+    the forward transfer against it (per task ``j >= 1`` and mean), from the functional layer."""
+    scores = callback.scores
+    ref = torch.tensor(
+        [math.nan if v is None else v for v in callback.metadata["reference"]], dtype=torch.float64
+    )
+    if scores.shape[0] != scores.shape[1]:
+        progress(f"reference metrics skipped: {scores.shape[0]} of {scores.shape[1]} stages ran")
+        return
+    options = {
+        "higher_is_better": bool(callback.scorer.higher_is_better),
+        "bounds": callback.scorer.bounds,
+    }
+    per_task = intransigence_per_task(scores, ref, **options)
+    mean = intransigence(scores, ref, **options)
+    progress(
+        f"intransigence={float(mean):.4f} ({kind} reference; ref[j] - R[j, j] per task: "
+        + _row(per_task)
+        + ")"
+    )
+    if kind == "isolated" and scores.shape[0] > 1:
+        fwt = forward_transfer(scores, ref, convention="isolated", **options)
+        fwt_per_task = forward_transfer_per_task(scores, ref, convention="isolated", **options)
+        progress(
+            f"fwt_isolated={float(fwt):.4f} (R[j, j] - ref[j] per task j >= 1: "
+            + _row(fwt_per_task)
+            + ")"
+        )
+
+
+def _row(values: torch.Tensor) -> str:
+    return "  ".join(f"{float(v):.4f}" for v in values)
+
+
 def _method_name(model: pl.LightningModule, options: StreamOptions) -> str:
     if options.method:
         return options.method
@@ -267,11 +351,10 @@ def _run(cli: StreamCLI, notices: set[str] | None = None) -> Path:
         datamodule,
         callback_kwargs=callback_kwargs,
         metadata=metadata,
-        reference=options.joint_reference,
+        reference=options.reference,
     )
-    extra = run_metrics(callback.results())
-    if extra["intransigence"] is not None:
-        progress(f"intransigence={extra['intransigence']:.4f} (joint-training reference)")
+    if options.reference != "none":
+        _print_reference_metrics(callback, options.reference)
     progress(f"results: {callback.results_dir}")
     if options.report:
         written = _write_report([run_dir], run_dir / "report")
@@ -291,6 +374,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cli = _build_cli(args)
         StreamOptions(**cli.config["stream"].as_dict())
+        if cli.config["stream"]["joint_reference"]:
+            progress(
+                "stream.joint_reference is deprecated and will be removed: write "
+                "stream.reference: joint (this run trains the joint reference)"
+            )
         seeds = [int(s) for s in cli.config["stream"]["seeds"] or []]
         if not seeds:
             _run(cli, notices)
@@ -298,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dirs = [
             _run(_build_cli([*args, f"--seed_everything={seed}"]), notices) for seed in seeds
         ]
-    except RunNameError as err:
+    except (RunNameError, OptionError) as err:
         print(f"continual-eval fit: {err}", file=sys.stderr)
         return 2
     except Exception as err:

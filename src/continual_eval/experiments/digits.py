@@ -75,6 +75,19 @@ class SplitDigits(TaskStreamDataModule):
     def num_classes(self) -> int:
         return 2 if self.scenario == "domain" else 10
 
+    @property
+    def task_classes(self) -> list[list[int]]:
+        """The class ids of each task in the ``"class"`` scenario, ``[[0, 1], [2, 3], ...,
+        [8, 9]]``: ``ContinualEvalCallback(task_classes=...)`` (``continual.task_classes`` of
+        ``configs/digits_class_incremental.yaml``). The ``"domain"`` scenario has none: every
+        task uses the same two labels of a shared head (``ValueError``)."""
+        if self.scenario != "class":
+            raise ValueError(
+                "SplitDigits(scenario='domain') shares the labels 0 and 1 between all tasks; "
+                "task_classes needs scenario='class'"
+            )
+        return [[2 * k, 2 * k + 1] for k in range(5)]
+
 
 class DigitsMLP(pl.LightningModule):
     """64 -> hidden -> hidden -> classes MLP trained with Adam; optional experience replay.
@@ -108,12 +121,22 @@ class DigitsMLP(pl.LightningModule):
         """``"replay"`` or ``"naive"``."""
         return "replay" if self.memory is not None else "naive"
 
-    def joint_reference_model(self) -> DigitsMLP:
-        """A copy with the same weights and no replay memory: plain joint training, the same
-        reference for every method (used by :func:`~continual_eval.experiments.joint_reference`)."""
+    def reference_model(self) -> DigitsMLP:
+        """A copy with the same weights and no replay memory: plain (isolated or joint) training,
+        the same reference for every method (used by
+        :func:`~continual_eval.references.train_reference`)."""
         plain = copy.deepcopy(self)
         plain.memory = None
         return plain
+
+    def joint_reference_model(self) -> DigitsMLP:
+        """The older name of :meth:`reference_model`."""
+        return self.reference_model()
+
+    def continual_eval_memory_size(self) -> int:
+        """Samples held by the replay memory (0 for naive fine-tuning): the ``replay_memory`` of
+        each stage's cost (:mod:`continual_eval.stage_cost`)."""
+        return 0 if self.memory is None else len(self.memory)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -1,32 +1,41 @@
 """Task-stream plumbing shared by the experiments: a datamodule that serves one task at a time,
-and the loop that trains a task stream with a :class:`~continual_eval.ContinualEvalCallback`."""
+and :func:`fit_stream`, which trains a task stream through :func:`~continual_eval.fit_tasks` with
+a :class:`~continual_eval.ContinualEvalCallback` (and, on request, a reference model first)."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from continual_eval.callback import ContinualEvalCallback
-from continual_eval.lightning_log import without_cumulative_epoch_message
+from continual_eval.references import REFERENCE_DIRS, Reference, train_reference
 from continual_eval.results import default_results_dir
+from continual_eval.training import fit_tasks
 
-__all__ = ["TaskStreamDataModule", "fit_stream", "joint_reference"]
+__all__ = [
+    "REFERENCE_OPTIONS",
+    "TaskStreamDataModule",
+    "fit_stream",
+    "joint_reference",
+    "reference_kind",
+    "stream_reference",
+]
 
-#: the logger Lightning's ``rank_zero_info`` writes to (its "`Trainer.fit` stopped" line)
+#: the values of ``fit_stream(reference=...)`` and of ``stream.reference`` in a config
+REFERENCE_OPTIONS = ("none", "isolated", "joint")
 
 
 class TaskStreamDataModule(pl.LightningDataModule):
     """Serves the training data of ``current_task`` and one test loader per task.
 
     Subclasses fill ``self.train_sets`` and ``self.test_sets`` (one dataset per task, same order)
-    and ``self.task_names`` in ``setup``. Set ``current_task`` before each stage's ``fit``;
-    ``joint=True`` serves the union of every task's training data (the joint-training reference).
+    and ``self.task_names`` in ``__init__`` or ``setup``. Set ``current_task`` before each
+    stage's ``fit``; ``joint=True`` serves the union of every task's training data (the
+    joint-training reference).
     """
 
     def __init__(
@@ -42,8 +51,8 @@ class TaskStreamDataModule(pl.LightningDataModule):
         self.joint = joint
         self.shuffle = shuffle
         self.current_task = 0
-        self.train_sets: list[Dataset] = []
-        self.test_sets: list[Dataset] = []
+        self.train_sets: list[Dataset[Any]] = []
+        self.test_sets: list[Dataset[Any]] = []
         self.task_names: list[str] = []
 
     @property
@@ -51,26 +60,150 @@ class TaskStreamDataModule(pl.LightningDataModule):
         """Number of tasks in the stream (available after ``setup``)."""
         return len(self.test_sets)
 
-    def training_set(self) -> Dataset:
+    def training_set(self) -> Dataset[Any]:
         """The dataset trained on in the current stage."""
         return ConcatDataset(self.train_sets) if self.joint else self.train_sets[self.current_task]
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.training_set(), batch_size=self.batch_size, shuffle=self.shuffle)
+    def _train_loader(self, dataset: Dataset[Any]) -> DataLoader[Any]:
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=self.shuffle)
 
-    def test_dataloader(self) -> list[DataLoader]:
+    def train_dataloader(self) -> DataLoader[Any]:
+        return self._train_loader(self.training_set())
+
+    def task_train_dataloader(self, task: int) -> DataLoader[Any]:
+        """Task ``task``'s training loader, as ``train_dataloader`` serves it in that stage."""
+        return self._train_loader(self.train_sets[task])
+
+    def joint_train_dataloader(self) -> DataLoader[Any]:
+        """The loader over every task's training data, as ``train_dataloader`` serves it with
+        ``joint=True``."""
+        return self._train_loader(ConcatDataset(self.train_sets))
+
+    def test_dataloader(self) -> list[DataLoader[Any]]:
         return [DataLoader(ds, batch_size=self.test_batch_size) for ds in self.test_sets]
 
 
-def _evaluation_trainer_kwargs(trainer: pl.Trainer) -> dict[str, Any]:
-    return {
+class _TaskStages(Sequence[TaskStreamDataModule]):
+    """The datamodule once per task, for :func:`~continual_eval.fit_tasks`: item ``i`` selects
+    task ``i`` (``current_task``) right before its ``fit`` and prints the progress lines (the task
+    about to train, and how many epochs the previous stage trained)."""
+
+    def __init__(self, trainer: pl.Trainer, datamodule: TaskStreamDataModule):
+        self.trainer = trainer
+        self.datamodule = datamodule
+        self._open: tuple[int, int] | None = None  # (task, first epoch) of the stage in training
+
+    def __len__(self) -> int:
+        return self.datamodule.num_tasks
+
+    @overload
+    def __getitem__(self, task: int) -> TaskStreamDataModule: ...
+
+    @overload
+    def __getitem__(self, task: slice) -> Sequence[TaskStreamDataModule]: ...
+
+    def __getitem__(self, task: int | slice) -> Any:
+        if isinstance(task, slice):
+            raise TypeError("the stages of a stream are selected one at a time, not sliced")
+        self.finish()
+        data = self.datamodule
+        progress(f"task {task + 1}/{data.num_tasks}: {data.task_names[task]}")
+        data.current_task = task
+        self._open = (task, self.trainer.current_epoch)
+        return data
+
+    def finish(self) -> None:
+        """Print the epochs the last selected stage trained (once)."""
+        if self._open is None:
+            return
+        (task, first), self._open = self._open, None
+        num_tasks, name = self.datamodule.num_tasks, self.datamodule.task_names[task]
+        trained = self.trainer.current_epoch - first
+        span = (
+            f" (epochs {first + 1}-{self.trainer.current_epoch} of the stream)" if trained else ""
+        )
+        plural = "" if trained == 1 else "s"
+        progress(f"stage {task + 1}/{num_tasks} ({name}) trained: {trained} epoch{plural}{span}")
+
+
+def _reference_trainer_kwargs(trainer: pl.Trainer) -> dict[str, Any]:
+    """The continual Trainer's training settings for a reference Trainer: the same device type,
+    precision, gradient clipping, accumulation and batch limit; one device, no logger,
+    checkpoints, progress bar or summary."""
+    kwargs: dict[str, Any] = {
         "accelerator": trainer.accelerator,
         "devices": 1,
+        "precision": trainer.precision,
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
         "logger": False,
         "enable_checkpointing": False,
         "enable_progress_bar": False,
         "enable_model_summary": False,
     }
+    if trainer.limit_train_batches != 1.0:  # Lightning announces an explicit 1.0 in a line
+        kwargs["limit_train_batches"] = trainer.limit_train_batches
+    return kwargs
+
+
+def reference_kind(reference: object) -> str | None:
+    """``"isolated"``, ``"joint"`` or ``None`` (no reference) from a ``reference`` option:
+    one of :data:`REFERENCE_OPTIONS`, or a bool (``True``: the older ``joint_reference=True``,
+    i.e. ``"joint"``); anything else is a :class:`ValueError` naming the choices."""
+    if isinstance(reference, bool):
+        return "joint" if reference else None
+    if not isinstance(reference, str) or reference not in REFERENCE_OPTIONS:
+        raise ValueError(
+            f"reference must be one of {', '.join(REFERENCE_OPTIONS)}, got {reference!r}"
+        )
+    return None if reference == "none" else reference
+
+
+def _set_up(datamodule: TaskStreamDataModule) -> None:
+    """Fill a datamodule that builds its task sets in ``setup`` (as ``fit`` would)."""
+    if not datamodule.test_sets:
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+
+
+def stream_reference(
+    model: pl.LightningModule,
+    datamodule: TaskStreamDataModule,
+    *,
+    kind: str,
+    epochs: int,
+    callback_kwargs: dict[str, Any],
+    dirpath: Path | None,
+    trainer_kwargs: dict[str, Any] | None = None,
+) -> Reference:
+    """:func:`~continual_eval.references.train_reference` on the datamodule's tasks.
+
+    The copies start from ``model``'s current (untrained) weights (a model may define
+    ``reference_model()`` to supply a copy without its continual-learning extras: DigitsMLP drops
+    its replay memory, so every method of a study is compared with the same plain training) and
+    train on the datamodule's loaders (``task_train_dataloader(j)``, or
+    ``joint_train_dataloader()``) for ``epochs`` epochs, on Trainers built from
+    ``trainer_kwargs``; they are scored with the stream's own scoring options (with
+    ``eval_every_n_steps``, the isolated kind also records each copy's learning curve). The
+    global random state is restored afterwards, so the continual run draws the same numbers with
+    or without a reference.
+    """
+    _set_up(datamodule)
+    options = dict(callback_kwargs)
+    every = options.pop("eval_every_n_steps", None) if kind == "isolated" else None
+    return train_reference(
+        model,
+        [datamodule.task_train_dataloader(j) for j in range(datamodule.num_tasks)],
+        datamodule.test_dataloader(),
+        kind=kind,
+        trainer_factory=lambda: pl.Trainer(max_epochs=epochs, **(trainer_kwargs or {})),
+        joint_dataloader=datamodule.joint_train_dataloader() if kind == "joint" else None,
+        task_names=datamodule.task_names,
+        eval_every_n_steps=every,
+        callback_kwargs=options,
+        dirpath=dirpath,
+    )
 
 
 def joint_reference(
@@ -82,26 +215,18 @@ def joint_reference(
     dirpath: Path,
     trainer_kwargs: dict[str, Any] | None = None,
 ) -> list[float | None]:
-    """Per-task test accuracy of a copy of ``model`` trained on every task's training data at once.
-
-    The copy starts from ``model``'s current (untrained) weights and trains for ``epochs`` epochs
-    on the union of the training sets. A model may define ``joint_reference_model()`` to supply
-    the copy without its continual-learning extras (DigitsMLP drops its replay memory), so every
-    method of a study is compared with the same plain joint training. The copy is scored by a
-    ContinualEvalCallback with the stream's own scoring options (its results.json, one stage, goes
-    to ``dirpath``). The global RNG state is restored afterwards, so the continual run draws the
-    same numbers with or without a reference.
-    """
-    make_copy = getattr(model, "joint_reference_model", None)
-    joint_model = make_copy() if callable(make_copy) else copy.deepcopy(model)
-    joint_data = copy.copy(datamodule)
-    joint_data.joint = True
-    kwargs = {**callback_kwargs, "dirpath": dirpath, "verbose": False, "log_images": False}
-    callback = ContinualEvalCallback(task_names=datamodule.task_names, **kwargs)
-    with torch.random.fork_rng(devices=[]):
-        trainer = pl.Trainer(max_epochs=epochs, callbacks=[callback], **(trainer_kwargs or {}))
-        trainer.fit(joint_model, datamodule=joint_data)
-    return [None if v != v else float(v) for v in callback.scores[0].tolist()]
+    """Per-task test accuracy of a copy of ``model`` trained on every task's training data at
+    once for ``epochs`` epochs over the union: :func:`stream_reference` with ``kind="joint"``,
+    as JSON cells (``None`` for a task not scored)."""
+    return stream_reference(
+        model,
+        datamodule,
+        kind="joint",
+        epochs=epochs,
+        callback_kwargs=callback_kwargs,
+        dirpath=dirpath,
+        trainer_kwargs=trainer_kwargs,
+    ).to_list()
 
 
 def fit_stream(
@@ -111,51 +236,70 @@ def fit_stream(
     *,
     callback_kwargs: dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
-    reference: bool = False,
+    reference: bool | str = False,
 ) -> ContinualEvalCallback:
-    """Train ``model`` on the datamodule's tasks in order, one ``fit`` per task on ``trainer``.
+    """Train ``model`` on the datamodule's tasks in order, one ``fit`` per task on ``trainer``
+    (:func:`~continual_eval.fit_tasks`, the datamodule serving task ``i`` in fit ``i``).
 
     ``trainer.max_epochs`` is the budget per task. A :class:`ContinualEvalCallback` built from
     ``callback_kwargs`` (task names from the datamodule, ``metadata`` stored in results.json) is
-    appended to the Trainer's callbacks and returned. ``reference=True`` first computes
-    :func:`joint_reference` into ``metadata["reference"]``.
+    appended to the Trainer's callbacks and returned. ``reference``: ``"none"`` (or ``False``),
+    ``"isolated"`` or ``"joint"`` (or ``True``): first train that reference
+    (:func:`stream_reference`, results in ``<run dir>/isolated_reference/task_j`` or
+    ``<run dir>/joint_reference``) and store its per-task scores as ``metadata["reference"]``
+    and the kind as ``metadata["reference_kind"]``.
     """
+    kind = reference_kind(reference)
     callback_kwargs = dict(callback_kwargs or {})
     metadata = {**(callback_kwargs.pop("metadata", None) or {}), **(metadata or {})}
     epochs = trainer.fit_loop.max_epochs
-    if epochs is None or epochs < 1:
-        raise ValueError("fit_stream needs trainer.max_epochs >= 1 (the epoch budget per task)")
-    num_tasks = datamodule.num_tasks
+    if epochs is None or epochs < 1 or trainer.fit_loop.max_steps != -1:
+        raise ValueError(
+            "fit_stream needs trainer.max_epochs >= 1 (the epoch budget per task) and no "
+            f"max_steps (got max_epochs={epochs}, max_steps={trainer.fit_loop.max_steps})"
+        )
+    _set_up(datamodule)
+    if datamodule.num_tasks == 0:
+        raise ValueError(
+            f"fit_stream: {type(datamodule).__name__} has no tasks: fill train_sets, test_sets "
+            "and task_names in __init__ or setup"
+        )
     run_dir = run_dir_of(trainer, callback_kwargs)
     for logger in trainer.loggers:
         _ = logger.experiment  # create the run directory before the reference writes into it
-    if reference:
-        progress(f"joint reference: training on all {num_tasks} tasks at once")
-        metadata["reference"] = joint_reference(
+    if kind is not None:
+        num_tasks = datamodule.num_tasks
+        progress(
+            f"joint reference: training on all {num_tasks} tasks at once"
+            if kind == "joint"
+            else f"isolated reference: training a fresh copy on each of the {num_tasks} tasks alone"
+        )
+        ref = stream_reference(
             model,
             datamodule,
+            kind=kind,
             epochs=epochs,
             callback_kwargs=callback_kwargs,
-            dirpath=run_dir / "joint_reference",
-            trainer_kwargs=_evaluation_trainer_kwargs(trainer),
+            dirpath=run_dir / REFERENCE_DIRS[kind],
+            trainer_kwargs=_reference_trainer_kwargs(trainer),
         )
-        progress("joint reference accuracy: " + _format_row(metadata["reference"]))
+        metadata["reference"] = ref.to_list()
+        metadata["reference_kind"] = kind
+        progress(f"{kind} reference {ref.score_name}: " + _format_row(metadata["reference"]))
+    if kind is not None:
+        if callback_kwargs.get("reference") is not None:
+            raise ValueError(
+                f"fit_stream(reference={reference!r}) trains the reference itself; do not also "
+                "pass a callback `reference`"
+            )
+        callback_kwargs["reference"] = ref  # results.json gets the reference section
     callback = ContinualEvalCallback(
         task_names=datamodule.task_names, metadata=metadata, **callback_kwargs
     )
     trainer.callbacks.append(callback)
-    for task in range(num_tasks):
-        name = datamodule.task_names[task]
-        progress(f"task {task + 1}/{num_tasks}: {name}")
-        datamodule.current_task = task
-        first = trainer.current_epoch
-        trainer.fit_loop.max_epochs = first + epochs
-        with without_cumulative_epoch_message():
-            trainer.fit(model, datamodule=datamodule)
-        trained = trainer.current_epoch - first
-        span = f" (epochs {first + 1}-{trainer.current_epoch} of the stream)" if trained else ""
-        plural = "" if trained == 1 else "s"
-        progress(f"stage {task + 1}/{num_tasks} ({name}) trained: {trained} epoch{plural}{span}")
+    stages = _TaskStages(trainer, datamodule)
+    fit_tasks(trainer, model, stages)
+    stages.finish()
     return callback
 
 

@@ -35,15 +35,11 @@ from continual_eval.functional.accuracy_matrix import (
     gain,
     trained_history,
 )
+from continual_eval.functional.family import CURVE_KEYS as FAMILY_CURVE_KEYS
 
-CURVE_KEYS = (
-    "acc",
-    "bwt",
-    "fwt",
-    "forgetting",
-    "learning_accuracy",
-    "average_incremental_accuracy",
-)
+#: the keys of :func:`continual_metrics_curve`, from the metric family
+#: (:mod:`continual_eval.functional.family`)
+CURVE_KEYS = FAMILY_CURVE_KEYS
 
 
 _PEAK_BLOCK = 32

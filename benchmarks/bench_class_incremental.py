@@ -1,0 +1,176 @@
+"""Cost of class-incremental evaluation (``ContinualEvalCallback(task_classes=...)``) against plain
+accuracy alone, on the same model and loaders.
+
+C=100 classes in T=10 tasks of 10 classes, 2000 test samples per task, a small MLP with one
+100-way head. Two callbacks sit on the same Trainer and record every stage on the same weights:
+accuracy alone (``ContinualEvalCallback(test)``), and everything of the class-incremental
+evaluation (``task_classes=``: the accuracy matrix, ``acc_task_aware`` and ``acc_task_agnostic``
+from the same forward passes, the confusion counts of the seen tasks, the ``class_incremental``
+section computed and written to results.json with the rest). Per stage, each callback's
+``_record_stage`` (its evaluation of all T tasks, the reduction, the metrics, results.json and
+scores CSVs) is timed; their order alternates between repeats so that neither side always runs
+with warm caches. The ratio is the median of the paired per-stage ratios (target <= 1.3).
+
+The state the callback keeps for class-incremental evaluation: one ``[C, C]`` int64 confusion
+matrix per recorded stage (O(C^2) per stage, independent of the number of test samples); the
+scorers' own state during an evaluation is one ``[K, C]`` block per task, ``K`` the largest task.
+
+    python benchmarks/bench_class_incremental.py                # C=100, T=10, 2000 per task
+    python benchmarks/bench_class_incremental.py --repeats 2    # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import tempfile
+import time
+import warnings
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from continual_eval.callback import ContinualEvalCallback, fit_tasks
+
+FEATURES = 64
+
+
+class MLP(pl.LightningModule):
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(FEATURES, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def make_data(classes: int, tasks: int, test_size: int, train_size: int, batch_size: int):
+    """Task ``t``: Gaussian blobs of its ``classes / tasks`` classes (ids ``t*K .. t*K+K-1``)."""
+    g = torch.Generator().manual_seed(0)
+    per_task = classes // tasks
+    means = torch.randn(classes, FEATURES, generator=g) * 1.5
+    task_classes = [list(range(t * per_task, (t + 1) * per_task)) for t in range(tasks)]
+
+    def sample(t: int, n: int):
+        y = torch.randint(0, per_task, (n,), generator=g) + t * per_task
+        return TensorDataset(means[y] + torch.randn(n, FEATURES, generator=g), y)
+
+    train = [DataLoader(sample(t, train_size), batch_size=batch_size) for t in range(tasks)]
+    test = [DataLoader(sample(t, test_size), batch_size=batch_size) for t in range(tasks)]
+    return train, test, task_classes
+
+
+class Timed(ContinualEvalCallback):
+    """Times ``_record_stage``: the stage's evaluation and everything recorded after it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seconds: list[float] = []
+
+    def _record_stage(self, trainer, pl_module, stage):
+        start = time.perf_counter()
+        super()._record_stage(trainer, pl_module, stage)
+        self.seconds.append(time.perf_counter() - start)
+
+
+def trainer(root: str, callbacks, train_batches: int) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=train_batches,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--tasks", type=int, default=10)
+    parser.add_argument("--test-size", type=int, default=2000, help="test samples per task")
+    parser.add_argument("--train-size", type=int, default=512)
+    parser.add_argument("--train-batches", type=int, default=8, help="training batches per task")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=4)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    C, T = args.classes, args.tasks
+    train, test, task_classes = make_data(C, T, args.test_size, args.train_size, args.batch_size)
+    print(
+        f"C={C} classes, T={T} tasks, {args.test_size} test samples per task, batch "
+        f"{args.batch_size}, {args.repeats} repeats, torch threads {torch.get_num_threads()}"
+    )
+    ratios: list[float] = []
+    plain_all: list[float] = []
+    class_il_all: list[float] = []
+    state_bytes = 0
+    json_bytes = (0, 0)
+    for rep in range(args.repeats):
+        with tempfile.TemporaryDirectory() as root:
+            common = dict(verbose=False, log_images=False)
+            plain = Timed(test, dirpath=f"{root}/plain", prefix="plain/", **common)
+            class_il = Timed(test, dirpath=f"{root}/class_il", task_classes=task_classes, **common)
+            order = [plain, class_il] if rep % 2 == 0 else [class_il, plain]
+            pl.seed_everything(rep, verbose=False)
+            fit_tasks(trainer(root, order, args.train_batches), MLP(C), train)
+            pairs = list(zip(class_il.seconds, plain.seconds, strict=True))
+            ratios += [a / b for a, b in pairs]
+            plain_all += plain.seconds
+            class_il_all += class_il.seconds
+            print(
+                f"repeat {rep} ({'plain first' if rep % 2 == 0 else 'class-IL first'}): per stage "
+                f"plain {statistics.median(plain.seconds) * 1e3:.1f} ms, class-IL "
+                f"{statistics.median(class_il.seconds) * 1e3:.1f} ms, median paired ratio "
+                f"{statistics.median(a / b for a, b in pairs):.3f}"
+            )
+            buffer = io.BytesIO()
+            torch.save(class_il._class_il.state_dict(), buffer)
+            state_bytes = buffer.getbuffer().nbytes
+            sizes = []
+            for cb in (plain, class_il):
+                path = cb.results_dir / "results.json"  # type: ignore[operator]
+                sizes.append(path.stat().st_size)
+            json_bytes = (sizes[0], sizes[1])
+            section = class_il.continual_results().class_incremental
+            stages = section.num_stages
+    print(
+        f"per-stage time: plain accuracy median {statistics.median(plain_all) * 1e3:.1f} ms, "
+        f"class-incremental median {statistics.median(class_il_all) * 1e3:.1f} ms"
+    )
+    print(
+        f"class-incremental / plain accuracy, median of {len(ratios)} paired per-stage ratios: "
+        f"{statistics.median(ratios):.3f} (target <= 1.3)"
+    )
+    per_stage = C * C * 8
+    print(
+        f"confusion state: {stages} stages x [{C}, {C}] int64 = {stages * per_stage / 2**10:.0f} "
+        f"KiB ({per_stage / 2**10:.0f} KiB per stage, O(C^2), independent of the "
+        f"{args.test_size * T} test samples); the callback's class-incremental checkpoint state "
+        f"{state_bytes / 2**10:.0f} KiB; results.json {json_bytes[0] / 2**10:.0f} KiB (plain) vs "
+        f"{json_bytes[1] / 2**10:.0f} KiB (class-incremental, sparse confusion triplets)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1081 @@
+"""The results of a continual-learning run as one typed object: :class:`ContinualResults`.
+
+It owns, per scorer (:class:`MatrixResults`), the rows of R so far, the baseline, the metric
+family computed in ONE :func:`~continual_eval.functional.all_continual_metrics` pass (``metrics``
+is exactly the last point of ``metrics_per_stage``), the per-task values and, with per-step
+evaluation, the step curves and their stability metrics (:class:`Stability`); plus the steps of
+those evaluations (:class:`StepEvaluations`), the conventions, the metadata and the run id.
+
+:meth:`ContinualResults.from_tensors` builds it from what the callback records,
+:meth:`ContinualResults.from_dict` from a ``results.json`` document (``format_version`` 1 or 2);
+:meth:`ContinualResults.to_dict` gives the document back (``format_version`` 2), and
+:meth:`~ContinualResults.write`/:meth:`~ContinualResults.load` go through the files of
+:mod:`continual_eval.results`. The loggers (:mod:`continual_eval.loggers`) and
+``continual-eval report`` take this object.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from continual_eval.class_incremental_results import ClassIncrementalResults
+from continual_eval.functional import all_continual_metrics
+from continual_eval.functional.accuracy_matrix import (
+    forward_transfer_per_task,
+    intransigence_per_task,
+)
+from continual_eval.functional.family import CURVE_KEYS, METRIC_KEYS, PER_TASK_KEYS
+from continual_eval.functional.plasticity import (
+    anytime_accuracy,
+    auc_forward_transfer_per_task,
+    learning_curve_area,
+    stage_auc,
+    stage_start_accuracy,
+)
+from continual_eval.functional.stability import (
+    min_accuracy,
+    stability_gap,
+    worst_case_accuracy,
+)
+from continual_eval.results_schema import FORMAT_VERSION, validate_results
+from continual_eval.stage_cost import (
+    StageCost,
+    memory_kind,
+    model_size_efficiency,
+    summarize_costs,
+)
+
+__all__ = [
+    "REFERENCE_SCORE_KINDS",
+    "STABILITY_KEYS",
+    "STABILITY_SOURCE",
+    "ContinualResults",
+    "MatrixResults",
+    "Plasticity",
+    "ReferenceMetrics",
+    "ReferenceScores",
+    "RunCost",
+    "ScoreMatrix",
+    "Stability",
+    "StepEvaluations",
+    "matrix_key",
+]
+
+#: the per-task stability-gap values (:func:`~continual_eval.functional.stability_gap`)
+STABILITY_KEYS = ("boundary", "minimum", "depth", "recovery_steps")
+#: where min-ACC, WC-ACC and the stability gap come from
+STABILITY_SOURCE = "De Lange, van de Ven & Tuytelaars, ICLR 2023 (min-ACC eq. 4, WC-ACC eq. 5)"
+FWT_CONVENTION = "R[j-1,j] - b[j] (GEM; b[j] - R[j-1,j] where lower is better)"
+UNIT_BOUNDS = (0.0, 1.0)
+
+
+# ---------------------------------------------------------------------- conversions
+def _float_or_none(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _list(t: Tensor) -> Any:
+    """Nested lists of floats with NaN/inf as ``None`` (a float or ``None`` for a 0-dim tensor)."""
+    if t.ndim == 0:
+        return _float_or_none(t.item())
+    return [_list(x) if x.ndim else _float_or_none(x.item()) for x in t.detach().cpu().double()]
+
+
+def _float(value: Any) -> float:
+    """A cell of a document as a float (``None`` -> NaN)."""
+    return math.nan if value is None else float(value)
+
+
+def _vector(values: Sequence[Any]) -> Tensor:
+    return torch.tensor([_float(v) for v in values], dtype=torch.float64)
+
+
+def _matrix(rows: Sequence[Sequence[Any]], columns: int) -> Tensor:
+    return torch.tensor([[_float(v) for v in row] for row in rows], dtype=torch.float64).reshape(
+        -1, columns
+    )
+
+
+def _f64(t: Any) -> Tensor:
+    return torch.as_tensor(t, dtype=torch.float64).detach().cpu()
+
+
+def _bounds_from_json(value: Any) -> tuple[float, float] | None:
+    """``[lo, hi]`` of a document (``null`` ends are infinite) as a pair of floats."""
+    if value is None:
+        return None
+    lo, hi = value
+    return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
+
+
+def matrix_key(score_name: str) -> str:
+    """The ``matrices`` key of a single scorer: ``"acc"`` for accuracy, else its score name."""
+    return "acc" if score_name == "accuracy" else score_name
+
+
+# ---------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class ScoreMatrix:
+    """One scorer's raw records, the input of :meth:`ContinualResults.from_tensors`.
+
+    ``score``: what its cells hold; ``scores``: the rows so far ``[s, T]`` (NaN = not
+    evaluated); ``baseline``: the untrained scores ``[T]``; its direction and its validation range
+    (``None`` = unbounded); ``step_scores``: its rows of the per-step evaluations ``[N, T]``
+    (``None`` without them).
+    """
+
+    score: str
+    scores: Tensor
+    baseline: Tensor
+    higher_is_better: bool = True
+    bounds: tuple[float, float] | None = UNIT_BOUNDS
+    step_scores: Tensor | None = None
+
+
+# ---------------------------------------------------------------------- step evaluations
+@dataclass(frozen=True, eq=False)
+class StepEvaluations:
+    """When the per-step evaluations ran (``eval_every_n_steps``); shared by every matrix."""
+
+    #: ``[N]`` int64: the cumulative optimizer step of each evaluation
+    step: Tensor
+    #: ``[N]`` int64: the stage (task index) it ran in; a stage's last one is its end
+    stage: Tensor
+    #: ``N`` flags: the whole test sets were scored (else the fixed ``step_eval_subset``)
+    full: tuple[bool, ...] = ()
+    #: what ``step`` counts
+    step_counter: str = ""
+    #: the fixed subset of the per-step evaluations (``size``, ``seed``, ``samples_per_task``,
+    #: ``rule``), ``None`` for whole test sets
+    subset: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        step = torch.as_tensor(self.step, dtype=torch.int64).cpu().reshape(-1)
+        stage = torch.as_tensor(self.stage, dtype=torch.int64).cpu().reshape(-1)
+        full = tuple(bool(f) for f in self.full) if self.full else (True,) * len(step)
+        if not len(step) == len(stage) == len(full):
+            raise ValueError(
+                f"{len(step)} steps, {len(stage)} stages and {len(full)} flags: one each per "
+                "evaluation"
+            )
+        object.__setattr__(self, "step", step)
+        object.__setattr__(self, "stage", stage)
+        object.__setattr__(self, "full", full)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> StepEvaluations:
+        """From a document's ``curves`` section."""
+        steps = list(section["step"])
+        subset = section.get("subset")
+        return cls(
+            step=torch.tensor(steps, dtype=torch.int64),
+            stage=torch.tensor(list(section["stage"]), dtype=torch.int64),
+            full=tuple(section.get("full") or (True,) * len(steps)),
+            step_counter=str(section.get("step_counter", "")),
+            subset=dict(subset) if subset is not None else None,
+        )
+
+    def to_dict(self, scores: Tensor | None, score_name: str) -> dict[str, Any]:
+        """The ``curves`` section with ``scores`` ``[N, T]`` as its ``accuracy`` rows."""
+        return {
+            "step": self.step.tolist(),
+            "stage": self.stage.tolist(),
+            "accuracy": _list(scores) if scores is not None and len(self) else [],
+            "full": list(self.full),
+            "score": score_name,
+            "step_counter": self.step_counter,
+            "subset": dict(self.subset) if self.subset is not None else None,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class Stability:
+    """Stability metrics of one matrix's step curves over the completed stages (De Lange et al.,
+    ICLR 2023), from :mod:`continual_eval.functional.stability`; NaN = undefined."""
+
+    #: ``[S]`` min-ACC after each completed stage (NaN at stage 0)
+    min_acc: Tensor
+    #: ``[S]`` WC-ACC after each completed stage
+    wc_acc: Tensor
+    #: ``boundary``, ``minimum``, ``depth``, ``recovery_steps``: ``[S - 1]`` each, task ``j``'s
+    #: gap while task ``j + 1`` trains
+    per_task: dict[str, Tensor] = field(default_factory=dict)
+    #: the recovery tolerance
+    tolerance: float = 0.0
+    #: the paper the definitions follow
+    source: str = STABILITY_SOURCE
+
+    @classmethod
+    def compute(
+        cls,
+        scores: Tensor,
+        steps: StepEvaluations,
+        stages_completed: int,
+        *,
+        higher_is_better: bool = True,
+        tolerance: float = 0.0,
+    ) -> Stability:
+        """From the rows ``scores [N, T]`` of ``steps``, reading the evaluations of the
+        ``stages_completed`` finished stages only."""
+        done = steps.stage < stages_completed
+        values, stage, step = _f64(scores)[done], steps.stage[done], steps.step[done]
+        empty = torch.zeros(0, dtype=torch.float64)
+        if stages_completed == 0 or not len(stage):
+            return cls(empty, empty, dict.fromkeys(STABILITY_KEYS, empty), tolerance)
+        gap = stability_gap(
+            values, stage, step, tolerance=tolerance, higher_is_better=higher_is_better
+        )
+        return cls(
+            min_accuracy(values, stage, higher_is_better=higher_is_better, validate=False),
+            worst_case_accuracy(values, stage, higher_is_better=higher_is_better, validate=False),
+            {key: gap[key].double() for key in STABILITY_KEYS},
+            tolerance,
+        )
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> Stability:
+        """From a document's ``stability`` section."""
+        per_task = section.get("per_task") or {}
+        return cls(
+            _vector(section.get("min_acc", [])),
+            _vector(section.get("wc_acc", [])),
+            {key: _vector(values) for key, values in per_task.items()},
+            float(section.get("tolerance", 0.0)),
+            str(section.get("source", STABILITY_SOURCE)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``stability`` section (``None`` for undefined values)."""
+        return {
+            "min_acc": _list(self.min_acc),
+            "wc_acc": _list(self.wc_acc),
+            "per_task": {key: _list(values) for key, values in self.per_task.items()},
+            "tolerance": self.tolerance,
+            "source": self.source,
+        }
+
+
+# ---------------------------------------------------------------------- plasticity
+def _present(value: Tensor | float | None) -> float | None:
+    """A 0-dim tensor or float as a float, ``None`` where absent (NaN/inf, or ``None``)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _best_score(higher_is_better: bool, bounds: tuple[float, float] | None) -> float | None:
+    """The best attainable score (the upper bound, or the lower one where lower is better);
+    ``None`` when that end is unbounded."""
+    if bounds is None:
+        return None
+    best = float(bounds[1] if higher_is_better else bounds[0])
+    return best if math.isfinite(best) else None
+
+
+@dataclass(frozen=True, eq=False)
+class Plasticity:
+    """Plasticity metrics of one matrix's step curves over the completed stages
+    (:mod:`continual_eval.functional.plasticity`, with ``initial`` =
+    :func:`~continual_eval.functional.stage_start_accuracy` of ``R`` and ``b``); ``None`` (JSON
+    ``null``) where absent, never 0."""
+
+    #: anytime accuracy ``A_AUC`` (Koh et al., ICLR 2022): the seen-task mean score averaged over
+    #: the optimizer steps of the completed stages
+    anytime_accuracy: float | None
+    #: ``[s]`` ``AUC_k``: the mean score of task ``k`` over its own stage (NaN = absent)
+    stage_auc: Tensor
+    #: ``beta`` of the learning curve area (``None``: not computed)
+    lca_beta: int | None = None
+    #: ``LCA_beta`` (Chaudhry et al., ICLR 2019); ``None`` when not computed or when the curves
+    #: lack one of the steps ``0..beta`` of a stage
+    lca: float | None = None
+    #: Continual World's normalised forward transfer (Wolczyk et al., NeurIPS 2021) against the
+    #: reference's per-task areas; ``None`` without them
+    auc_forward_transfer: float | None = None
+    #: ``[s]`` its per-task values ``FT_k`` (NaN = absent); ``None`` without reference areas
+    auc_forward_transfer_per_task: Tensor | None = None
+
+    @classmethod
+    def compute(
+        cls,
+        step_scores: Tensor,
+        steps: StepEvaluations,
+        scores: Tensor,
+        baseline: Tensor,
+        *,
+        lca_beta: int | None = None,
+        reference_auc: Tensor | None = None,
+        best: float | None = None,
+    ) -> Plasticity:
+        """From the rows ``step_scores [N, T]`` of ``steps`` (only the evaluations of the
+        ``s = len(scores)`` completed stages), ``R = scores [s, T]`` and ``b = baseline [T]``.
+        ``reference_auc [T]`` and ``best`` (the best attainable score) give the normalised
+        forward transfer."""
+        if lca_beta is not None and (
+            not isinstance(lca_beta, int) or isinstance(lca_beta, bool) or lca_beta < 0
+        ):
+            raise ValueError(f"lca_beta must be a non-negative int or None, got {lca_beta!r}")
+        scores, baseline = _f64(scores), _f64(baseline)
+        s = int(scores.shape[0])
+        done = steps.stage < s
+        acc, stage, step = _f64(step_scores)[done], steps.stage[done], steps.step[done]
+        nan = torch.full((s,), math.nan, dtype=torch.float64)
+        with_ft = reference_auc is not None and best is not None
+        if s == 0 or not len(stage):
+            return cls(None, nan, lca_beta, None, None, nan.clone() if with_ft else None)
+        initial = stage_start_accuracy(scores, baseline, validate=False)
+        options: dict[str, Any] = {"initial": initial, "validate": False}
+        area = anytime_accuracy(acc, stage, step, **options)
+        per_stage = stage_auc(acc, stage, step, **options)
+        aucs = nan.clone()
+        aucs[: min(s, len(per_stage))] = per_stage[:s]
+        lca = None
+        if lca_beta is not None:
+            lca = _present(learning_curve_area(acc, stage, step, lca_beta, **options))
+        ft, ft_per_task = None, None
+        if with_ft:
+            assert reference_auc is not None and best is not None
+            reference = torch.full_like(baseline, math.nan)
+            given = _f64(reference_auc).reshape(-1)[: len(reference)]
+            reference[: len(given)] = given
+            values = auc_forward_transfer_per_task(
+                acc, stage, step, reference, best=best, **options
+            )
+            ft_per_task = nan.clone()
+            ft_per_task[: min(s, len(values))] = values[:s]
+            ft = _present(ft_per_task.mean())
+        return cls(_present(area), aucs, lca_beta, lca, ft, ft_per_task)
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> Plasticity:
+        """From a document's ``plasticity`` section (``null`` -> ``None``)."""
+        lca = section.get("lca")
+        per_task = section.get("auc_forward_transfer_per_task")
+        return cls(
+            _present(section.get("anytime_accuracy")),
+            _vector(section.get("stage_auc") or []),
+            None if lca is None else int(lca["beta"]),
+            None if lca is None else _present(lca.get("value")),
+            _present(section.get("auc_forward_transfer")),
+            None if per_task is None else _vector(per_task),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``plasticity`` section (``null`` where absent)."""
+        return {
+            "anytime_accuracy": _present(self.anytime_accuracy),
+            "stage_auc": _list(self.stage_auc),
+            "lca": None
+            if self.lca_beta is None
+            else {"beta": int(self.lca_beta), "value": _present(self.lca)},
+            "auc_forward_transfer": _present(self.auc_forward_transfer),
+            "auc_forward_transfer_per_task": None
+            if self.auc_forward_transfer_per_task is None
+            else _list(self.auc_forward_transfer_per_task),
+        }
+
+
+# ---------------------------------------------------------------------- reference
+#: the kinds of :class:`ReferenceScores`: trained by :func:`~continual_eval.train_reference`
+#: (``"isolated"``, ``"joint"``) or given as scores of unknown provenance (``"given"``)
+REFERENCE_SCORE_KINDS = ("isolated", "joint", "given")
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceScores:
+    """A reference for the primary scorer, the input of :meth:`ContinualResults.from_tensors`
+    (``reference=``): what the callback's ``reference=`` argument resolves to."""
+
+    #: ``"isolated"``, ``"joint"`` or ``"given"`` (see :data:`REFERENCE_SCORE_KINDS`)
+    kind: str
+    #: ``[T]`` float64: ``ref[j]``, the reference score on task ``j`` (NaN = absent)
+    scores: Tensor
+    #: ``[T]`` float64: ``AUC_j^ref``, the reference's mean score of task ``j`` over its training
+    #: (from its learning curves), for the normalised forward transfer; ``None`` without curves
+    auc: Tensor | None = None
+    #: where it came from (a path, ``"train_reference"``, ``"tensor"``)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in REFERENCE_SCORE_KINDS:
+            raise ValueError(
+                f"reference kind must be one of {REFERENCE_SCORE_KINDS}, got {self.kind!r}"
+            )
+        scores = _f64(self.scores).reshape(-1)
+        object.__setattr__(self, "scores", scores)
+        if self.auc is not None:
+            auc = _f64(self.auc).reshape(-1)
+            if auc.shape != scores.shape:
+                raise ValueError(
+                    f"reference auc has {auc.numel()} values for {scores.numel()} scores"
+                )
+            object.__setattr__(self, "auc", auc)
+
+
+def _running_mean(values: Tensor) -> Tensor:
+    """``out[i] = mean(values[:i+1])`` (NaN from the first NaN on)."""
+    counts = torch.arange(1, len(values) + 1, dtype=torch.float64)
+    return torch.cumsum(values, 0) / counts
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceMetrics:
+    """The primary matrix against a reference model (the ``reference`` section of
+    ``results.json``), in the primary score's direction; ``None``/NaN where absent.
+
+    Intransigence (Chaudhry et al., 2018): ``ref[j] - R[j, j]`` per task ``j < s`` and its mean
+    (``intransigence_per_task``/``intransigence`` of :mod:`continual_eval.functional`). Forward
+    transfer against isolated training: ``R[j, j] - ref[j]`` per task ``1 <= j < s`` and its mean
+    (``forward_transfer_per_task(..., convention="isolated")``); absent (NaN) for a ``"joint"``
+    reference, which is no isolated training. For a lower-is-better score both differences are
+    reversed (positive: learned less well / better than the reference).
+    """
+
+    #: ``"isolated"``, ``"joint"`` or ``"given"``
+    kind: str
+    #: the score it holds (the primary matrix's)
+    score: str
+    #: the score's direction
+    higher_is_better: bool
+    #: ``[T]`` ``ref``
+    scores: Tensor
+    #: ``[T]`` the reference's per-task areas ``AUC_j^ref`` (``None`` without curves)
+    auc: Tensor | None
+    #: mean intransigence over the completed stages (``None``: absent)
+    intransigence: float | None
+    #: ``[s]`` per-task intransigence
+    intransigence_per_task: Tensor
+    #: mean forward transfer against the isolated reference over ``1 <= j < s`` (``None``: absent)
+    fwt_isolated: float | None
+    #: ``[s - 1]`` per-task forward transfer against it (tasks ``j >= 1``)
+    fwt_isolated_per_task: Tensor
+    #: ``intransigence`` and ``fwt_isolated`` after every completed stage, ``[s]`` each (NaN:
+    #: not defined, e.g. ``fwt_isolated`` after stage 0)
+    per_stage: dict[str, Tensor] = field(default_factory=dict)
+    #: where the reference came from
+    source: str = ""
+
+    @classmethod
+    def compute(cls, reference: ReferenceScores, matrix: MatrixResults) -> ReferenceMetrics:
+        """The metrics of ``matrix`` (the primary one) against ``reference``."""
+        T = int(matrix.baseline.shape[0])
+        if reference.scores.shape != (T,):
+            raise ValueError(f"the reference has {reference.scores.numel()} scores for {T} tasks")
+        s = matrix.num_stages
+        R, ref, hib = matrix.scores[:, :s], reference.scores[:s], bool(matrix.higher_is_better)
+        intransigence = intransigence_per_task(R, ref, higher_is_better=hib, validate=False)
+        empty = torch.zeros(0, dtype=torch.float64)
+        fwt = empty
+        if s > 1:
+            fwt = forward_transfer_per_task(
+                R, ref, convention="isolated", higher_is_better=hib, validate=False
+            )
+        if reference.kind == "joint":
+            fwt = torch.full_like(fwt, math.nan)
+        fwt_curve = torch.cat([torch.full((min(s, 1),), math.nan), _running_mean(fwt)])
+        per_stage = {"intransigence": _running_mean(intransigence), "fwt_isolated": fwt_curve}
+        return cls(
+            kind=reference.kind,
+            score=matrix.score,
+            higher_is_better=hib,
+            scores=reference.scores.clone(),
+            auc=None if reference.auc is None else reference.auc.clone(),
+            intransigence=_present(per_stage["intransigence"][-1]) if s else None,
+            intransigence_per_task=intransigence.double(),
+            fwt_isolated=_present(fwt_curve[-1]) if s else None,
+            fwt_isolated_per_task=fwt.double(),
+            per_stage=per_stage,
+            source=reference.source,
+        )
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> ReferenceMetrics:
+        """From a document's ``reference`` section (``null`` -> ``None``/NaN)."""
+        auc = section.get("auc")
+        return cls(
+            kind=str(section["kind"]),
+            score=str(section.get("score", "")),
+            higher_is_better=bool(section.get("higher_is_better", True)),
+            scores=_vector(section["scores"]),
+            auc=None if auc is None else _vector(auc),
+            intransigence=_present(section.get("intransigence")),
+            intransigence_per_task=_vector(section.get("intransigence_per_task") or []),
+            fwt_isolated=_present(section.get("fwt_isolated")),
+            fwt_isolated_per_task=_vector(section.get("fwt_isolated_per_task") or []),
+            per_stage={k: _vector(v) for k, v in (section.get("per_stage") or {}).items()},
+            source=str(section.get("source", "")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``reference`` section."""
+        return {
+            "kind": self.kind,
+            "score": self.score,
+            "higher_is_better": bool(self.higher_is_better),
+            "scores": _list(self.scores),
+            "auc": None if self.auc is None else _list(self.auc),
+            "intransigence": _present(self.intransigence),
+            "intransigence_per_task": _list(self.intransigence_per_task),
+            "fwt_isolated": _present(self.fwt_isolated),
+            "fwt_isolated_per_task": _list(self.fwt_isolated_per_task),
+            "per_stage": {key: _list(values) for key, values in self.per_stage.items()},
+            "source": self.source,
+        }
+
+
+# ---------------------------------------------------------------------- cost
+@dataclass(frozen=True, eq=False)
+class RunCost:
+    """What each training stage cost (:mod:`continual_eval.stage_cost`): the ``cost`` section of
+    ``results.json``."""
+
+    #: one :class:`~continual_eval.stage_cost.StageCost` per recorded stage, in stage order (a
+    #: run resumed from a checkpoint written before costs were recorded lacks the earlier ones)
+    per_stage: tuple[StageCost, ...] = ()
+
+    def __post_init__(self) -> None:
+        ordered = tuple(sorted(self.per_stage, key=lambda cost: cost.stage))
+        object.__setattr__(self, "per_stage", ordered)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Totals, the largest peak memory and the model-size efficiency
+        (:func:`~continual_eval.stage_cost.summarize_costs`)."""
+        return summarize_costs(self.per_stage)
+
+    @property
+    def memory_kind(self) -> str | None:
+        """What ``peak_memory_bytes`` measures (``"cuda_max_allocated"``,
+        ``"process_peak_rss"``, ``"mixed"``; ``None`` without a stage)."""
+        return memory_kind(self.per_stage)
+
+    def at(self, stage: int) -> StageCost | None:
+        """The cost of ``stage`` (``None`` when not recorded)."""
+        return next((cost for cost in self.per_stage if cost.stage == stage), None)
+
+    def model_size_efficiency_at(self, stage: int) -> float | None:
+        """The model-size efficiency over the recorded stages ``<= stage``."""
+        return model_size_efficiency([c.parameters for c in self.per_stage if c.stage <= stage])
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> RunCost:
+        """From a document's ``cost`` section (the summary is recomputed from ``per_stage``)."""
+        return cls(tuple(StageCost.from_dict(cost) for cost in section.get("per_stage") or []))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``cost`` section: ``per_stage``, ``summary``, ``memory_kind``."""
+        return {
+            "per_stage": [cost.to_dict() for cost in self.per_stage],
+            "summary": self.summary,
+            "memory_kind": self.memory_kind,
+        }
+
+
+# ---------------------------------------------------------------------- one matrix
+def _direction(higher_is_better: bool, bounds: tuple[float, float] | None) -> dict[str, Any]:
+    """Keyword arguments for the functional layer (none for the default accuracy matrix)."""
+    if higher_is_better and bounds == UNIT_BOUNDS:
+        return {}
+    return {"higher_is_better": higher_is_better, "bounds": bounds}
+
+
+@dataclass(frozen=True, eq=False)
+class MatrixResults:
+    """One scorer's matrix and everything computed from it; undefined values are NaN."""
+
+    #: the ``matrices`` key (the scorer's name)
+    name: str
+    #: what a cell holds (``"accuracy"``, ``"cross_entropy"``, a metric's class name)
+    score: str
+    #: ``[s, T]`` float64: ``R[i, j]`` after stage ``i`` on task ``j`` (NaN = not evaluated)
+    scores: Tensor
+    #: ``[T]`` float64: the untrained model's scores (NaN = not evaluated)
+    baseline: Tensor
+    #: the score's direction (transfer and forgetting are signed by it)
+    higher_is_better: bool = True
+    #: the validation range ``(lo, hi)`` (infinite ends allowed), ``None`` = unbounded
+    bounds: tuple[float, float] | None = UNIT_BOUNDS
+    #: the final metrics of ``R[:s, :s]`` (``acc``, ``bwt``, ``fwt``, ``forgetting``)
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: every curve metric after every stage, ``[s]`` each; ``metrics[k]`` is its last point
+    metrics_per_stage: dict[str, Tensor] = field(default_factory=dict)
+    #: per-task ``bwt``, ``fwt``, ``forgetting`` of ``R[:s, :s]``, ``[s - 1]`` each
+    per_task: dict[str, Tensor] = field(default_factory=dict)
+    #: ``[N, T]`` its rows of the per-step evaluations (``None`` without them)
+    step_scores: Tensor | None = None
+    #: the stability metrics of ``step_scores`` (``None`` without them)
+    stability: Stability | None = None
+    #: the plasticity metrics of ``step_scores`` (``None`` without them)
+    plasticity: Plasticity | None = None
+
+    @property
+    def num_stages(self) -> int:
+        """``s``, the stages recorded."""
+        return int(self.scores.shape[0])
+
+    @classmethod
+    def from_tensors(
+        cls,
+        name: str,
+        matrix: ScoreMatrix,
+        *,
+        forgetting: str = "peak",
+        validate: bool = False,
+        steps: StepEvaluations | None = None,
+        tolerance: float = 0.0,
+        lca_beta: int | None = None,
+        reference_auc: Tensor | None = None,
+    ) -> MatrixResults:
+        """Compute the metric family of ``matrix`` in one
+        :func:`~continual_eval.functional.all_continual_metrics` pass (``metrics`` is exactly the
+        last point of ``metrics_per_stage``) and, with ``steps`` and ``matrix.step_scores``, its
+        stability and plasticity metrics (``lca_beta``: ``LCA_beta``; ``reference_auc [T]``:
+        the reference's per-task areas of the normalised forward transfer). ``validate`` checks
+        the cells the metrics read."""
+        scores, baseline = _f64(matrix.scores), _f64(matrix.baseline)
+        if scores.ndim != 2 or baseline.shape != (scores.shape[1],):
+            raise ValueError(
+                f"matrix {name!r}: scores must be [s, T] and baseline [T], got "
+                f"{tuple(scores.shape)} and {tuple(baseline.shape)}"
+            )
+        s, T = scores.shape
+        empty = torch.zeros(0, dtype=torch.float64)
+        metrics = dict.fromkeys(METRIC_KEYS, math.nan)
+        curves = dict.fromkeys(CURVE_KEYS, empty)
+        per_task = dict.fromkeys(PER_TASK_KEYS, empty)
+        if s > 0:
+            family = all_continual_metrics(
+                scores[:, :s],
+                baseline[:s],
+                forgetting=forgetting,
+                validate=validate,
+                **_direction(bool(matrix.higher_is_better), matrix.bounds),
+            )
+            curves = {key: family["curve"][key].double() for key in CURVE_KEYS}
+            per_task = {key: family["per_task"][key].double() for key in PER_TASK_KEYS}
+            metrics = {key: float(curves[key][-1]) for key in METRIC_KEYS}
+        step_scores, stability, plasticity = None, None, None
+        if steps is not None and matrix.step_scores is not None:
+            step_scores = _f64(matrix.step_scores).reshape(-1, T)
+            if len(step_scores) != len(steps):
+                raise ValueError(
+                    f"matrix {name!r}: {len(step_scores)} step rows for {len(steps)} evaluations"
+                )
+            stability = Stability.compute(
+                step_scores,
+                steps,
+                s,
+                higher_is_better=bool(matrix.higher_is_better),
+                tolerance=tolerance,
+            )
+            plasticity = Plasticity.compute(
+                step_scores,
+                steps,
+                scores,
+                baseline,
+                lca_beta=lca_beta,
+                reference_auc=reference_auc,
+                best=_best_score(bool(matrix.higher_is_better), matrix.bounds),
+            )
+        return cls(
+            name=name,
+            score=matrix.score,
+            scores=scores,
+            baseline=baseline,
+            higher_is_better=bool(matrix.higher_is_better),
+            bounds=None
+            if matrix.bounds is None
+            else (float(matrix.bounds[0]), float(matrix.bounds[1])),
+            metrics=metrics,
+            metrics_per_stage=curves,
+            per_task=per_task,
+            step_scores=step_scores,
+            stability=stability,
+            plasticity=plasticity,
+        )
+
+    @classmethod
+    def from_dict(cls, name: str, section: Mapping[str, Any], num_tasks: int) -> MatrixResults:
+        """From a ``matrices`` section of a document (values as recorded, ``None`` -> NaN)."""
+        step_scores = section.get("step_scores")
+        stability = section.get("stability")
+        plasticity = section.get("plasticity")
+        return cls(
+            name=name,
+            score=str(section["score"]),
+            scores=_matrix(section["scores"], num_tasks),
+            baseline=_vector(section["baseline"]),
+            higher_is_better=bool(section.get("higher_is_better", True)),
+            bounds=_bounds_from_json(section.get("bounds", list(UNIT_BOUNDS))),
+            metrics={key: _float(v) for key, v in section["metrics"].items()},
+            metrics_per_stage={
+                key: _vector(v) for key, v in (section.get("metrics_per_stage") or {}).items()
+            },
+            per_task={key: _vector(v) for key, v in (section.get("per_task") or {}).items()},
+            step_scores=None if step_scores is None else _matrix(step_scores, num_tasks),
+            stability=None if stability is None else Stability.from_dict(stability),
+            plasticity=None if plasticity is None else Plasticity.from_dict(plasticity),
+        )
+
+    def to_dict(self, *, steps: bool = True) -> dict[str, Any]:
+        """Its ``matrices`` section (``steps``: with ``step_scores``, ``stability`` and
+        ``plasticity``)."""
+        section: dict[str, Any] = {
+            "score": self.score,
+            "higher_is_better": bool(self.higher_is_better),
+            "bounds": None if self.bounds is None else [_float_or_none(v) for v in self.bounds],
+            "scores": _list(self.scores) if self.num_stages else [],
+            "baseline": _list(self.baseline),
+            "metrics": {key: _float_or_none(v) for key, v in self.metrics.items()},
+            "metrics_per_stage": {key: _list(v) for key, v in self.metrics_per_stage.items()},
+            "per_task": {key: _list(v) for key, v in self.per_task.items()},
+        }
+        if steps and self.step_scores is not None:
+            section["step_scores"] = _list(self.step_scores) if len(self.step_scores) else []
+        if steps and self.stability is not None:
+            section["stability"] = self.stability.to_dict()
+        if steps and self.plasticity is not None:
+            section["plasticity"] = self.plasticity.to_dict()
+        return section
+
+    def metrics_at(self, stage: int) -> dict[str, float]:
+        """The final metrics as they were after ``stage`` (``metrics`` itself for the last one)."""
+        if stage == self.num_stages - 1:
+            return dict(self.metrics)
+        return {
+            key: float(self.metrics_per_stage[key][stage])
+            for key in METRIC_KEYS
+            if key in self.metrics_per_stage and stage < len(self.metrics_per_stage[key])
+        }
+
+
+# ---------------------------------------------------------------------- the run
+def _default_conventions(forgetting: str, score: str) -> dict[str, str]:
+    return {
+        "indexing": "zero-based",
+        "weighting": "equal-task",
+        "forgetting": forgetting,
+        "fwt": FWT_CONVENTION,
+        "score": score,
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class ContinualResults:
+    """Everything a run recorded and computed: what ``results.json`` holds, typed.
+
+    Build it with :meth:`from_tensors` (the callback: :meth:`ContinualEvalCallback.
+    continual_results() <continual_eval.ContinualEvalCallback.continual_results>`) or read it with
+    :meth:`load`/:meth:`from_dict`; :meth:`to_dict` is the ``results.json`` document and
+    :meth:`write` writes it with its CSV files.
+    """
+
+    #: ``T`` task names
+    task_names: tuple[str, ...]
+    #: every scorer's matrix by name, the primary first
+    matrices: dict[str, MatrixResults]
+    #: the forgetting convention (``"peak"`` or ``"chaudhry"``)
+    forgetting: str = "peak"
+    #: ``indexing``, ``weighting``, ``forgetting``, ``fwt``, ``score`` (of the primary matrix)
+    conventions: dict[str, str] = field(default_factory=dict)
+    #: free-form, JSON-serialisable (``experiment``, ``method``, ``seed``, ``reference`` ...)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    #: the run that wrote it (``None`` when not recorded)
+    run_id: str | None = None
+    #: the per-step evaluations (``None`` without ``eval_every_n_steps``)
+    steps: StepEvaluations | None = None
+    #: the ``format_version`` of the document it was read from (:meth:`to_dict` writes the
+    #: current one)
+    format_version: int = FORMAT_VERSION
+    #: what each training stage cost (the ``cost`` section; ``None`` when not recorded)
+    cost: RunCost | None = None
+    #: the primary matrix against a reference model (the ``reference`` section; ``None`` without
+    #: one: a reference stored only as ``metadata["reference"]`` is read by :attr:`reference`)
+    reference_metrics: ReferenceMetrics | None = None
+    #: the class-incremental record (``ContinualEvalCallback(task_classes=...)``: the
+    #: ``class_incremental`` section); ``None`` without one
+    class_incremental: ClassIncrementalResults | None = None
+
+    def __post_init__(self) -> None:
+        if not self.matrices:
+            raise ValueError("ContinualResults needs at least one matrix")
+        object.__setattr__(self, "task_names", tuple(self.task_names))
+        T = len(self.task_names)
+        s = next(iter(self.matrices.values())).num_stages
+        for name, matrix in self.matrices.items():
+            if tuple(matrix.scores.shape) != (s, T) or tuple(matrix.baseline.shape) != (T,):
+                raise ValueError(
+                    f"matrix {name!r} has scores {tuple(matrix.scores.shape)} and baseline "
+                    f"{tuple(matrix.baseline.shape)}; expected ({s}, {T}) and ({T},) like the "
+                    "primary matrix and the task names"
+                )
+        if not self.conventions:
+            conventions = _default_conventions(self.forgetting, self.primary.score)
+            object.__setattr__(self, "conventions", conventions)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def num_tasks(self) -> int:
+        """``T``."""
+        return len(self.task_names)
+
+    @property
+    def stages_completed(self) -> int:
+        """``s``, the rows of R recorded."""
+        return self.primary.num_stages
+
+    @property
+    def primary_name(self) -> str:
+        """The name of the primary matrix (the first)."""
+        return next(iter(self.matrices))
+
+    @property
+    def primary(self) -> MatrixResults:
+        """The primary matrix: the top level of ``results.json``, ``scores.csv``."""
+        return self.matrices[self.primary_name]
+
+    @property
+    def complete(self) -> bool:
+        """Every task has been trained."""
+        return self.stages_completed == self.num_tasks
+
+    @property
+    def reference(self) -> Tensor | None:
+        """The reference scores of the primary score as a ``[T]`` float64 tensor, NaN where
+        ``None``: the ``reference`` section's (:attr:`reference_metrics`, the callback's
+        ``reference=``) when present, else ``metadata["reference"]`` (how ``continual-eval fit``
+        stores its reference); ``None`` when neither is recorded."""
+        if self.reference_metrics is not None:
+            return self.reference_metrics.scores.clone()
+        reference = self.metadata.get("reference")
+        if not isinstance(reference, list) or len(reference) != self.num_tasks:
+            return None
+        return _vector(reference)
+
+    def __getitem__(self, name: str) -> MatrixResults:
+        if name not in self.matrices:
+            raise KeyError(
+                f"these results hold no matrix {name!r}; they hold {list(self.matrices)}"
+            )
+        return self.matrices[name]
+
+    def __iter__(self) -> Iterator[MatrixResults]:
+        return iter(self.matrices.values())
+
+    def curves(self, name: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(step [N], stage [N], scores [N, T])`` of the per-step evaluations of the matrix
+        ``name`` (default: the primary one), NaN = not evaluated."""
+        matrix = self.primary if name is None else self[name]
+        if self.steps is None:
+            raise ValueError("these results hold no curves (run with eval_every_n_steps)")
+        scores = matrix.step_scores
+        if scores is None:
+            scores = torch.full((len(self.steps), self.num_tasks), math.nan, dtype=torch.float64)
+        return self.steps.step.clone(), self.steps.stage.clone(), scores.clone()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_tensors(
+        cls,
+        matrices: Mapping[str, ScoreMatrix],
+        *,
+        task_names: Sequence[str] | None = None,
+        forgetting: str = "peak",
+        metadata: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        steps: StepEvaluations | None = None,
+        tolerance: float = 0.0,
+        validate: bool = False,
+        cost: RunCost | None = None,
+        reference: ReferenceScores | None = None,
+        lca_beta: int | None = None,
+    ) -> ContinualResults:
+        """Compute everything from each scorer's records (the primary first): the metric
+        family of each matrix in one pass, with ``steps`` the stability and plasticity metrics
+        of each matrix's ``step_scores``, and with ``reference`` the primary matrix's metrics
+        against it.
+
+        Args:
+            matrices: name -> :class:`ScoreMatrix`, all with the same ``[s, T]`` rows.
+            task_names: defaults to ``task_0 .. task_{T-1}``.
+            forgetting: the forgetting convention of the functional layer.
+            metadata: free-form, JSON-serialisable.
+            run_id: the identifier of the run.
+            steps: the per-step evaluations (their rows are each matrix's ``step_scores``).
+            tolerance: the stability gap's recovery tolerance.
+            validate: check the cells the metrics read (off by default: the recorder already
+                did).
+            cost: what each stage cost (the ``cost`` section).
+            reference: a reference of the primary score (the ``reference`` section:
+                :class:`ReferenceMetrics`; its ``auc`` also gives the primary matrix's
+                normalised forward transfer).
+            lca_beta: ``beta`` of every matrix's ``LCA_beta`` (``None``: not computed).
+        """
+        if not matrices:
+            raise ValueError("ContinualResults needs at least one matrix")
+        first = next(iter(matrices.values()))
+        T = int(torch.as_tensor(first.baseline).shape[-1])
+        names = list(task_names) if task_names is not None else [f"task_{j}" for j in range(T)]
+        if len(names) != T:
+            raise ValueError(f"{len(names)} task names for {T} tasks")
+        built = {
+            name: MatrixResults.from_tensors(
+                name,
+                matrix,
+                forgetting=forgetting,
+                validate=validate,
+                steps=steps,
+                tolerance=tolerance,
+                lca_beta=lca_beta,
+                reference_auc=reference.auc if reference is not None and k == 0 else None,
+            )
+            for k, (name, matrix) in enumerate(matrices.items())
+        }
+        primary = next(iter(built.values()))
+        return cls(
+            task_names=tuple(names),
+            matrices=built,
+            forgetting=forgetting,
+            conventions=_default_conventions(forgetting, first.score),
+            metadata=dict(metadata or {}),
+            run_id=run_id,
+            steps=steps,
+            cost=cost,
+            reference_metrics=None
+            if reference is None
+            else ReferenceMetrics.compute(reference, primary),
+        )
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any], *, validate: bool = True) -> ContinualResults:
+        """From a ``results.json`` document, ``format_version`` 1 (one matrix, the top level)
+        or 2 (``matrices``); values as recorded (``None`` -> NaN). ``validate``: check the
+        document first (:func:`~continual_eval.results_schema.validate_results`; off for one
+        :func:`~continual_eval.results.load_results` already checked)."""
+        if validate:
+            validate_results(dict(document), "results document")
+        T = int(document["num_tasks"])
+        conventions = dict(document.get("conventions") or {})
+        sections = document.get("matrices")
+        if sections:
+            matrices = {
+                name: MatrixResults.from_dict(name, section, T)
+                for name, section in sections.items()
+            }
+        else:  # version 1: the top level is the one matrix
+            score = conventions.get("score", "accuracy")
+            section = {**document, "score": score, "higher_is_better": True}
+            section["bounds"] = list(UNIT_BOUNDS)
+            section.pop("stability", None)
+            matrices = {matrix_key(score): MatrixResults.from_dict(matrix_key(score), section, T)}
+        curves = document.get("curves")
+        steps = None if curves is None else StepEvaluations.from_dict(curves)
+        primary_name = next(iter(matrices))
+        primary = matrices[primary_name]
+        if steps is not None and primary.step_scores is None:
+            # written before every matrix carried its own curves: the primary's are the top level
+            stability = document.get("stability")
+            matrices[primary_name] = replace(
+                primary,
+                step_scores=_matrix(curves["accuracy"], T),  # type: ignore[index]
+                stability=None if stability is None else Stability.from_dict(stability),
+            )
+        run_id = document.get("run_id")
+        cost, reference = document.get("cost"), document.get("reference")
+        return cls(
+            task_names=tuple(document["task_names"]),
+            matrices=matrices,
+            forgetting=str(conventions.get("forgetting", "peak")),
+            conventions=conventions,
+            metadata=dict(document.get("metadata") or {}),
+            run_id=run_id if isinstance(run_id, str) else None,
+            steps=steps,
+            format_version=int(document["format_version"]),
+            cost=None if cost is None else RunCost.from_dict(cost),
+            reference_metrics=None if reference is None else ReferenceMetrics.from_dict(reference),
+            class_incremental=None
+            if document.get("class_incremental") is None
+            else ClassIncrementalResults.from_dict(document["class_incremental"]),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ContinualResults:
+        """Read and validate a ``results.json`` (or the directory holding one); raises
+        ``FileNotFoundError`` or :class:`~continual_eval.results_schema.InvalidResultsError`
+        like :func:`~continual_eval.results.load_results`."""
+        from continual_eval.results import load_results
+
+        return cls.from_dict(load_results(path), validate=False)
+
+    # ------------------------------------------------------------------ output
+    def to_dict(self) -> dict[str, Any]:
+        """The ``results.json`` document (``format_version`` 2).
+
+        The top level holds the primary matrix (``scores``, ``baseline``, ``metrics``,
+        ``metrics_per_stage``, ``per_task``, as in version 1) and, with per-step evaluation, its
+        ``curves`` and ``stability``; ``matrices`` holds every matrix by name with its
+        ``score``, ``higher_is_better``, ``bounds``, metric family and, with per-step evaluation,
+        its ``step_scores`` (rows aligned with ``curves.step``), ``stability`` and
+        ``plasticity``; ``cost`` and ``reference`` hold :attr:`cost` and
+        :attr:`reference_metrics` when recorded, ``class_incremental``
+        :attr:`class_incremental`.
+        """
+        sections = {
+            name: matrix.to_dict(steps=self.steps is not None)
+            for name, matrix in self.matrices.items()
+        }
+        primary = sections[self.primary_name]
+        document: dict[str, Any] = {"format_version": FORMAT_VERSION}
+        if self.run_id is not None:
+            document["run_id"] = self.run_id
+        document |= {
+            "num_tasks": self.num_tasks,
+            "task_names": list(self.task_names),
+            "stages_completed": self.stages_completed,
+            "scores": primary["scores"],
+            "baseline": primary["baseline"],
+            "metrics": primary["metrics"],
+            "metrics_per_stage": primary["metrics_per_stage"],
+            "per_task": primary["per_task"],
+            "conventions": dict(self.conventions),
+            "metadata": dict(self.metadata),
+            "matrices": sections,
+        }
+        if self.steps is not None:
+            matrix = self.primary
+            scores = matrix.step_scores
+            if scores is None:
+                scores = torch.full((len(self.steps), self.num_tasks), math.nan)
+            stability = matrix.stability or Stability.compute(
+                scores, self.steps, self.stages_completed, higher_is_better=matrix.higher_is_better
+            )
+            document["curves"] = self.steps.to_dict(scores, matrix.score)
+            document["stability"] = stability.to_dict()
+        if self.cost is not None:
+            document["cost"] = self.cost.to_dict()
+        if self.reference_metrics is not None:
+            document["reference"] = self.reference_metrics.to_dict()
+        if self.class_incremental is not None:
+            document["class_incremental"] = self.class_incremental.to_dict()
+        return document
+
+    def write(self, dirpath: str | os.PathLike[str]) -> Path:
+        """Write ``scores.csv`` (and ``scores_<name>.csv`` per further matrix), then
+        ``results.json`` into ``dirpath``, each atomically
+        (:func:`~continual_eval.results.write_results`); returns the JSON path."""
+        from continual_eval.results import write_results
+
+        return write_results(dirpath, self.to_dict())

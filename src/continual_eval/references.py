@@ -1,0 +1,454 @@
+r"""Reference models: the same network trained without the continual sequence.
+
+Two metrics compare the continual run with a model trained *without* the sequence:
+
+* forward transfer against isolated training (``forward_transfer(R, ref,
+  convention="isolated")``, the handbook's FWT: ``R[j, j] - ref[j]`` for ``j >= 1``), whose
+  ``ref[j]`` is "same architecture and training budget, no other tasks present";
+* intransigence (``intransigence(R, ref)``, Chaudhry et al., 2018: ``ref[j] - R[j, j]`` over every
+  ``j``), whose ``ref[j]`` is a model trained on task ``j`` alone or on all tasks jointly.
+
+:func:`train_reference` trains such models with a real Lightning Trainer and scores them with a
+:class:`~continual_eval.ContinualEvalCallback` (the same evaluation, scorers and options as the
+continual run), so ``ref`` is measured exactly like ``R``.
+
+Budgets (``E`` = the Trainer's ``max_epochs``, the continual run's epochs *per task*):
+
+* ``"isolated"``: ``T`` copies of the untrained model (the same initial weights), copy ``j``
+  trained on task ``j``'s loader alone for ``E`` epochs: exactly stage ``j``'s budget in the
+  continual run, with a fresh optimiser from ``configure_optimizers`` (Lightning builds one at
+  every ``fit``, so each continual stage starts a fresh optimiser too). ``ref[j]`` is copy
+  ``j``'s score on task ``j``. This is Continual World's reference for forward transfer (each
+  task trained alone from scratch, with the same number of steps; Wołczyk et al., 2021).
+* ``"joint"``: one copy trained on the union of all tasks' training data for the same ``E``
+  epochs over the union, not ``T * E``: every example is seen ``E`` times, as in the continual
+  run, so the reference gets the continual run's data budget (its optimiser steps add up to the
+  sum of the tasks' steps, ``T`` times one task's for equal-sized tasks). This is what the
+  common joint ("multitask upper bound") baselines do: Avalanche's ``JointTraining`` trains the
+  concatenated experiences for ``train_epochs``, Mammoth's ``joint`` trains the union for
+  ``n_epochs``, and GEM's protocol gives every learner a single pass over all the data.
+  ``ref[j]`` is its score on task ``j``. (Chaudhry et al. define the reference of task ``k`` on
+  the tasks ``0..k``; one model on all ``T`` tasks is the usual simplification.)
+
+Random numbers: the caller's Python, NumPy and torch random states are restored afterwards, so a
+continual run started after :func:`train_reference` draws what it would draw without it. Every
+reference fit starts from the caller's random state (with ``seed=s``: ``seed_everything(s + j)``
+before copy ``j``, ``seed_everything(s)`` before the joint copy; the first is what
+:func:`~continual_eval.fit_tasks` with ``seed=s`` does before stage ``j``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+from torch.utils.data import (
+    BatchSampler,
+    ConcatDataset,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
+
+from continual_eval.callback import ContinualEvalCallback
+from continual_eval.rng import collect_rng_states, set_rng_states
+
+__all__ = [
+    "REFERENCE_DIRS",
+    "REFERENCE_KINDS",
+    "Reference",
+    "ReferenceCurve",
+    "check_reference_kind",
+    "train_reference",
+    "union_dataloader",
+]
+
+#: the kinds of reference :func:`train_reference` trains
+REFERENCE_KINDS = ("isolated", "joint")
+#: the sub-directory of a run that ``continual-eval fit`` gives each kind's results
+REFERENCE_DIRS = {"isolated": "isolated_reference", "joint": "joint_reference"}
+#: :class:`ContinualEvalCallback` arguments that :func:`train_reference` sets itself
+_SET_HERE = (
+    "test_dataloaders",
+    "task_names",
+    "epochs_per_task",
+    "evaluate",
+    "dirpath",
+    "metadata",
+    "eval_every_n_steps",
+    "verbose",
+    "log_images",
+    "reference",
+    "lca_beta",
+)
+
+
+@dataclass(frozen=True)
+class ReferenceCurve:
+    """One reference run's learning curve on its task.
+
+    Attributes:
+        step: ``[N]`` int64, optimizer steps since that reference model started training (the
+            per-step evaluations every ``eval_every_n_steps`` steps, then the end of training).
+        scores: ``[N]`` float64, the score on its task at each step.
+    """
+
+    step: Tensor
+    scores: Tensor
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What :func:`train_reference` measured.
+
+    Attributes:
+        kind: ``"isolated"`` or ``"joint"``.
+        scores: ``ref``, ``[T]`` float64: ``ref[j]`` is the reference score on task ``j``'s test
+            set (isolated: copy ``j``, trained on task ``j`` alone; joint: the one joint copy).
+        baseline: ``[T]`` float64, the untrained copies' scores (the continual run's ``b`` when
+            the copies start from its initial weights).
+        epochs: epochs each reference model trained (the per-task budget ``E``; the joint copy
+            trains ``E`` epochs over the union).
+        steps_trained: optimizer steps each reference model took (``T`` values for isolated, one
+            for joint).
+        score_name: the primary scorer's name (what ``scores`` holds, e.g. ``"accuracy"``).
+        higher_is_better: the primary scorer's direction.
+        task_names: one name per task.
+        curves: with ``eval_every_n_steps`` (isolated only): one :class:`ReferenceCurve` per task,
+            copy ``j``'s curve on task ``j``; else ``None``.
+        results_dirs: where each reference run's ``results.json`` went (empty without
+            ``dirpath``).
+    """
+
+    kind: str
+    scores: Tensor
+    baseline: Tensor
+    epochs: int
+    steps_trained: tuple[int, ...]
+    score_name: str
+    higher_is_better: bool
+    task_names: tuple[str, ...]
+    curves: tuple[ReferenceCurve, ...] | None = None
+    results_dirs: tuple[Path, ...] = ()
+
+    def to_list(self) -> list[float | None]:
+        """``scores`` as JSON cells (``None`` for a NaN), as ``results.json`` stores
+        ``metadata["reference"]``."""
+        return [None if v != v else float(v) for v in self.scores.tolist()]
+
+
+def check_reference_kind(kind: object) -> str:
+    """``kind`` when it is one of :data:`REFERENCE_KINDS`, else a :class:`ValueError` naming the
+    choices."""
+    if not isinstance(kind, str) or kind not in REFERENCE_KINDS:
+        raise ValueError(
+            f"reference kind must be one of {', '.join(map(repr, REFERENCE_KINDS))}, got {kind!r}"
+        )
+    return kind
+
+
+def union_dataloader(train_dataloaders: Sequence[Any]) -> DataLoader[Any]:
+    """A loader over the union of the tasks' training data, built like ``train_dataloaders[0]``.
+
+    Every loader must be a torch ``DataLoader`` over a map-style dataset with the default batch
+    sampler, a sequential or (without replacement) random sampler, and the same batch size and
+    shuffling as the first; the union is their ``ConcatDataset`` (task order) with the first
+    loader's batch size, shuffling, collate function, workers, pinning, ``drop_last`` and
+    generator. Anything else: a :class:`ValueError` asking for ``joint_dataloader=``.
+    """
+    first = train_dataloaders[0]
+    datasets = []
+    for j, loader in enumerate(train_dataloaders):
+        problem = _union_problem(loader, first)
+        if problem is not None:
+            raise ValueError(
+                f"joint reference: cannot build the union of the training loaders: "
+                f"train_dataloaders[{j}] {problem}; pass joint_dataloader= (one loader over every "
+                "task's training data)"
+            )
+        datasets.append(loader.dataset)
+    return DataLoader(
+        ConcatDataset(datasets),
+        batch_size=first.batch_size,
+        shuffle=isinstance(first.sampler, RandomSampler),
+        collate_fn=first.collate_fn,
+        num_workers=first.num_workers,
+        pin_memory=first.pin_memory,
+        drop_last=first.drop_last,
+        timeout=first.timeout,
+        worker_init_fn=first.worker_init_fn,
+        generator=first.generator,
+        persistent_workers=first.persistent_workers,
+        **({"prefetch_factor": first.prefetch_factor} if first.num_workers > 0 else {}),
+    )
+
+
+def _union_problem(loader: Any, first: Any) -> str | None:
+    if not isinstance(loader, DataLoader):
+        return f"is a {type(loader).__name__}, not a torch DataLoader"
+    if isinstance(loader.dataset, IterableDataset):
+        return "reads an IterableDataset"
+    if type(loader.batch_sampler) is not BatchSampler or loader.batch_size is None:
+        return "has a custom batch sampler"
+    sampler = loader.sampler
+    if type(sampler) is RandomSampler:
+        if sampler.replacement or sampler._num_samples is not None:
+            return "samples with replacement or a fixed number of samples"
+    elif type(sampler) is not SequentialSampler:
+        return f"has a custom sampler ({type(sampler).__name__})"
+    if loader.batch_size != first.batch_size:
+        return f"has batch size {loader.batch_size}, train_dataloaders[0] {first.batch_size}"
+    if type(sampler) is not type(first.sampler):
+        return "shuffles differently from train_dataloaders[0]"
+    return None
+
+
+def _default_copy(model: LightningModule) -> LightningModule:
+    """``model.reference_model()`` (or the older ``joint_reference_model()``) when the model
+    defines it, else ``copy.deepcopy(model)``."""
+    for hook in ("reference_model", "joint_reference_model"):
+        make = getattr(model, hook, None)
+        if callable(make):
+            return make()  # type: ignore[no-any-return]
+    return copy.deepcopy(model)
+
+
+@contextlib.contextmanager
+def _caller_rng() -> Iterator[Callable[[int | None], None]]:
+    """Restore the caller's random states (and Lightning's seed variables) on exit; yields
+    ``rewind(seed)``: back to the caller's states, then ``seed_everything(seed)`` (if given)."""
+    from lightning.pytorch import seed_everything
+
+    states = collect_rng_states()
+    env = {key: os.environ.get(key) for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+
+    def rewind(seed: int | None) -> None:
+        set_rng_states(states)
+        if seed is not None:
+            seed_everything(seed, verbose=False)
+
+    try:
+        yield rewind
+    finally:
+        set_rng_states(states)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _callbacks(trainer: Trainer) -> list[Callback]:
+    """``trainer.callbacks`` (an attribute Lightning's callback connector sets, unknown to
+    the type checker)."""
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    return callbacks
+
+
+def _new_trainer(trainer_factory: Callable[[], Trainer], epochs: int | None) -> Trainer:
+    trainer = trainer_factory()
+    if not isinstance(trainer, Trainer):
+        raise TypeError(
+            f"trainer_factory must return a lightning.pytorch.Trainer, got {type(trainer).__name__}"
+        )
+    max_epochs = trainer.fit_loop.max_epochs
+    if max_epochs is None or max_epochs < 1 or trainer.fit_loop.max_steps != -1:
+        raise ValueError(
+            "train_reference needs Trainer(max_epochs=E) with E >= 1 and no max_steps: the "
+            f"budget is E epochs per task (got max_epochs={max_epochs}, "
+            f"max_steps={trainer.fit_loop.max_steps})"
+        )
+    if epochs is not None and max_epochs != epochs:
+        raise ValueError(
+            f"trainer_factory returned Trainers with max_epochs={epochs} and {max_epochs}; every "
+            "reference model gets the same budget"
+        )
+    if trainer.global_step or trainer.current_epoch:
+        raise ValueError(
+            "trainer_factory returned a Trainer that has already trained: it must return a new "
+            "Trainer at every call"
+        )
+    if any(isinstance(cb, ContinualEvalCallback) for cb in _callbacks(trainer)):
+        raise ValueError(
+            "trainer_factory's Trainer already holds a ContinualEvalCallback; train_reference "
+            "scores the reference with its own (a shared one would record the reference as a "
+            "stage of the continual run). Pass the scoring options as callback_kwargs"
+        )
+    return trainer
+
+
+def train_reference(
+    model: LightningModule,
+    train_dataloaders: Sequence[Any],
+    test_dataloaders: Sequence[Any],
+    *,
+    kind: str,
+    trainer_factory: Callable[[], Trainer],
+    joint_dataloader: Any = None,
+    task_names: Sequence[str] | None = None,
+    eval_every_n_steps: int | None = None,
+    callback_kwargs: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+    dirpath: str | os.PathLike[str] | None = None,
+    copy_model: Callable[[LightningModule], LightningModule] | None = None,
+) -> Reference:
+    """Train reference copies of the untrained ``model`` and score them like ``R``.
+
+    Call it before the continual run trains ``model`` (the copies start from its current
+    weights; ``model`` itself is not changed). See the module documentation for the budgets.
+
+    Args:
+        model: the untrained LightningModule of the continual run.
+        train_dataloaders: one training loader per task, as the continual run uses them.
+        test_dataloaders: one test loader per task (index = task id), as the continual run's
+            :class:`~continual_eval.ContinualEvalCallback` scores them.
+        kind: ``"isolated"`` (copy ``j`` trained on task ``j`` alone) or ``"joint"`` (one copy
+            trained on the union of every task's training data).
+        trainer_factory: ``() -> Trainer``, called once per reference model: a new Trainer with
+            the continual run's training settings and ``max_epochs`` = its epochs per task
+            (typically without logger or checkpoints). The scoring callback is appended to its
+            callbacks; it must not hold a ContinualEvalCallback of its own.
+        joint_dataloader: ``"joint"`` only: the loader over every task's training data; default
+            :func:`union_dataloader` of ``train_dataloaders``.
+        task_names: one name per task (default ``task_0``, ...).
+        eval_every_n_steps: ``"isolated"`` only: also score copy ``j`` on task ``j`` every ``k``
+            optimizer steps (the callback's per-step evaluation), returned as
+            :attr:`Reference.curves` (the reference learning curves of plasticity metrics such as
+            Continual World's normalised forward transfer, which compares areas under them).
+        callback_kwargs: further :class:`~continual_eval.ContinualEvalCallback` arguments
+            (``scorers``, ``metric``, ``inference_mode``, ``step_eval_subset``, ...), the
+            continual run's, so the reference is scored the same way. Those that
+            :func:`train_reference` sets itself (test loaders, names, dirpath, metadata,
+            ``evaluate="all"``, ``verbose=False``, ``log_images=False``, ``eval_every_n_steps``)
+            are ignored, and so are ``step_eval_subset*`` without ``eval_every_n_steps``;
+            ``epochs_per_task`` is refused.
+        seed: ``seed_everything(seed + j)`` before copy ``j`` (isolated), ``seed_everything(seed)``
+            before the joint copy; ``None``: every reference fit starts from the caller's random
+            state. The caller's random state is restored afterwards in both cases.
+        dirpath: where the reference runs write ``results.json``: ``dirpath/task_j`` (isolated,
+            a one-task run), ``dirpath`` (joint, one stage of a ``T``-task run); their metadata
+            is ``{"reference_run": kind, "tasks": [names]}``. ``None``: a temporary directory,
+            removed afterwards.
+        copy_model: ``model -> fresh copy`` (default: ``model.reference_model()`` when defined,
+            e.g. to drop a replay memory, else ``copy.deepcopy(model)``).
+
+    Returns:
+        The :class:`Reference` (``scores`` = ``ref`` ``[T]`` float64, ``kind``, curves).
+
+    Raises:
+        ValueError: an unknown ``kind``, loader counts that differ, a Trainer without an epoch
+            budget, per-step curves asked of the joint kind, ``epochs_per_task`` in
+            ``callback_kwargs``.
+    """
+    kind = check_reference_kind(kind)
+    num_tasks = len(train_dataloaders)
+    if num_tasks == 0:
+        raise ValueError("train_reference needs at least one task (train_dataloaders is empty)")
+    if len(test_dataloaders) != num_tasks:
+        raise ValueError(
+            f"train_reference: {num_tasks} train_dataloaders but {len(test_dataloaders)} "
+            "test_dataloaders (one of each per task)"
+        )
+    names = [f"task_{j}" for j in range(num_tasks)] if task_names is None else list(task_names)
+    if len(names) != num_tasks:
+        raise ValueError(f"task_names has {len(names)} names for {num_tasks} tasks")
+    if eval_every_n_steps is not None and kind != "isolated":
+        raise ValueError(
+            "eval_every_n_steps: per-step reference curves are defined for kind='isolated' "
+            "(copy j's curve on task j); the joint reference has no such curve"
+        )
+    if joint_dataloader is not None and kind != "joint":
+        raise ValueError("joint_dataloader is for kind='joint'")
+    options = dict(callback_kwargs or {})
+    if options.get("epochs_per_task") is not None:
+        raise ValueError(
+            "callback_kwargs: epochs_per_task does not apply to a reference (one fit per model)"
+        )
+    for key in _SET_HERE:
+        options.pop(key, None)
+    if eval_every_n_steps is None:  # options of the per-step evaluations, not asked for here
+        options.pop("step_eval_subset", None)
+        options.pop("step_eval_subset_seed", None)
+    make_copy = copy_model or _default_copy
+    runs: list[tuple[ContinualEvalCallback, Trainer]] = []
+    with contextlib.ExitStack() as stack:
+        rewind = stack.enter_context(_caller_rng())
+        keep = dirpath is not None
+        root = Path(dirpath) if dirpath is not None else Path(stack.enter_context(_temporary()))
+
+        def fit(
+            task_ids: list[int], train_loader: Any, run_dir: Path, run_seed: int | None
+        ) -> None:
+            trainer = _new_trainer(trainer_factory, runs[0][1].max_epochs if runs else None)
+            callback = ContinualEvalCallback(
+                [test_dataloaders[j] for j in task_ids],
+                task_names=[names[j] for j in task_ids],
+                evaluate="all",
+                dirpath=run_dir,
+                metadata={"reference_run": kind, "tasks": [names[j] for j in task_ids]},
+                eval_every_n_steps=eval_every_n_steps,
+                verbose=False,
+                log_images=False,
+                **options,
+            )
+            _callbacks(trainer).append(callback)
+            fresh = make_copy(model)
+            if fresh is model:
+                raise ValueError("copy_model returned the model itself, not a copy")
+            rewind(run_seed)
+            trainer.fit(fresh, train_dataloaders=train_loader)
+            runs.append((callback, trainer))
+
+        if kind == "joint":
+            union = joint_dataloader
+            if union is None:
+                union = union_dataloader(train_dataloaders)
+            fit(list(range(num_tasks)), union, root, seed)
+            scores, baseline = runs[0][0].scores[0], runs[0][0].baseline
+        else:
+            for j in range(num_tasks):
+                fit(
+                    [j],
+                    train_dataloaders[j],
+                    root / f"task_{j}",
+                    None if seed is None else seed + j,
+                )
+            scores = torch.stack([callback.scores[0, 0] for callback, _ in runs])
+            baseline = torch.stack([callback.baseline[0] for callback, _ in runs])
+        curves = None
+        if eval_every_n_steps is not None:
+            curves = tuple(
+                ReferenceCurve(step.to(torch.int64), values[:, 0].to(torch.float64))
+                for step, _, values in (callback.curves() for callback, _ in runs)
+            )
+    primary = runs[0][0].scorer
+    return Reference(
+        kind=kind,
+        scores=scores.to(torch.float64).clone(),
+        baseline=baseline.to(torch.float64).clone(),
+        epochs=int(runs[0][1].max_epochs or 0),
+        steps_trained=tuple(int(trainer.global_step) for _, trainer in runs),
+        score_name=str(primary.name),
+        higher_is_better=bool(primary.higher_is_better),
+        task_names=tuple(names),
+        curves=curves,
+        results_dirs=tuple(
+            Path(callback.results_dir)
+            for callback, _ in runs
+            if keep and callback.results_dir is not None
+        ),
+    )
+
+
+def _temporary() -> contextlib.AbstractContextManager[str]:
+    return tempfile.TemporaryDirectory(prefix="continual-eval-reference-")
