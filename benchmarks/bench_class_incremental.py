@@ -168,7 +168,7 @@ def main() -> None:
         f"KiB ({per_stage / 2**10:.0f} KiB per stage, O(C^2), independent of the "
         f"{args.test_size * T} test samples); the callback's class-incremental checkpoint state "
         f"{state_bytes / 2**10:.0f} KiB; results.json {json_bytes[0] / 2**10:.0f} KiB (plain) vs "
-        f"{json_bytes[1] / 2**10:.0f} KiB (class-incremental, sparse confusion triplets)"
+        f"{json_bytes[1] / 2**10:.0f} KiB (class-incremental, nonzero confusion cells as text)"
     )
 
 

@@ -280,10 +280,10 @@ class ClassIncrementalResults:
         accuracy = per_class_accuracy(confusion, class_task, **options)
         seen = {w: seen_accuracy(confusion, class_task, weighting=w, **options) for w in WEIGHTINGS}
         old = {
-            w: old_new_accuracy(confusion, class_task, weighting=w, **options).old
+            w: old_new_accuracy(confusion, class_task, weighting=w, validate=False).old
             for w in WEIGHTINGS
         }
-        new = old_new_accuracy(confusion, class_task, **options).new
+        new = old_new_accuracy(confusion, class_task, validate=False).new
         mca = mean_class_accuracy(confusion, class_task, **options)
         amca_curve = _running_mean(mca)
         forgetting_curve = torch.stack(

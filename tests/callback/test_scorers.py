@@ -494,6 +494,23 @@ def test_batches_of_other_shapes_start_a_new_group_and_nan_names_its_batch():
             evaluate_tasks(nn.Identity(), [broken], [0], scorers=["acc", "loss"])
 
 
+def test_a_batch_too_big_to_copy_keeps_the_batch_order(monkeypatch):
+    """A batch of the group's shape but over BUFFER_BYTES is fed alone, after the group held
+    before it: a NaN names its own batch, and the batches after it start a new group."""
+    monkeypatch.setattr(scorers_module, "BUFFER_BYTES", 300)  # 2 rows: 96 bytes, 8 rows: 384
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(n, 10, generator=g), torch.randint(0, 10, (n,), generator=g))
+        for n in (2, 2, 8, 2, 2)
+    ]
+    for bad in ((1,), (3,), (4,), (1, 2)):
+        broken = [(z.clone(), y) for z, y in batches]
+        for b in bad:
+            broken[b][0][0, 0] = math.nan
+        with pytest.raises(EvaluationError, match=rf"first in batch {bad[0]} of the test"):
+            evaluate_tasks(nn.Identity(), [broken], [0], scorers=["acc"])
+
+
 def test_a_step_that_reuses_its_output_buffers_is_scored_right(problem):
     """Outputs written into the same tensors at every batch (as CUDA graphs do): the loop copies
     what it holds for a later concatenation."""

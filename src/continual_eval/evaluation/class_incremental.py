@@ -46,8 +46,8 @@ each, one pass).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -55,6 +55,8 @@ from torch import Tensor
 from continual_eval.evaluation.errors import EvaluationError
 from continual_eval.evaluation.scorers import _LabelScorer
 from continual_eval.functional.class_incremental import TaskClasses, check_task_classes
+
+_T = TypeVar("_T")
 
 __all__ = [
     "AGNOSTIC_NAME",
@@ -88,6 +90,7 @@ class _ClassIncrementalScorer(_LabelScorer):
     """The label handling of the built-in accuracy scorer, with the argmax restricted to a set of
     class ids chosen per task (and stage); counts targets outside the task's classes."""
 
+    name: str
     higher_is_better = True
     bounds = (0.0, 1.0)
     count_based = True
@@ -140,12 +143,12 @@ class _ClassIncrementalScorer(_LabelScorer):
         return correct.double() / total.double()
 
     # ------------------------------------------------------------------ helpers
-    def _cached(self, key: tuple[Any, ...], make: Any) -> Any:
+    def _cached(self, key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
         """A device tensor made once per device and key (small lookups of class ids)."""
         full = (self._device, *key)
-        value = self._cache.get(full)
-        if value is None:
-            value = self._cache[full] = make()
+        if full not in self._cache:
+            self._cache[full] = make()
+        value: _T = self._cache[full]
         return value
 
     def _allowed(self, limit: int) -> tuple[Tensor, tuple[int, int] | None]:

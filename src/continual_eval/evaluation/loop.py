@@ -174,10 +174,13 @@ class _TaskFeed:
         if not self.grouped:
             return
         key = _group_key(preds, target)
-        if key is None or key != self._key:
+        alone = key is None or preds.nbytes + target.nbytes >= scorers_module.BUFFER_BYTES
+        if alone or key != self._key:
+            # the group held goes first: its batches precede this one (the watch's first bad
+            # batch is the first flagged update, and a group's batches must be consecutive)
             self.flush()
-        if key is None or preds.nbytes + target.nbytes >= scorers_module.BUFFER_BYTES:
-            self._feed(preds, target, batch_index, ())  # alone, and a big batch is not copied
+        if alone:
+            self._feed(preds, target, batch_index, ())  # a big batch is not copied
             return
         if not self._preds:
             self._key, self._first = key, batch_index
