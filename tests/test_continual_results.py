@@ -418,6 +418,20 @@ def test_new_sections_round_trip_and_follow_the_loops():
     assert cost["summary"]["train_seconds"] == pytest.approx(1.5 + 3.0 + 4.5)
     assert cost["summary"]["model_size_efficiency"] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert back.cost.model_size_efficiency_at(1) == pytest.approx(0.75)
+    # without stage 0's cost (a run resumed from a checkpoint written before costs were
+    # recorded) MS has no reference size: absent in the summary, in every stage's value and in
+    # the logs, never the MS of the stages that happen to be recorded
+    from dataclasses import replace
+
+    from continual_eval.continual_results import RunCost
+    from continual_eval.loggers import stage_scalars
+
+    later = replace(back, cost=RunCost(back.cost.per_stage[1:]))
+    assert later.cost.summary["model_size_efficiency"] is None
+    assert [later.cost.model_size_efficiency_at(i) for i in range(T)] == [None] * T
+    scalars = stage_scalars(later, 2)
+    assert "continual/cost/samples" in scalars
+    assert "continual/cost/model_size_efficiency" not in scalars
     plasticity = document["matrices"]["acc"]["plasticity"]
     assert plasticity["lca"]["beta"] == 1 and plasticity["auc_forward_transfer"] is not None
     # a joint reference is no isolated training: its FWT is absent, never 0

@@ -125,3 +125,29 @@ def test_summary_and_memory_kind_of_a_list_of_costs() -> None:
     assert summarize_costs([])["model_size_efficiency"] is None
     assert memory_kind([a]) == "process_peak_rss" and memory_kind([a, b]) == "mixed"
     assert memory_kind([]) is None
+
+
+def test_model_size_efficiency_needs_the_stages_from_the_first() -> None:
+    """MS divides stage 0's parameter count by each stage's: without stage 0 (a run resumed from
+    a checkpoint written before costs were recorded) or with a gap it is absent, not the MS of
+    the stages that happen to be recorded."""
+    from continual_eval.stage_cost import summarize_costs
+
+    def cost(stage: int, parameters: int) -> StageCost:
+        return StageCost(
+            stage, 1.0, 0.5, 30, "process_peak_rss", parameters, parameters, 8, 2, None
+        )
+
+    assert summarize_costs([cost(0, 10), cost(1, 20)])["model_size_efficiency"] == 0.75
+    assert summarize_costs([cost(1, 20), cost(2, 20)])["model_size_efficiency"] is None
+    assert summarize_costs([cost(0, 10), cost(2, 20)])["model_size_efficiency"] is None
+
+
+def test_replay_hook_may_return_a_numpy_integer() -> None:
+    np = pytest.importorskip("numpy")
+    recorder = StageCostRecorder()
+    recorder.start_stage(torch.device("cpu"))
+    cost = recorder.finish_stage(
+        0, _Replay(np.int64(12)), train_seconds=0.0, eval_seconds=0.0, samples=0, optimizer_steps=0
+    )
+    assert cost.replay_memory == 12 and type(cost.replay_memory) is int

@@ -57,12 +57,18 @@ from continual_eval.evaluation.trainer_evaluation import (
     module_test_loaders,
 )
 from continual_eval.functional import FORGETTING_CONVENTIONS
-from continual_eval.loggers import format_matrix_table, log_baseline, log_stage, log_step
+from continual_eval.loggers import (
+    format_matrix_table,
+    log_baseline,
+    log_stage,
+    log_step,
+    stage_key_collisions,
+)
 from continual_eval.metric import ContinualMetrics
 from continual_eval.results import ContinualResults, ScoreMatrix, StepEvaluations
 from continual_eval.results_schema import MAX_NAME_LENGTH, MAX_TASKS
 from continual_eval.rng import collect_rng_states, set_rng_states
-from continual_eval.stage_cost import StageCostRecorder
+from continual_eval.stage_cost import StageCostRecorder, read_replay_memory
 from continual_eval.step_curves import StepCurves
 from continual_eval.training import fit_already_done, fit_tasks, scheduled_task
 
@@ -366,6 +372,9 @@ class ContinualEvalCallback(Callback):
         self._curves = StepCurves(list(self.scorers))  # every scorer's, the primary first
         # what each stage cost: clocks and counters read at stage boundaries only
         self._cost = StageCostRecorder()
+        # a checkpoint's counters of the stage it was written inside (``stage_progress``), until
+        # the resumed fit's on_train_start takes them over
+        self._resumed_progress: dict[str, Any] | None = None
         self._loaders_given = test_dataloaders is not None
         if test_dataloaders is not None:
             self._set_loaders(test_dataloaders)
@@ -386,10 +395,13 @@ class ContinualEvalCallback(Callback):
         self._fit_step_base = self._fit_steps_before = self._stage_start_step = 0
         self._curves.clear()
         self._cost = StageCostRecorder()
+        self._resumed_progress = None
         if self._class_il is not None:
             self._class_il.reset()
         self._warned_unsharded = False
         self.run_id = uuid.uuid4().hex
+        # a new hand-over file: what a spawned child published for the old run is not read back
+        self._handover = SpawnHandover(self.run_id)
         if self._loaders is not None and self._loaders_given:
             self._set_loaders(self._loaders)
         else:
@@ -651,6 +663,9 @@ class ContinualEvalCallback(Callback):
             }
             if self._class_il is not None:  # the confusion counts of every recorded stage
                 state["class_incremental"] = self._class_il.state_dict()
+            progress = self._stage_progress()
+            if progress is not None:  # written inside a stage: what it has trained so far
+                state["stage_progress"] = progress
         if self._results_dir is not None:
             state["results_dir"] = str(self._results_dir)
         if self.restore_rng_states:
@@ -675,6 +690,7 @@ class ContinualEvalCallback(Callback):
         self._restored = True
         self._pending_state = state
         self._cost.load_state_dict(state.get("stage_costs") or {})
+        self._resumed_progress = state.get("stage_progress")
         if self._loaders is not None:
             self._matrices = None  # rebuilt from the loaded rows
             self._set_loaders(self._loaders)
@@ -689,13 +705,18 @@ class ContinualEvalCallback(Callback):
         ]
         if self._given_names is not None:
             recorded.append(("task_names", list(state.get("task_names", [])), self._given_names))
+        scorers = {name: scorer.name for name, scorer in self.scorers.items()}
         if "matrices" in state:
             recorded.append(
                 (
                     "scorers",
                     {name: m["score_name"] for name, m in state["matrices"].items()},
-                    {name: scorer.name for name, scorer in self.scorers.items()},
+                    scorers,
                 )
+            )
+        elif len(scorers) > 1:  # written before several matrices were kept: the primary's rows
+            recorded.append(
+                ("scorers", {self.primary: state.get("score_name", "accuracy")}, scorers)
             )
         for key, current in (
             ("score_name", self.scorer.name),
@@ -712,6 +733,31 @@ class ContinualEvalCallback(Callback):
                 + "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differ)
                 + ". Resume with the recorded settings, or start a new run (no checkpoint)"
             )
+
+    def _stage_progress(self) -> dict[str, Any] | None:
+        """The counters of the stage in progress (its index, ``trainer.global_step`` at its start,
+        this rank's samples and training seconds so far), ``None`` between stages; a loaded one
+        not taken over yet is kept as loaded."""
+        current = self._cost.progress()
+        if current is None or self.metrics is None:
+            return self._resumed_progress
+        return {"stage": self.metrics.num_stages, "start_step": self._stage_start_step, **current}
+
+    def _resume_stage_progress(self, trainer: Trainer) -> None:
+        """In ``on_train_start``: a fit resumed (``ckpt_path``) from a checkpoint written inside
+        the stage now training continues its counters, so its cost equals an uninterrupted
+        stage's. A checkpoint's counters are used once, and never by a fit that did not resume
+        the training loop (e.g. ``fit_tasks(ckpt_path=...)`` retrains the stage from its start)."""
+        progress, self._resumed_progress = self._resumed_progress, None
+        if (
+            progress is None
+            or trainer.ckpt_path is None
+            or int(progress["stage"]) != self.stages_completed
+            or int(progress["start_step"]) > trainer.global_step
+        ):
+            return
+        self._stage_start_step = int(progress["start_step"])
+        self._cost.resume_stage(progress)
 
     def _apply_pending_state(self) -> None:
         state, self._pending_state = self._pending_state, None
@@ -781,6 +827,7 @@ class ContinualEvalCallback(Callback):
             self.load_state_dict(state)
         finally:
             self.restore_rng_states = rng
+        self._resumed_progress = None  # a child's stage in progress is no checkpoint to resume
         if self.metrics is None and self._pending_state is not None:
             # loaders are resolved in the children (datamodule): rebuild from the state alone
             self._matrices = self._new_matrices(int(state["num_tasks"]))
@@ -850,6 +897,15 @@ class ContinualEvalCallback(Callback):
 
     def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
         assert self.metrics is not None and self._matrices is not None
+        if trainer.loggers:  # every rank, before anything is measured (no collective)
+            collisions = stage_key_collisions(self.continual_results(), self.prefix)
+            if collisions:
+                raise ValueError(
+                    "ContinualEvalCallback: two different values would be logged under the same "
+                    f"key{'s' if len(collisions) > 1 else ''} {', '.join(map(repr, collisions))}"
+                    " (a task named like a metric, or a scorer named like the primary's score or "
+                    "`cost`): rename the task or the scorer. Nothing was trained"
+                )
         baselines = self._evaluate(trainer, pl_module, range(self.metrics.num_tasks))
         self._check_each(
             baselines,
@@ -882,6 +938,8 @@ class ContinualEvalCallback(Callback):
             baseline=False,
             problem=lambda name: f"stage {stage} produced {name!r} scores the metrics cannot use",
         )
+        # the replay-memory hook may raise: read it before anything of the stage is recorded
+        replay_memory = read_replay_memory(pl_module)
         # every rank records the same rows: they come from counts (or metric states) reduced
         # across ranks before this point (see evaluate_tasks)
         for name, metric in self._matrices.items():
@@ -909,6 +967,7 @@ class ContinualEvalCallback(Callback):
             eval_seconds=time.perf_counter() - eval_start,
             samples=samples,
             optimizer_steps=trainer.global_step - self._stage_start_step,
+            replay_memory=replay_memory,
         )
         if trainer.is_global_zero:
             results = self._write(trainer)
@@ -1010,6 +1069,7 @@ class ContinualEvalCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._stage_start_step = trainer.global_step
         self._cost.start_stage(pl_module.device)  # a stage (or the rest of a resumed one) starts
+        self._resume_stage_progress(trainer)
         self._fit_step_base = trainer.global_step
         self._fit_steps_before = self._steps_done
         k = self.epochs_per_task

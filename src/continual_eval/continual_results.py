@@ -49,7 +49,6 @@ from continual_eval.results_schema import FORMAT_VERSION, validate_results
 from continual_eval.stage_cost import (
     StageCost,
     memory_kind,
-    model_size_efficiency,
     summarize_costs,
 )
 
@@ -567,8 +566,12 @@ class RunCost:
         return next((cost for cost in self.per_stage if cost.stage == stage), None)
 
     def model_size_efficiency_at(self, stage: int) -> float | None:
-        """The model-size efficiency over the recorded stages ``<= stage``."""
-        return model_size_efficiency([c.parameters for c in self.per_stage if c.stage <= stage])
+        """The model-size efficiency over the stages ``<= stage`` (``summary``'s value had the run
+        stopped there): ``None`` unless every one of them was recorded (a run resumed from a
+        checkpoint without costs lacks stage 0's parameter count, the reference of MS)."""
+        costs = [c for c in self.per_stage if c.stage <= stage]
+        value: float | None = summarize_costs(costs)["model_size_efficiency"]
+        return value
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any]) -> RunCost:

@@ -52,6 +52,7 @@ Call these on global rank 0 only (Lightning's logger methods are rank-zero-only 
 
 from __future__ import annotations
 
+import collections
 import io
 import math
 import warnings
@@ -80,6 +81,7 @@ __all__ = [
     "log_baseline",
     "log_stage",
     "log_step",
+    "stage_key_collisions",
     "stage_scalars",
     "step_scalars",
 ]
@@ -239,6 +241,25 @@ def _plasticity_scalars(results: ContinualResults, stage: int, prefix: str) -> d
             if _finite(value):
                 scalars[f"{base}{key}"] = float(value)  # type: ignore[arg-type]
     return scalars
+
+
+def stage_key_collisions(results: ContinualResults, prefix: str) -> list[str]:
+    """The keys :func:`stage_scalars` could give two different values in one stage (a task
+    named like a metric, ``acc``; a second scorer named like the primary's score, ``accuracy``;
+    a scorer named ``cost``), sorted; empty when every key is unique. Found from the names
+    alone, before anything is measured."""
+    names = results.task_names
+    keys: list[str] = [f"{prefix}stage", f"{prefix}intransigence", f"{prefix}fwt_isolated"]
+    keys += [f"{prefix}cost/{key}" for key in (*_COST_KEYS, "model_size_efficiency")]
+    for name, matrix in results.matrices.items():
+        primary = name == results.primary_name
+        keys += [f"{_metric_base(results, name, prefix)}{m}" for m in METRIC_KEYS]
+        tasks = f"{prefix}{matrix.score}/" if primary else f"{prefix}{name}/"
+        keys += [f"{tasks}{task}" for task in names]
+        base = _scorer_base(results, name, prefix)
+        keys += [f"{base}{key}" for key in ("min_acc", "wc_acc", "anytime_acc", "lca", "auc_fwt")]
+        keys += [f"{base}{tag}/{task}" for _, tag in _GAP_TAGS for task in names]
+    return sorted(key for key, count in collections.Counter(keys).items() if count > 1)
 
 
 def _plasticity_values(plasticity: Plasticity) -> tuple[tuple[str, float | None], ...]:

@@ -30,8 +30,10 @@ Budgets (``E`` = the Trainer's ``max_epochs``, the continual run's epochs *per t
   ``ref[j]`` is its score on task ``j``. (Chaudhry et al. define the reference of task ``k`` on
   the tasks ``0..k``; one model on all ``T`` tasks is the usual simplification.)
 
-Random numbers: the caller's Python, NumPy and torch random states are restored afterwards, so a
-continual run started after :func:`train_reference` draws what it would draw without it. Every
+Random numbers: the caller's Python, NumPy and torch random states, and the states of the training
+loaders' own ``torch.Generator`` objects (``DataLoader(generator=...)``, a sampler's
+``generator``), are restored afterwards, so a continual run started after
+:func:`train_reference` draws what it would draw without it. Every
 reference fit starts from the caller's random state (with ``seed=s``: ``seed_everything(s + j)``
 before copy ``j``, ``seed_everything(s)`` before the joint copy; the first is what
 :func:`~continual_eval.fit_tasks` with ``seed=s`` does before stage ``j``).
@@ -43,7 +45,7 @@ import contextlib
 import copy
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,13 +225,39 @@ def _default_copy(model: LightningModule) -> LightningModule:
     return copy.deepcopy(model)
 
 
+def _loader_generators(loaders: Iterable[Any]) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects ``loaders`` draw from (a loader's ``generator``, its
+    sampler's and its batch sampler's sampler's), each once: the global random state does not
+    cover them."""
+    found: dict[int, torch.Generator] = {}
+    for loader in loaders:
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        for owner in (
+            loader,
+            getattr(loader, "sampler", None),
+            getattr(batch_sampler, "sampler", None),
+        ):
+            generator = getattr(owner, "generator", None)
+            if isinstance(generator, torch.Generator):
+                found[id(generator)] = generator
+    return list(found.values())
+
+
 @contextlib.contextmanager
-def _caller_rng() -> Iterator[Callable[[int | None], None]]:
-    """Restore the caller's random states (and Lightning's seed variables) on exit; yields
-    ``rewind(seed)``: back to the caller's states, then ``seed_everything(seed)`` (if given)."""
+def _caller_rng(
+    generators: Sequence[torch.Generator] = (),
+) -> Iterator[Callable[[int | None], None]]:
+    """Restore the caller's random states (and Lightning's seed variables, and the states of
+    ``generators``: the training loaders' own) on exit; yields ``rewind(seed)``: back to the
+    caller's global states, then ``seed_everything(seed)`` (if given)."""
     from lightning.pytorch import seed_everything
 
+    if torch.cuda.is_available() and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        # CUDA generators are recorded only once CUDA is initialised; the reference fits may
+        # be its first use, and the caller's CUDA state must come back after them too
+        torch.cuda.init()  # type: ignore[no-untyped-call]
     states = collect_rng_states()
+    generator_states = [generator.get_state() for generator in generators]
     env = {key: os.environ.get(key) for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
 
     def rewind(seed: int | None) -> None:
@@ -241,6 +269,8 @@ def _caller_rng() -> Iterator[Callable[[int | None], None]]:
         yield rewind
     finally:
         set_rng_states(states)
+        for generator, state in zip(generators, generator_states, strict=True):
+            generator.set_state(state)
         for key, value in env.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -382,7 +412,8 @@ def train_reference(
     make_copy = copy_model or _default_copy
     runs: list[tuple[ContinualEvalCallback, Trainer]] = []
     with contextlib.ExitStack() as stack:
-        rewind = stack.enter_context(_caller_rng())
+        loaders = [*train_dataloaders, *([] if joint_dataloader is None else [joint_dataloader])]
+        rewind = stack.enter_context(_caller_rng(_loader_generators(loaders)))
         keep = dirpath is not None
         root = Path(dirpath) if dirpath is not None else Path(stack.enter_context(_temporary()))
 
@@ -402,6 +433,7 @@ def train_reference(
                 **options,
             )
             _callbacks(trainer).append(callback)
+            rewind(run_seed)  # a copy that re-initialises draws from the caller's state too
             fresh = make_copy(model)
             if fresh is model:
                 raise ValueError("copy_model returned the model itself, not a copy")

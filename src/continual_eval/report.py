@@ -349,12 +349,20 @@ def run_metrics(results: ContinualResults | Mapping[str, Any]) -> dict[str, floa
 
 def run_cost(results: ContinualResults) -> dict[str, float | None] | None:
     """The ``cost`` totals of a run (:data:`COST_COLUMNS`, ``None`` each where not recorded);
-    ``None`` when the run records no cost."""
-    summary = _field(getattr(results, "cost", None), "summary")
+    ``None`` when the run records no cost, or not the cost of every recorded stage (a run
+    resumed from a checkpoint written before costs were recorded: its totals would miss the
+    earlier stages)."""
+    cost = getattr(results, "cost", None)
+    summary = _field(cost, "summary")
     if callable(summary):
         summary = summary()
     if summary is None:
         return None
+    per_stage = _field(cost, "per_stage")
+    if per_stage is not None:
+        stages = [_field(entry, "stage") for entry in per_stage]
+        if stages != list(range(int(getattr(results, "stages_completed", len(stages))))):
+            return None
     return {key: _finite(_field(summary, key)) for key in COST_COLUMNS}
 
 
@@ -775,12 +783,13 @@ def _cost_section(summaries: Sequence[MethodSummary], out: Path) -> list[str]:
     and ``cost.csv``; nothing otherwise."""
     rows = []
     for s in summaries:
-        costs = [c for c in (run_cost(r.results) for r in s.runs) if c is not None]
+        counted = [(r, c) for r, c in ((r, run_cost(r.results)) for r in s.runs) if c is not None]
+        costs = [c for _, c in counted]
         means: dict[str, float | None] = {}
         for key in COST_COLUMNS:
             values = [v for v in (c[key] for c in costs) if v is not None]
             means[key] = math.fsum(values) / len(values) if values else None
-        kinds = (_field(getattr(r.results, "cost", None), "memory_kind") for r in s.runs)
+        kinds = (_field(getattr(r.results, "cost", None), "memory_kind") for r, _ in counted)
         memory = ", ".join(dict.fromkeys(str(k) for k in kinds if k is not None))
         rows.append((s.method, len(costs), means, memory))
     if not any(count for _, count, _, _ in rows):
@@ -792,7 +801,8 @@ def _cost_section(summaries: Sequence[MethodSummary], out: Path) -> list[str]:
     lines = [
         "## Cost",
         "",
-        "Mean over each method's runs that record a cost (their `cost` totals: wall time of "
+        "Mean over each method's runs that record the cost of every stage (their `cost` "
+        "totals: wall time of "
         "training and of the evaluation, samples and optimizer steps trained, peak memory, "
         "model-size efficiency) and what the peak memory measures (`cuda_max_allocated`: the "
         "GPU's allocated bytes, `process_peak_rss`: the process's resident set); n/a where none "

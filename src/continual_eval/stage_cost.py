@@ -11,7 +11,9 @@ Per stage ``i`` (one :class:`StageCost`):
   ``on_train_epoch_start`` of its first epoch under ``epochs_per_task``) to its end, before the
   end-of-stage evaluation (on a GPU the clock is read after one ``torch.cuda.synchronize()`` at
   the stage end, outside any step); it includes what runs inside the stage (validation loops,
-  per-step evaluations of ``eval_every_n_steps``); a resumed stage counts from the resume.
+  per-step evaluations of ``eval_every_n_steps``); a stage resumed from a checkpoint written
+  inside it (``trainer.fit(ckpt_path=...)``) adds the time it had trained when the checkpoint was
+  written to the time since the resume.
 * ``eval_seconds``: wall time of the end-of-stage evaluation and the recording of its row (what
   the evaluation costs the user; the files and logs written after it are not counted), measured
   on each rank (``results.json`` holds rank 0's).
@@ -21,7 +23,10 @@ Per stage ``i`` (one :class:`StageCost`):
 * ``parameters`` / ``trainable_parameters``: element counts of ``pl_module.parameters()``.
 * ``samples`` / ``optimizer_steps``: trained in the stage (samples summed over ranks, the
   padding a ``DistributedSampler`` adds included; the leading dimension of the first tensor of
-  each batch; optimizer steps are the increments of ``trainer.global_step``).
+  each batch; optimizer steps are the increments of ``trainer.global_step``). A stage resumed
+  from a checkpoint written inside it counts what it had trained before the checkpoint too, as an
+  uninterrupted stage would (under DDP every rank takes rank 0's count from the checkpoint: exact
+  when the ranks train equally many samples, as with Lightning's ``DistributedSampler``).
 * ``replay_memory``: ``pl_module.continual_eval_memory_size()`` when the module defines it (the
   number of stored samples of a replay method), else ``None``.
 
@@ -33,6 +38,7 @@ Model-size efficiency (Diaz-Rodriguez et al., 2018) over the stages:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +52,7 @@ __all__ = [
     "StageCost",
     "StageCostRecorder",
     "batch_samples",
+    "read_replay_memory",
     "memory_kind",
     "model_size_efficiency",
     "summarize_costs",
@@ -116,14 +123,21 @@ def model_size_efficiency(parameters: Sequence[int] | Tensor) -> float | None:
 def summarize_costs(costs: Sequence[StageCost]) -> dict[str, Any]:
     """Totals over ``costs`` (``train_seconds``, ``eval_seconds``, ``samples``,
     ``optimizer_steps``), the largest ``peak_memory_bytes`` and the :func:`model_size_efficiency`
-    of their parameter counts (``None`` without a stage)."""
+    of their parameter counts: ``None`` without a stage, and unless ``costs`` are the stages
+    ``0, 1, ..., s-1`` in order (its first count is stage 0's; a run resumed from a
+    checkpoint without costs lacks the earlier stages), and for a model without parameters at
+    some stage (a non-parametric learner keeping its state in buffers: MS is undefined)."""
+    stages = [c.stage for c in costs]
+    complete = stages == list(range(len(stages))) and all(c.parameters > 0 for c in costs)
     return {
         "train_seconds": sum(c.train_seconds for c in costs),
         "eval_seconds": sum(c.eval_seconds for c in costs),
         "samples": sum(c.samples for c in costs),
         "optimizer_steps": sum(c.optimizer_steps for c in costs),
         "peak_memory_bytes": max((c.peak_memory_bytes for c in costs), default=0),
-        "model_size_efficiency": model_size_efficiency([c.parameters for c in costs]),
+        "model_size_efficiency": (
+            model_size_efficiency([c.parameters for c in costs]) if complete else None
+        ),
     }
 
 
@@ -154,6 +168,19 @@ def _parameter_counts(module: nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
+class _Unread:
+    """Marks an argument not given (``None`` is a value: no replay memory)."""
+
+
+_UNREAD = _Unread()
+
+
+def read_replay_memory(module: nn.Module) -> int | None:
+    """``module.continual_eval_memory_size()`` (an int >= 0), ``None`` when the module does not
+    define the hook; a clear error for anything else."""
+    return _replay_memory(module)
+
+
 def _replay_memory(module: nn.Module) -> int | None:
     hook = getattr(module, MEMORY_HOOK, None)
     if hook is None:
@@ -163,12 +190,13 @@ def _replay_memory(module: nn.Module) -> int | None:
     size = hook()
     if isinstance(size, Tensor) and size.numel() == 1:
         size = size.item()
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    # any integer type (a NumPy integer too), not a bool
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
         raise ValueError(
             f"{type(module).__name__}.{MEMORY_HOOK}() returned {size!r}; it must return the "
             "number of stored samples, an int >= 0"
         )
-    return size
+    return int(size)
 
 
 class StageCostRecorder:
@@ -207,6 +235,20 @@ class StageCostRecorder:
         """Samples trained on this rank in the current stage."""
         return self._samples
 
+    def progress(self) -> dict[str, Any] | None:
+        """The current stage's counters so far, for a checkpoint written inside it: ``samples``
+        (this rank's) and ``train_seconds`` (no device sync); ``None`` between stages."""
+        if self._start is None:
+            return None
+        return {"samples": self._samples, "train_seconds": time.perf_counter() - self._start}
+
+    def resume_stage(self, progress: Mapping[str, Any]) -> None:
+        """Continue the stage just started (:meth:`start_stage`) from a checkpoint's
+        :meth:`progress`: its samples and training time count too."""
+        self._samples += int(progress.get("samples", 0))
+        if self._start is not None:
+            self._start -= max(0.0, float(progress.get("train_seconds", 0.0)))
+
     def finish_stage(
         self,
         stage: int,
@@ -216,8 +258,13 @@ class StageCostRecorder:
         eval_seconds: float,
         samples: int,
         optimizer_steps: int,
+        replay_memory: int | None | _Unread = _UNREAD,
     ) -> StageCost:
-        """Record stage ``stage`` (replacing a record of the same stage: a re-run after resume)."""
+        """Record stage ``stage`` (replacing a record of the same stage: a re-run after resume,
+        and dropping later ones). ``replay_memory``: read from ``module``'s hook unless given
+        (:func:`read_replay_memory`)."""
+        if isinstance(replay_memory, _Unread):
+            replay_memory = read_replay_memory(module)
         device = self._device
         if device is not None and device.type == "cuda":
             peak, kind = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
@@ -234,7 +281,7 @@ class StageCostRecorder:
             trainable_parameters=trainable,
             samples=int(samples),
             optimizer_steps=int(optimizer_steps),
-            replay_memory=_replay_memory(module),
+            replay_memory=replay_memory,
         )
         self.costs = [c for c in self.costs if c.stage < stage] + [cost]
         self._start = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from cl_helpers import BATCH, Classifier, eval_loaders, make_net, make_tasks, trainer_kwargs
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
@@ -172,6 +174,42 @@ def test_a_growing_model_and_a_module_without_the_hook(tasks, tmp_path):
     assert document["cost"]["summary"]["model_size_efficiency"] == pytest.approx(expected)
 
 
+def test_a_model_without_parameters_records_its_stages(tasks, tmp_path):
+    """A non-parametric learner (nearest class mean, its prototypes in buffers) has 0 parameters:
+    its model-size efficiency is undefined (absent, never 0); the run records every stage."""
+
+    class NearestMean(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("sums", torch.zeros(3, 6))
+            self.register_buffer("counts", torch.zeros(3))
+
+        def forward(self, x):
+            return -torch.cdist(x, self.sums / self.counts.clamp(min=1)[:, None])
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.sums.index_add_(0, y, x)
+            self.counts.index_add_(0, y, torch.ones_like(y, dtype=torch.float))
+
+        def configure_optimizers(self):
+            return None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning: no optimizer
+        callback, logger = run_tasks(tasks, tmp_path, NearestMean(), sized_loaders(tasks))
+    assert callback.stages_completed == 3
+    results = callback.continual_results()
+    assert [c.parameters for c in results.cost.per_stage] == [0, 0, 0]
+    assert [c.samples for c in results.cost.per_stage] == [n * EPOCHS for n in TRAIN_SIZES]
+    assert results.cost.summary["model_size_efficiency"] is None
+    assert all("continual/cost/model_size_efficiency" not in logger.at(i) for i in range(3))
+    document = load_results(tmp_path / "out")
+    validate_results(document)
+    assert document["cost"]["summary"]["model_size_efficiency"] is None
+    assert ContinualResults.from_dict(document).to_dict()["cost"] == document["cost"]
+
+
 def test_schedule_mode_costs_count_each_stage(tasks, tmp_path):
     loaders = sized_loaders(tasks)
 
@@ -234,6 +272,83 @@ def test_resume_keeps_the_costs_of_earlier_stages_and_old_checkpoints_load(tasks
     assert resumed.stages_completed == 3
     assert [c.stage for c in resumed.continual_results().cost.per_stage] == [2]
     validate_results(load_results(tmp_path / "cut"))
+
+
+def test_a_stage_resumed_from_a_checkpoint_inside_it_costs_what_an_uninterrupted_one_does(
+    tasks, tmp_path
+):
+    """A checkpoint written inside a stage keeps that stage's samples, start step and training
+    time so far; a fit resumed from it (``ckpt_path``) records the stage's samples and optimizer
+    steps of an uninterrupted run, not only those trained after the resume."""
+    loaders = sized_loaders(tasks)
+    samples = [n * EPOCHS for n in TRAIN_SIZES]
+    steps = [math.ceil(n / BATCH) * EPOCHS for n in TRAIN_SIZES]
+
+    def every_epoch(folder: Path) -> ModelCheckpoint:
+        return ModelCheckpoint(dirpath=folder, filename="{epoch}", save_top_k=-1, every_n_epochs=1)
+
+    # one fit over a schedule, cut after the first epoch of stage 1 and resumed with ckpt_path
+    class Scheduled(Classifier):
+        def train_dataloader(self):
+            return loaders[scheduled_task(self.trainer, EPOCHS)]
+
+    def scheduled(root: Path, max_epochs: int, ckpt_path: Path | None = None):
+        callback = ContinualEvalCallback(
+            eval_loaders(tasks), epochs_per_task=EPOCHS, dirpath=root / "out", verbose=False
+        )
+        trainer = pl.Trainer(
+            callbacks=[callback, every_epoch(root / "ckpt")],
+            reload_dataloaders_every_n_epochs=1,
+            **trainer_kwargs(root, max_epochs=max_epochs, enable_checkpointing=True),
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Scheduled(make_net()), ckpt_path=ckpt_path)
+        return callback
+
+    scheduled(tmp_path / "schedule", EPOCHS + 1)
+    inside = tmp_path / "schedule" / "ckpt" / f"epoch={EPOCHS}.ckpt"
+    saved = torch.load(inside, weights_only=False)["callbacks"]
+    (state,) = (v for k, v in saved.items() if k.startswith("ContinualEvalCallback"))
+    progress = state["stage_progress"]
+    assert progress["stage"] == 1 and progress["samples"] == TRAIN_SIZES[1]
+    resumed = scheduled(tmp_path / "schedule", 3 * EPOCHS, ckpt_path=inside)
+    costs = resumed.continual_results().cost.per_stage
+    assert [c.samples for c in costs] == samples
+    assert [c.optimizer_steps for c in costs] == steps
+    assert costs[1].train_seconds >= progress["train_seconds"] > 0
+
+    # one fit per task: a checkpoint after the first of stage 1's epochs
+    def per_task(root: Path):
+        callback = ContinualEvalCallback(eval_loaders(tasks), dirpath=root / "out", verbose=False)
+
+        def factory(task):
+            return pl.Trainer(
+                callbacks=[callback, every_epoch(root / f"ckpt_{task}")],
+                **trainer_kwargs(root, max_epochs=EPOCHS, enable_checkpointing=True),
+            )
+
+        return callback, factory
+
+    callback, factory = per_task(tmp_path / "per_task")
+    fit_tasks(factory, Classifier(make_net()), loaders[:2])
+    inside = tmp_path / "per_task" / "ckpt_1" / "epoch=0.ckpt"
+    # trainer.fit(ckpt_path=...) continues the stage: its cost is the uninterrupted one
+    callback, factory = per_task(tmp_path / "continued")
+    factory(1).fit(Classifier(make_net()), loaders[1], ckpt_path=inside)
+    costs = callback.continual_results().cost.per_stage
+    assert [(c.stage, c.samples, c.optimizer_steps) for c in costs] == [
+        (0, samples[0], steps[0]),
+        (1, samples[1], steps[1]),
+    ]
+    # fit_tasks(ckpt_path=...) restores the recorded stages and trains stage 1 again from its
+    # start: the checkpoint's samples of stage 1 are not counted twice
+    callback, factory = per_task(tmp_path / "again")
+    fit_tasks(factory, Classifier(make_net()), loaders, ckpt_path=inside)
+    costs = callback.continual_results().cost.per_stage
+    assert [(c.stage, c.samples, c.optimizer_steps) for c in costs] == [
+        (k, samples[k], steps[k]) for k in range(3)
+    ]
 
 
 def test_old_results_files_load_without_the_new_sections():
@@ -552,3 +667,24 @@ def test_digits_mlp_reports_its_replay_memory():
     assert model.continual_eval_memory_size() == 3
     model.memory.add(torch.zeros(4, 64), torch.zeros(4, dtype=torch.long))
     assert model.continual_eval_memory_size() == 5  # at capacity
+
+
+class BrokenMemory(Replaying):
+    """A replay hook that fails from the second stage on."""
+
+    def continual_eval_memory_size(self) -> int:
+        if self.seen > TRAIN_SIZES[0] * EPOCHS:
+            raise RuntimeError("memory hook broke")
+        return 0
+
+
+def test_a_failing_memory_hook_records_nothing_of_its_stage(tasks, tmp_path):
+    """The hook is read before the stage's rows are recorded: the error leaves R and
+    results.json at the last complete stage."""
+    callback = ContinualEvalCallback(eval_loaders(tasks), dirpath=tmp_path / "out", verbose=False)
+    trainer = pl.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, max_epochs=EPOCHS))
+    with pytest.raises(RuntimeError, match="memory hook broke"):
+        fit_tasks(trainer, BrokenMemory(make_net()), sized_loaders(tasks))
+    assert callback.stages_completed == 1
+    assert load_results(tmp_path / "out" / "results.json")["stages_completed"] == 1
+    assert [c.stage for c in callback._cost.costs] == [0]

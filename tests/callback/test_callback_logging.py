@@ -289,3 +289,41 @@ def test_every_matrix_logged_read_back_and_tabled(tasks, tmp_path, caplog):
     assert "acc (accuracy) R[i, j]" in final
     assert "loss (cross_entropy, lower is better) R[i, j]" in final
     assert f"forgetting={loss.metrics['forgetting']:.4f}" in final
+
+
+@pytest.mark.parametrize(
+    ("scorers", "task_names", "key"),
+    [
+        # a second scorer's per-task key next to its metric key: a task named "acc"
+        ({"acc": "accuracy", "loss": "cross_entropy"}, ["acc", "b", "c"], "continual/loss/acc"),
+        # a second scorer named like the primary's score: both per-task keys
+        ({"acc": "accuracy", "accuracy": "top1"}, None, "continual/accuracy/task_0"),
+    ],
+)
+def test_colliding_log_keys_are_refused_before_training(tasks, tmp_path, scorers, task_names, key):
+    callback = ContinualEvalCallback(
+        eval_loaders(tasks), scorers=scorers, task_names=task_names, verbose=False
+    )
+    model = Classifier(make_net())
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = pl.Trainer(
+        callbacks=[callback],
+        **trainer_kwargs(tmp_path, max_epochs=1, logger=[CSVLogger(tmp_path / "csv")]),
+    )
+    with pytest.raises(ValueError, match=f"'{key}'") as info:
+        trainer.fit(model, train_loaders(tasks)[0])
+    assert "Nothing was trained" in str(info.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_distinct_names_log_without_collisions(tasks, tmp_path):
+    from continual_eval.loggers import stage_key_collisions
+
+    cb = run(
+        tasks,
+        tmp_path,
+        [CSVLogger(tmp_path / "csv")],
+        scorers={"acc": "accuracy", "loss": "cross_entropy"},
+    )
+    assert cb.stages_completed == 3
+    assert stage_key_collisions(cb.continual_results(), "continual/") == []

@@ -123,3 +123,22 @@ def test_owner_callback_takes_the_published_state(handover_dir, tmp_path):
     assert owner.results_dir == results and owner._dir_checked
     assert owner.results()["scores"] == trained.results()["scores"]
     assert child.stages_completed == 3  # the copy reads the same file once too
+
+
+def test_reset_does_not_read_back_the_old_runs_hand_over(handover_dir, tmp_path):
+    """reset() starts a new run: a state a spawned child published for the old run (and not
+    read yet) must not come back into the reset callback."""
+    tasks = make_tasks()
+    trained = ContinualEvalCallback(eval_loaders(tasks), dirpath=tmp_path / "r", verbose=False)
+    fit_tasks(
+        lambda task: pl.Trainer(callbacks=[trained], **trainer_kwargs(tmp_path, max_epochs=1)),
+        Classifier(make_net()),
+        train_loaders(tasks),
+    )
+    owner = ContinualEvalCallback(verbose=False)
+    state = trained.state_dict()
+    state.pop("rng_states")
+    copy.copy(owner)._handover.publish(state, results_dir=tmp_path / "r", dir_checked=True)
+    owner.reset()
+    assert owner.stages_completed == 0
+    assert owner.metrics is None

@@ -224,6 +224,22 @@ def test_reference_uses_the_models_reference_copy(model_and_initial) -> None:
     assert ref.scores.tolist() == reference(model, "isolated").scores.tolist()
 
 
+@pytest.mark.parametrize("kind", ["isolated", "joint"])
+def test_the_loaders_own_generators_are_restored(model_and_initial, kind: str) -> None:
+    """Loaders shuffling with their own torch.Generator: the reference fits draw from it, and
+    train_reference puts it back, so the continual run after it shuffles as it would without."""
+    model, _ = model_and_initial
+    shared = torch.Generator().manual_seed(5)  # one generator for every task's loader
+    sampler_generator = torch.Generator().manual_seed(6)  # a sampler's own (isolated copy 1)
+    loaders = [DataLoader(ds, batch_size=BATCH, shuffle=True, generator=shared) for ds in TRAIN]
+    sampler = torch.utils.data.RandomSampler(TRAIN[1], generator=sampler_generator)
+    loaders[1] = DataLoader(TRAIN[1], batch_size=BATCH, sampler=sampler)
+    before = [shared.get_state(), sampler_generator.get_state()]
+    train_reference(model, loaders, eval_loaders(), kind=kind, trainer_factory=new_trainer)
+    assert torch.equal(shared.get_state(), before[0])
+    assert torch.equal(sampler_generator.get_state(), before[1])
+
+
 def test_bad_arguments_are_refused(model_and_initial) -> None:
     model, _ = model_and_initial
     with pytest.raises(ValueError, match=r"one of 'isolated', 'joint', got 'both'"):
@@ -341,6 +357,27 @@ def test_fit_refuses_bad_reference_options(
     code, text = _fit(capfd, caplog, *options)
     assert code == 2 and "continual-eval fit: stream." in text and message in text
     assert not (tmp_path / "runs").exists()  # refused before anything ran
+
+
+def test_fit_stream_refuses_a_second_reference_before_training_one(tmp_path, monkeypatch) -> None:
+    """``fit_stream(reference=...)`` with a callback ``reference`` as well is refused before the
+    reference (which can take as long as the stream) is trained, not after."""
+    from continual_eval.experiments import stream
+    from continual_eval.experiments.logistic import CircleGridTasks, LogisticClassifier
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the reference was trained before the options were checked")
+
+    monkeypatch.setattr(stream, "stream_reference", no_training)
+    with pytest.raises(ValueError, match="trains the reference itself"):
+        stream.fit_stream(
+            new_trainer(),
+            LogisticClassifier(),
+            CircleGridTasks(),
+            callback_kwargs={"dirpath": tmp_path / "run", "reference": [1.0, 1.0, 1.0]},
+            reference="isolated",
+        )
+    assert not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------- README identity

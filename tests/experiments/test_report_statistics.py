@@ -464,6 +464,30 @@ def test_cost_and_plasticity_when_present(tmp_path: Path) -> None:
     assert rows["ewc"]["runs_with_cost"] == "0" and rows["ewc"]["train_seconds_mean"] == ""
 
 
+def test_cost_of_a_run_missing_stages_is_not_averaged(tmp_path: Path) -> None:
+    """A run resumed from a checkpoint written before costs were recorded holds the cost of its
+    later stages only: its totals are no run totals, so the cost table leaves it out (and says
+    how many runs it averages) instead of mixing partial totals with whole ones."""
+    from dataclasses import replace
+
+    from continual_eval.continual_results import RunCost
+
+    root = tmp_path / "runs"
+    paths = [cost_run(root, "naive", seed, 30.0, False) for seed in range(3)]
+    partial = ContinualResults.load(paths[2])
+    assert run_cost(partial) is not None
+    partial = replace(partial, cost=RunCost(partial.cost.per_stage[1:]))
+    partial.write(paths[2])
+    assert run_cost(ContinualResults.load(paths[2])) is None
+    out = tmp_path / "report"
+    assert report_main([str(root), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "| naive | 2 | 30.00 | 3.00 | 192.0 | 6.0 | 3.0 | 1.0000 |" in text
+    rows = {r["method"]: r for r in read_csv(out / "cost.csv")}
+    assert rows["naive"]["runs_with_cost"] == "2"
+    assert float(rows["naive"]["samples_mean"]) == 192.0
+
+
 def test_cost_and_plasticity_read_defensively(tmp_path: Path) -> None:
     """A mapping-shaped ``cost``/``plasticity`` (``lca`` as ``{"value": ...}``) reads too;
     without them nothing is added."""

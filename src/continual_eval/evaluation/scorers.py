@@ -89,9 +89,12 @@ class Scorer(Protocol):
             agree as one concatenation of copies (up to :data:`BUFFER_BYTES`), once per task
             when they fit.
 
-    Protocol per task: ``start(device)``, ``update(preds, target)`` for each batch (the tensors
-    every scorer sees; do not modify them in place) or group of batches (``batch_additive``), then
-    ``local_counts()`` and ``result``.
+    Protocol per task: ``start(device)``, then ``set_task(j)`` (optional method: the index of the
+    task about to be scored, for a scorer whose scoring depends on it), ``update(preds, target)``
+    for each batch (the tensors every scorer sees; do not modify them in place) or group of
+    batches (``batch_additive``), then ``local_counts()`` and ``result``. A count-based
+    :meth:`result` that refuses one task's counts raises :class:`EvaluationError` with
+    ``task_row`` set to that task's row, so that the loop names the task.
     """
 
     name: str
@@ -632,10 +635,10 @@ class MetricScorer:
         self._metric.update(preds, target)
 
     def local_counts(self) -> Tensor:
-        """``[0, samples, out_of_range, *states]``: ``out_of_range`` the number of batches holding
-        a target outside the class dimension; then, for a count-based metric, its states
-        flattened in declaration order. int64, or float64 (float32 on MPS) when a state is
-        floating."""
+        """``[0, samples, out_of_range, *states]``: ``out_of_range`` the number of updates (a
+        batch, or a group of batches) holding a target outside the class dimension; then, for a
+        count-based metric, its states flattened in declaration order. int64, or float64 (float32
+        on MPS) when a state is floating."""
         if len(self._ranges) == 1:  # one update (a task fed as one group)
             low, high = self._ranges[0]
             bad = ((low < 0) | (high >= self._classes[0])).to(torch.int64).reshape(1)

@@ -251,6 +251,12 @@ def fit_stream(
     """
     kind = reference_kind(reference)
     callback_kwargs = dict(callback_kwargs or {})
+    if kind is not None and callback_kwargs.get("reference") is not None:
+        # refused before anything trains (the reference alone can take as long as the stream)
+        raise ValueError(
+            f"fit_stream(reference={reference!r}) trains the reference itself; do not also "
+            "pass a callback `reference`"
+        )
     metadata = {**(callback_kwargs.pop("metadata", None) or {}), **(metadata or {})}
     epochs = trainer.fit_loop.max_epochs
     if epochs is None or epochs < 1 or trainer.fit_loop.max_steps != -1:
@@ -286,12 +292,6 @@ def fit_stream(
         metadata["reference"] = ref.to_list()
         metadata["reference_kind"] = kind
         progress(f"{kind} reference {ref.score_name}: " + _format_row(metadata["reference"]))
-    if kind is not None:
-        if callback_kwargs.get("reference") is not None:
-            raise ValueError(
-                f"fit_stream(reference={reference!r}) trains the reference itself; do not also "
-                "pass a callback `reference`"
-            )
         callback_kwargs["reference"] = ref  # results.json gets the reference section
     callback = ContinualEvalCallback(
         task_names=datamodule.task_names, metadata=metadata, **callback_kwargs

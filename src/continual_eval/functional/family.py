@@ -97,7 +97,7 @@ METRIC_FAMILY: tuple[MetricSpec, ...] = (
     MetricSpec(
         "intransigence",
         "Intransigence",
-        "joint-training reference minus R[j, j], averaged over the tasks seen",
+        "reference (isolated or joint training) minus R[j, j], averaged over the tasks seen",
         report=True,
         needs_reference=True,
     ),
