@@ -52,9 +52,9 @@ __all__ = [
     "StageCost",
     "StageCostRecorder",
     "batch_samples",
-    "read_replay_memory",
     "memory_kind",
     "model_size_efficiency",
+    "read_replay_memory",
     "summarize_costs",
 ]
 
@@ -258,7 +258,7 @@ class StageCostRecorder:
         eval_seconds: float,
         samples: int,
         optimizer_steps: int,
-        replay_memory: int | None | _Unread = _UNREAD,
+        replay_memory: int | _Unread | None = _UNREAD,
     ) -> StageCost:
         """Record stage ``stage`` (replacing a record of the same stage: a re-run after resume,
         and dropping later ones). ``replay_memory``: read from ``module``'s hook unless given
