@@ -249,6 +249,16 @@ def build_curves(
     }
 
 
+def _named_matrix(results: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """The section of matrix ``name`` in a version-2 document's ``matrices``."""
+    matrices = results.get("matrices") or {}
+    if name not in matrices:
+        raise KeyError(
+            f"these results hold no matrix {name!r}; they hold {sorted(matrices) or 'one'}"
+        )
+    return matrices[name]  # type: ignore[no-any-return]
+
+
 def results_to_curves(
     results: Mapping[str, Any], name: str | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -260,15 +270,10 @@ def results_to_curves(
     c, T = results["curves"], int(results["num_tasks"])
     rows = c["accuracy"]
     if name is not None:
-        matrices = results.get("matrices") or {}
-        if name not in matrices:
-            raise KeyError(
-                f"these results hold no matrix {name!r}; they hold {sorted(matrices) or 'one'}"
-            )
-        section = matrices[name]
+        section = _named_matrix(results, name)
         if "step_scores" in section:
             rows = section["step_scores"]
-        elif name != next(iter(matrices)):
+        elif name != next(iter(results["matrices"])):
             raise KeyError(f"the matrix {name!r} of these results holds no step curves")
     steps = torch.tensor(c["step"], dtype=torch.int64)
     stage = torch.tensor(c["stage"], dtype=torch.int64)
@@ -484,14 +489,7 @@ def results_to_tensors(
     """``(scores [s, T], baseline [T])`` as float64 tensors, NaN where the document has ``None``:
     the primary matrix, or the matrix ``name`` of a version-2 document's ``matrices``."""
     T = int(results["num_tasks"])
-    section: Mapping[str, Any] = results
-    if name is not None:
-        matrices = results.get("matrices") or {}
-        if name not in matrices:
-            raise KeyError(
-                f"these results hold no matrix {name!r}; they hold {sorted(matrices) or 'one'}"
-            )
-        section = matrices[name]
+    section: Mapping[str, Any] = results if name is None else _named_matrix(results, name)
 
     scores = torch.tensor([_cells(r) for r in section["scores"]], dtype=torch.float64)
     baseline = torch.tensor(_cells(section["baseline"]), dtype=torch.float64)
