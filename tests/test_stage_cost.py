@@ -151,3 +151,11 @@ def test_replay_hook_may_return_a_numpy_integer() -> None:
         0, _Replay(np.int64(12)), train_seconds=0.0, eval_seconds=0.0, samples=0, optimizer_steps=0
     )
     assert cost.replay_memory == 12 and type(cost.replay_memory) is int
+
+
+def test_summary_without_stages_is_absent_not_zero() -> None:
+    from continual_eval.stage_cost import summarize_costs
+
+    summary = summarize_costs([])
+    assert summary and all(value is None for value in summary.values())
+    assert set(summary) == set(StageCostRecorder().summary())

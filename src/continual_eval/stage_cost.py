@@ -120,13 +120,26 @@ def model_size_efficiency(parameters: Sequence[int] | Tensor) -> float | None:
     return float(torch.clamp((counts[0] / counts).mean(), max=1.0))
 
 
+_SUMMARY_KEYS = (
+    "train_seconds",
+    "eval_seconds",
+    "samples",
+    "optimizer_steps",
+    "peak_memory_bytes",
+    "model_size_efficiency",
+)
+
+
 def summarize_costs(costs: Sequence[StageCost]) -> dict[str, Any]:
     """Totals over ``costs`` (``train_seconds``, ``eval_seconds``, ``samples``,
     ``optimizer_steps``), the largest ``peak_memory_bytes`` and the :func:`model_size_efficiency`
-    of their parameter counts: ``None`` without a stage, and unless ``costs`` are the stages
-    ``0, 1, ..., s-1`` in order (its first count is stage 0's; a run resumed from a
-    checkpoint without costs lacks the earlier stages), and for a model without parameters at
-    some stage (a non-parametric learner keeping its state in buffers: MS is undefined)."""
+    of their parameter counts (every value ``None`` without a stage). The efficiency is ``None``
+    unless ``costs`` are the stages ``0, 1, ..., s-1`` in order (its first count is stage 0's; a
+    run resumed from a checkpoint without costs lacks the earlier stages), and for a model
+    without parameters at some stage (a non-parametric learner keeping its state in buffers: MS
+    is undefined)."""
+    if not costs:  # nothing measured: absent, never 0
+        return dict.fromkeys(_SUMMARY_KEYS)
     stages = [c.stage for c in costs]
     complete = stages == list(range(len(stages))) and all(c.parameters > 0 for c in costs)
     return {
