@@ -270,3 +270,13 @@ class SuppliesRank(Net):
 def test_a_supplied_rank_while_capturing_is_an_error():
     with pytest.raises(ValueError, match="captures it itself"):
         fit(SuppliesRank(), capture(n=1))
+
+
+@pytest.mark.parametrize("strategy", ["FSDPStrategy", "DeepSpeedStrategy"])
+def test_capture_is_refused_under_sharded_strategies(strategy):
+    from types import SimpleNamespace
+
+    sharded = type(strategy, (), {})()
+    callback = capture_with()
+    with pytest.raises(ValueError, match=f"{strategy}.*sharded"):
+        callback.on_fit_start(SimpleNamespace(strategy=sharded), torch.nn.Linear(2, 2))

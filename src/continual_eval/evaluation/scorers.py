@@ -27,11 +27,11 @@ its own state sync after each task. Scorers hold no state between evaluations
 (:meth:`Scorer.start` resets them), so a resumed run needs nothing from them.
 
 Speed: a scorer that declares ``batch_additive = True`` may be fed a task's consecutive batches
-concatenated (copies, at most :data:`BUFFER_BYTES` at a time) in one :meth:`Scorer.update` call
-instead of one call per batch, so that its per-batch work (target checks, argmax, a torchmetrics
-update) runs once per task. The built-in label scorers are batch-additive (integer counts are
-unchanged; a loss sum changes at most by its summation order), and so are the torchmetrics
-metrics that :class:`MetricScorer` knows to be (see there).
+concatenated (copies; a group ends once it reaches :data:`BUFFER_BYTES`) in one
+:meth:`Scorer.update` call instead of one call per batch, so that its per-batch work (target
+checks, argmax, a torchmetrics update) runs once per task. The built-in label scorers are
+batch-additive (integer counts are unchanged; a loss sum changes at most by its summation order),
+and so are the torchmetrics metrics that :class:`MetricScorer` knows to be (see there).
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ __all__ = [
 ]
 
 
-#: the most bytes of copied ``(preds, target)`` the evaluation loop holds for the batch-additive
-#: scorers of a run before it feeds them (one concatenation per task when a task's outputs fit)
+#: bytes of copied ``(preds, target)`` at which the evaluation loop feeds the batch-additive
+#: scorers the group it holds (one concatenation per task when a task's outputs fit; a group may
+#: exceed it by its last batch, and the concatenation is one more copy of the group)
 BUFFER_BYTES = 16 * 2**20
 
 

@@ -474,6 +474,14 @@ class RewardStreamCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
+        if self.effective_rank_module is not None:
+            strategy = type(trainer.strategy).__name__
+            if "FSDP" in strategy or "DeepSpeed" in strategy:
+                raise ValueError(
+                    f"RewardStreamCallback: effective-rank capture runs the whole module on the "
+                    f"probe batch, which {strategy} (sharded parameters) does not support; turn "
+                    "the capture off (effective_rank_module=None) or use DDP"
+                )
         self._rank_target = self._resolve_rank_module(pl_module)
         self._rank_steps, self._rank_batch_index = None, None
         self.trace, self.traces, self.result = None, [], None
