@@ -314,6 +314,11 @@ def test_fit_writes_the_isolated_reference(tmp_path, capfd, caplog, monkeypatch)
         + "  ".join(f"{v:.4f}" for v in per_fwt)
         + ")"
     ) in text
+    # the callback got the reference: results.json's reference section agrees with the loops
+    section = results["reference"]
+    assert section["kind"] == "isolated" and section["scores"] == ref
+    assert section["intransigence_per_task"] == pytest.approx(per_int, abs=1e-12)
+    assert section["fwt_isolated_per_task"] == pytest.approx(per_fwt, abs=1e-12)
     assert sorted(p.parent.name for p in (run / "isolated_reference").glob("*/results.json")) == [
         "task_0",
         "task_1",
@@ -333,6 +338,9 @@ def test_fit_joint_reference_and_its_old_spelling(tmp_path, capfd, caplog, monke
     results = json.loads((tmp_path / "runs/logistic/version_0/results.json").read_text())
     assert results["metadata"]["reference"] == pytest.approx([0.0, 0.6, 0.8], abs=1e-12)
     assert results["metadata"]["reference_kind"] == "joint"
+    assert results["reference"]["kind"] == "joint"
+    assert results["reference"]["intransigence"] == pytest.approx(-0.5333, abs=5e-5)
+    assert results["reference"]["fwt_isolated"] is None
     assert "intransigence=-0.5333 (joint reference; ref[j] - R[j, j] per task: -1.0000" in text
     assert "fwt_isolated" not in text  # FWT is against isolated training only
 
