@@ -84,6 +84,7 @@ __all__ = [
     "COST_COLUMNS",
     "PLASTICITY_METRICS",
     "REFERENCE_DIR_NAMES",
+    "REFERENCE_METRICS",
     "REPORT_METRICS",
     "MethodSummary",
     "Run",
@@ -102,8 +103,10 @@ __all__ = [
 REPORT_METRICS: dict[str, str] = {key: METRIC_TITLES[key] for key in REPORT_KEYS}
 #: further columns, shown when a run's primary matrix records them (its ``plasticity``)
 PLASTICITY_METRICS: dict[str, str] = {"anytime_accuracy": "Anytime ACC", "lca": "LCA"}
+#: further columns, shown when a run records a ``reference`` section with an isolated reference
+REFERENCE_METRICS: dict[str, str] = {"fwt_isolated": "FWT (isolated)"}
 #: metrics signed so that higher is better whatever the score's direction (the functional layer)
-_HIGHER_IS_BETTER = frozenset({"bwt", "fwt"})
+_HIGHER_IS_BETTER = frozenset({"bwt", "fwt", "fwt_isolated"})
 #: metrics where lower is better whatever the score's direction (a drop, a gap)
 _LOWER_IS_BETTER = frozenset({"forgetting", "intransigence"})
 #: the sub-directories ``continual-eval fit`` gives a run's reference models, skipped when
@@ -343,6 +346,11 @@ def run_metrics(results: ContinualResults | Mapping[str, Any]) -> dict[str, floa
         value = primary.metrics.get(key)
         metrics[key] = value if value is not None and math.isfinite(value) else None
     metrics["intransigence"] = _intransigence(primary, results.reference)
+    # R[j, j] - ref[j] over j >= 1 against isolated training (the reference section's; in the
+    # primary score's direction), absent without an isolated reference
+    metrics["fwt_isolated"] = _finite(
+        _field(getattr(results, "reference_metrics", None), "fwt_isolated")
+    )
     metrics.update(_plasticity(primary))
     return metrics
 
@@ -406,7 +414,8 @@ def summarise(
         for key, v in row.items()
         if v is not None
     }
-    keys = [*REPORT_METRICS, *(k for k in PLASTICITY_METRICS if k in present)]
+    optional = {**REFERENCE_METRICS, **PLASTICITY_METRICS}
+    keys = [*REPORT_METRICS, *(k for k in optional if k in present)]
     summaries = []
     for method, members in groups.items():
         values = {key: [row.get(key) for row in per_group[method]] for key in keys}
@@ -422,7 +431,7 @@ def summarise(
 
 def _columns(summaries: Sequence[MethodSummary]) -> dict[str, str]:
     """key -> title of the metrics the summaries hold, in table order."""
-    titles = {**REPORT_METRICS, **PLASTICITY_METRICS}
+    titles = {**REPORT_METRICS, **REFERENCE_METRICS, **PLASTICITY_METRICS}
     keys = summaries[0].mean if summaries else REPORT_METRICS
     return {key: titles[key] for key in keys}
 

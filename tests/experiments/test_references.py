@@ -319,6 +319,15 @@ def test_fit_writes_the_isolated_reference(tmp_path, capfd, caplog, monkeypatch)
     assert section["kind"] == "isolated" and section["scores"] == ref
     assert section["intransigence_per_task"] == pytest.approx(per_int, abs=1e-12)
     assert section["fwt_isolated_per_task"] == pytest.approx(per_fwt, abs=1e-12)
+    # and the report shows the isolated FWT as its own column
+    from continual_eval.report import write_report
+
+    report = write_report([run], tmp_path / "report").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| method |"))
+    assert "FWT (isolated)" in header
+    row = next(line for line in report.splitlines() if line.startswith("| naive |"))
+    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
+    assert cells[" FWT (isolated) "].strip() == f"{sum(per_fwt) / 2:.4f}"
     assert sorted(p.parent.name for p in (run / "isolated_reference").glob("*/results.json")) == [
         "task_0",
         "task_1",
