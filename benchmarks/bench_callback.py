@@ -49,14 +49,14 @@ FEATURES, CLASSES = 64, 10
 
 
 class MLP(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, classes: int = CLASSES) -> None:
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(FEATURES, 256),
             nn.ReLU(),
             nn.Linear(256, 256),
             nn.ReLU(),
-            nn.Linear(256, CLASSES),
+            nn.Linear(256, classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

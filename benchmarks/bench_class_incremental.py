@@ -30,34 +30,10 @@ import warnings
 
 import lightning.pytorch as pl
 import torch
-from torch import nn
+from bench_callback import FEATURES, MLP  # the same model (run from benchmarks/)
 from torch.utils.data import DataLoader, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks
-
-FEATURES = 64
-
-
-class MLP(pl.LightningModule):
-    def __init__(self, classes: int) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(FEATURES, 256),
-            nn.ReLU(),
-            nn.Linear(256, 256),
-            nn.ReLU(),
-            nn.Linear(256, classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
 def make_data(classes: int, tasks: int, test_size: int, train_size: int, batch_size: int):

@@ -385,6 +385,24 @@ def summary_markdown(summaries: Mapping[str, SeedSummary], *, digits: int = 4) -
     return "\n".join(lines)
 
 
+def _estimate_cells(s: SeedSummary) -> list[object]:
+    """The CSV cells ``mean, std, t_low, t_high, bootstrap_low, bootstrap_high`` of ``s``."""
+    t, boot = s.t_interval, s.bootstrap_interval
+    return [
+        _cell(s.mean),
+        _cell(s.std),
+        _cell(t.low if t else None),
+        _cell(t.high if t else None),
+        _cell(boot.low if boot else None),
+        _cell(boot.high if boot else None),
+    ]
+
+
+def _bootstrap_settings(s: SeedSummary) -> list[object]:
+    """The CSV cells ``confidence, resamples, bootstrap_seed`` of ``s``."""
+    return [repr(s.confidence), s.resamples, s.bootstrap_seed]
+
+
 def summary_csv(summaries: Mapping[str, SeedSummary]) -> str:
     """CSV, one row per method, full precision; empty cells where a value is absent."""
     header = [
@@ -403,23 +421,7 @@ def summary_csv(summaries: Mapping[str, SeedSummary]) -> str:
     ]
     rows: list[list[object]] = []
     for method, s in summaries.items():
-        t, boot = s.t_interval, s.bootstrap_interval
-        rows.append(
-            [
-                method,
-                s.n,
-                s.n_absent,
-                _cell(s.mean),
-                _cell(s.std),
-                _cell(t.low if t else None),
-                _cell(t.high if t else None),
-                _cell(boot.low if boot else None),
-                _cell(boot.high if boot else None),
-                repr(s.confidence),
-                s.resamples,
-                s.bootstrap_seed,
-            ]
-        )
+        rows.append([method, s.n, s.n_absent, *_estimate_cells(s), *_bootstrap_settings(s)])
     return _csv(header, rows)
 
 
@@ -468,25 +470,17 @@ def paired_csv(differences: Mapping[tuple[str, str], PairedDifference]) -> str:
     rows: list[list[object]] = []
     for (a, b), d in differences.items():
         s = d.summary
-        t, boot = s.t_interval, s.bootstrap_interval
         rows.append(
             [
                 a,
                 b,
                 d.n_shared,
-                _cell(s.mean),
-                _cell(s.std),
-                _cell(t.low if t else None),
-                _cell(t.high if t else None),
-                _cell(boot.low if boot else None),
-                _cell(boot.high if boot else None),
+                *_estimate_cells(s),
                 d.a_better,
                 d.b_better,
                 d.ties,
                 d.higher_is_better,
-                repr(s.confidence),
-                s.resamples,
-                s.bootstrap_seed,
+                *_bootstrap_settings(s),
             ]
         )
     return _csv(header, rows)
