@@ -485,8 +485,11 @@ def _locate(
             if key is None:
                 break
         field, tp = key_path(field, key), _child_type(tp, key)
-        container: Any = value
-        value = container[key] if isinstance(container, (dict, list)) else None
+        if isinstance(value, dict):
+            value = value.get(key)
+        else:
+            index = key if isinstance(key, int) else len(value or ())
+            value = value[index] if isinstance(value, list) and index < len(value) else None
     if match and match["keys"] is not None and isinstance(value, dict):
         bad = _first_bad_key(value, tp, True)
         return f"{field} (a key)", bad, typing.get_args(_inner(tp))[0], None
