@@ -168,6 +168,29 @@ def test_concurrent_claims_one_wins(tmp_path: Path) -> None:
         assert all("is in use by run" in out for out in outputs if out != "None")
 
 
+EXITS = """
+import os, signal, sys
+from continual_eval.results.files import claim_results_dir
+assert claim_results_dir(sys.argv[1], "run-a", restored=False, overwrite=False) is None
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_claim_given_back_at_exit_and_left_by_a_killed_process(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    for how, left in (("exit", False), ("kill", True)):
+        directory = tmp_path / how
+        proc = subprocess.run([sys.executable, "-c", EXITS, str(directory), how], env=env)
+        assert proc.returncode == (-9 if how == "kill" else 0)
+        assert (directory / CLAIM_FILE).exists() == left
+    with pytest.warns(UserWarning, match="took over .*run run-a"):  # the killed one's
+        assert (
+            claim_results_dir(tmp_path / "kill", "run-b", restored=False, overwrite=False) is None
+        )
+
+
 @pytest.mark.slow
 def test_second_run_on_the_directory_refused_before_it_trains(tmp_path: Path) -> None:
     """Issue 19.1: a second run on the same dirpath started while the first is inside its

@@ -432,3 +432,43 @@ def test_size_limit_and_special_files(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(InvalidResultsError, match="not a regular file"):
         read_document(fifo)
+
+
+# ---------------------------------------------------------------------- the report command
+HOSTILE = [
+    (_both("scores.2.1", 1e308), "matrices.acc.scores[2][1]"),
+    (_both("scores.0.0", -5), "matrices.acc.scores[0][0]"),
+    (_set("scores.2.1", 0.01), "scores[2][1]"),  # the top level disagrees with matrices.acc
+    (_set("metadata.reference.0", 7.0), "metadata.reference[0]"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "field"), HOSTILE)
+def test_report_exits_2_naming_file_and_field(tmp_path: Path, capsys, mutate, field) -> None:
+    from continual_eval.report import main as report_main
+
+    doc = roundtrip(document())
+    mutate(doc)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(doc))
+    assert report_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"continual-eval report: {run / 'results.json'}: {field}: expected "
+    ), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("count", [10**6, 2**53])
+def test_report_refuses_impossible_confusion_counts(tmp_path: Path, capsys, count: int) -> None:
+    from continual_eval.report import main as report_main
+
+    doc = class_il_document()
+    doc["class_incremental"]["confusion"]["stages"][1] = f"0:0:{count} 1:1:3 2:2:3 3:3:3"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(doc))
+    assert report_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "class_incremental.confusion.stages[1]: expected the counts of class 0" in err

@@ -59,7 +59,7 @@ from continual_eval.loggers import (
 )
 from continual_eval.metric import ContinualMetrics
 from continual_eval.results import ContinualResults, RunCost, ScoreMatrix, StepEvaluations
-from continual_eval.results.files import choose_results_dir, refuse_unclaimable
+from continual_eval.results.files import choose_results_dir, claim_or_refuse
 from continual_eval.results.reference import check_reference_length, resolve_reference
 from continual_eval.results.schema import MAX_NAME_LENGTH, MAX_TASKS
 from continual_eval.rng import collect_rng_states, set_rng_states
@@ -611,7 +611,7 @@ class ContinualEvalCallback(Callback):
         another run uses it or holds its results, unless ``overwrite``: see
         :func:`~continual_eval.results.files.claim_results_dir`), and on a resume rewrite both
         files from the restored state (a write interrupted between them left them apart)."""
-        refuse_unclaimable(
+        claim_or_refuse(
             trainer,
             self._results_dir,
             run_id=self.run_id,

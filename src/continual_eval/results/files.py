@@ -25,6 +25,7 @@ would append the stage's record instead of replacing ``results.json`` every stag
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -61,13 +62,13 @@ __all__ = [
     "ResultsWriteError",
     "check_results_files",
     "choose_results_dir",
+    "claim_or_refuse",
     "claim_results_dir",
     "commit_results",
     "default_results_dir",
     "new_version_dir",
     "read_document",
     "read_run_id",
-    "refuse_unclaimable",
     "release_claim",
     "remove_stale_temporaries",
     "replace_atomically",
@@ -438,8 +439,23 @@ def _read_claim(path: Path) -> _Claim | bool | None:
         return None
 
 
+#: the claims this process holds, given back when it exits (a killed process leaves its claim,
+#: which the next run on the directory takes over: it names a dead pid)
+_HELD: set[tuple[Path, str]] = set()
+
+
+def _give_back_held() -> None:
+    for dirpath, run_id in list(_HELD):
+        with contextlib.suppress(OSError):
+            release_claim(dirpath, run_id)
+
+
+atexit.register(_give_back_held)
+
+
 def _take(path: Path, run_id: str) -> None:
     _write_bytes(path, _own_claim(run_id), durable=True)
+    _HELD.add((path.parent, run_id))
 
 
 def _try_claim(path: Path, run_id: str) -> str | None:
@@ -454,6 +470,7 @@ def _try_claim(path: Path, run_id: str) -> str | None:
             fh.write(_own_claim(run_id))
             fh.flush()
             os.fsync(fh.fileno())
+        _HELD.add((path.parent, run_id))
         return None
     holder = _read_claim(path)
     if holder is False:
@@ -487,12 +504,12 @@ def claim_results_dir(
     not (nothing is then changed).
 
     The claim is an exclusive file (``O_EXCL``) naming the run, its pid, host and start time,
-    removed when the run completes (:func:`commit_results`). A claim of this run (a resume) or
-    of an earlier run of this process is taken; so is the claim of a dead process on this host,
-    with a warning; a live run's claim, or one of another host, never is. A ``results.json`` of
-    another run is refused unless ``overwrite`` (``restored``: this run was loaded from a
-    checkpoint, so a ``results.json`` without a ``run_id`` may be its own). Temporaries of
-    killed writers are removed.
+    removed when the run completes (:func:`commit_results`) or its process exits. A claim of this
+    run (a resume) or of an earlier run of this process is taken; so is the claim of a dead
+    process on this host, with a warning; a live run's claim, or one of another host, never is.
+    A ``results.json`` of another run is refused unless ``overwrite`` (``restored``: this run was
+    loaded from a checkpoint, so a ``results.json`` without a ``run_id`` may be its own).
+    Temporaries of killed writers are removed.
     """
     dirpath = Path(dirpath)
     dirpath.mkdir(parents=True, exist_ok=True)
@@ -525,8 +542,9 @@ def claim_results_dir(
 
 
 def _release(path: Path, run_id: str) -> None:
+    _HELD.discard((path.parent, run_id))
     holder = _read_claim(path)
-    if isinstance(holder, _Claim) and holder.run_id == run_id:
+    if isinstance(holder, _Claim) and holder.run_id == run_id and holder.pid == os.getpid():
         path.unlink(missing_ok=True)
 
 
@@ -538,7 +556,7 @@ def release_claim(dirpath: str | os.PathLike[str], run_id: str) -> None:
             _release(dirpath / CLAIM_FILE, run_id)
 
 
-def refuse_unclaimable(
+def claim_or_refuse(
     trainer: Any,
     results_dir: Path | None,
     *,

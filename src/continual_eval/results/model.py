@@ -32,6 +32,8 @@ import msgspec
 import torch
 from torch import Tensor
 
+import continual_eval.results.files as files
+import continual_eval.results.schema as schema
 from continual_eval.functional import all_continual_metrics
 from continual_eval.functional.accuracy_matrix import (
     forward_transfer_per_task,
@@ -46,7 +48,6 @@ from continual_eval.functional.plasticity import (
     stage_start_accuracy,
 )
 from continual_eval.functional.stability import min_accuracy, stability_gap, worst_case_accuracy
-from continual_eval.results import files, schema
 from continual_eval.results._convert import cells, matrix, present, vector
 from continual_eval.results.class_incremental import ClassIncrementalResults
 from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
