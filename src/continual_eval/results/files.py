@@ -466,10 +466,14 @@ def _try_claim(path: Path, run_id: str) -> str | None:
     except FileExistsError:
         pass
     else:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(_own_claim(run_id))
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(_own_claim(run_id))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:  # a full disk: no half-written claim left behind
+            path.unlink(missing_ok=True)
+            raise
         _HELD.add((path.parent, run_id))
         return None
     holder = _read_claim(path)
