@@ -367,6 +367,7 @@ def test_impossible_confusion_counts_refused(
         (lambda s: s["task_classes"].pop(), "class_incremental.task_classes"),
         (lambda s: s["confusion"]["stages"].pop(), "class_incremental.confusion.stages"),
         (lambda s: s.__setitem__("prediction", "any"), "class_incremental.prediction"),
+        (lambda s: s["class_order"].__setitem__(1, 4), "class_incremental.class_order[1]"),
         (
             lambda s: s["seen_accuracy"].__setitem__("sample", [0.5]),
             "class_incremental.seen_accuracy.sample",

@@ -632,6 +632,13 @@ def _check_class_incremental(
             owner[c] = j
     for key, n in (("test_samples", C), ("class_order", C), ("class_forgetting", C)):
         check.length(getattr(section, key), f"{field}.{key}", n)
+    beyond = [k for k, c in enumerate(section.class_order) if c >= C]
+    if beyond:
+        k = beyond[0]
+        check.fail(
+            f"{field}.class_order[{k}]",
+            f"expected a class id below {C}, found integer {section.class_order[k]}",
+        )
     check.rows(section.per_class_accuracy, f"{field}.per_class_accuracy", s, C)
     for key in (
         "new_accuracy",
