@@ -1,26 +1,20 @@
 """``ContinualResults``, the typed results of a run: every matrix's metric family against the
 plain-loop reference (``metrics`` exactly the last point of ``metrics_per_stage``), per-matrix
 step curves and stability against hand-written loops in both directions, the document it writes
-(accepted by the schema, equal to the dict wrappers), reading version-1 and version-2 files back,
-the metric family listed once, and the step-curves recorder's old checkpoints."""
+(accepted by the schema, read back equal), its CSV files, the metric family listed once, and the
+step-curves recorder."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from continual_eval import ContinualMetrics
 from continual_eval import functional as F
-from continual_eval.continual_results import (
-    ContinualResults,
-    ScoreMatrix,
-    Stability,
-    StepEvaluations,
-)
 from continual_eval.functional.family import (
     CURVE_KEYS,
     METRIC_FAMILY,
@@ -31,19 +25,19 @@ from continual_eval.functional.family import (
 )
 from continual_eval.report import REPORT_METRICS
 from continual_eval.results import (
-    build_curves,
-    build_results,
+    ContinualResults,
+    InvalidResultsError,
+    ReferenceScores,
+    RunCost,
+    ScoreMatrix,
+    Stability,
+    StepEvaluations,
     check_results_files,
-    load_results,
-    results_to_curves,
-    results_to_tensors,
-    write_results,
 )
-from continual_eval.results_schema import InvalidResultsError, validate_results
+from continual_eval.results.schema import convert_document
 from continual_eval.step_curves import StepCurves
 from reference import reference_curve, reference_metrics, reference_per_task
 
-DATA = Path(__file__).resolve().parent / "data"
 NAN = math.nan
 T = 3
 
@@ -152,7 +146,7 @@ def test_metric_family_is_listed_once():
     assert tuple(REPORT_METRICS) == REPORT_KEYS
     assert {k: METRIC_TITLES[k] for k in REPORT_KEYS} == REPORT_METRICS
     assert {m.key for m in METRIC_FAMILY} == {*CURVE_KEYS, *REPORT_KEYS}
-    document = build_results(R, b)
+    document = ContinualResults.from_tensors({"acc": ScoreMatrix("accuracy", R, b)}).to_dict()
     assert tuple(document["metrics"]) == METRIC_KEYS
     assert tuple(document["metrics_per_stage"]) == CURVE_KEYS
     assert tuple(document["per_task"]) == PER_TASK_KEYS
@@ -196,17 +190,14 @@ def test_every_matrix_has_its_step_curves_and_stability_in_its_direction():
         assert matrix.stability.wc_acc.tolist() == pytest.approx(wc_acc, abs=1e-12)
         assert matrix.stability.per_task["depth"].tolist() == pytest.approx(depth, abs=1e-12)
     document = roundtrip(results.to_dict())
-    validate_results(document)
+    back = ContinualResults.from_dict(document)
     # the primary's curves stay at the top level; every matrix holds its own rows
     assert document["curves"]["accuracy"] == document["matrices"]["acc"]["step_scores"]
     assert document["stability"] == document["matrices"]["acc"]["stability"]
     assert document["curves"]["full"] == [False, True] * 3
     for name in ("acc", "loss"):
-        _, _, back = results_to_curves(document, name)
-        assert same(back, rows[name])
-    # the primary's stability as build_curves computes it for the top level
-    legacy = build_curves(steps.step, steps.stage, rows["acc"], stages_completed=T, full=steps.full)
-    assert document["stability"] == roundtrip(legacy)["stability"]
+        _, _, rows_back = back.curves(name)
+        assert same(rows_back, rows[name])
 
 
 def test_stability_reads_completed_stages_only():
@@ -214,16 +205,11 @@ def test_stability_reads_completed_stages_only():
     early = Stability.compute(rows["acc"], steps, 2)
     assert len(early.min_acc) == 2 and len(early.per_task["depth"]) == 1
     none = Stability.compute(rows["acc"], steps, 0)
-    assert none.min_acc.numel() == 0 and none.to_dict()["per_task"]["depth"] == []
+    assert none.min_acc.numel() == 0 and none.to_section().per_task["depth"] == []
 
 
 # ---------------------------------------------------------------------- documents
-def test_document_equals_the_dict_wrappers_and_round_trips(tmp_path):
-    R, b = stream()
-    results = ContinualResults.from_tensors(
-        {"acc": ScoreMatrix("accuracy", R, b)}, metadata={"x": 1}, run_id="abc"
-    )
-    assert results.to_dict() == build_results(R, b, metadata={"x": 1}, run_id="abc")
+def test_document_round_trips_through_its_files(tmp_path):
     two = two_matrices()
     document = roundtrip(two.to_dict())
     assert document["format_version"] == 2 and list(document["matrices"]) == ["acc", "loss"]
@@ -233,48 +219,35 @@ def test_document_equals_the_dict_wrappers_and_round_trips(tmp_path):
     back = ContinualResults.from_dict(document)
     assert roundtrip(back.to_dict()) == document
     for name in ("acc", "loss"):
-        scores, baseline = results_to_tensors(document, name)
-        assert same(back[name].scores, scores) and same(back[name].baseline, baseline)
+        assert same(back[name].scores, two[name].scores)
+        assert same(back[name].baseline, two[name].baseline)
         assert back[name].metrics == pytest.approx(two[name].metrics, nan_ok=True)
     path = two.write(tmp_path)
     assert path == tmp_path / "results.json" and check_results_files(tmp_path) is None
     assert sorted(p.name for p in tmp_path.glob("*.csv")) == ["scores.csv", "scores_loss.csv"]
     loaded = ContinualResults.load(tmp_path)
     assert roundtrip(loaded.to_dict()) == document
-    assert load_results(tmp_path) == document  # the dict view reads the same file
     lines = (tmp_path / "scores_loss.csv").read_text().splitlines()
     assert [float(v) for v in lines[-1].split(",")[1:]] == two["loss"].scores[-1].tolist()
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk.pop("files")["scores_loss.csv"]["stages"] == T  # the commit record
+    assert on_disk == document
 
 
-def test_version_1_file_loads():
-    results = ContinualResults.load(DATA / "results_v1")
-    recorded = json.loads((DATA / "results_v1" / "results.json").read_text())
-    assert results.format_version == 1 and list(results.matrices) == ["acc"]
-    assert results.task_names == ("a", "b", "c") and results.stages_completed == 3
-    matrix = results.primary
-    assert matrix.score == "accuracy" and matrix.higher_is_better and matrix.bounds == (0, 1)
-    assert same(matrix.scores, [[0.5, 0.2, NAN], [0.9, 0.6, 0.3], [0.7, 0.8, 0.9]])
-    assert matrix.metrics == recorded["metrics"]  # as recorded
-    assert matrix.metrics_per_stage["acc"].tolist() == recorded["metrics_per_stage"]["acc"]
-    document = roundtrip(results.to_dict())
-    validate_results(document)
-    assert document["format_version"] == 2 and document["scores"] == recorded["scores"]
-    assert document["matrices"]["acc"]["metrics"] == recorded["metrics"]
-
-
-def test_version_2_file_without_per_matrix_curves_loads():
-    """A version-2 file written before every matrix carried its step curves: the primary's are
-    the top level, the others have none."""
-    document = roundtrip(two_matrices().to_dict())
-    for section in document["matrices"].values():
-        del section["step_scores"], section["stability"]
-    results = ContinualResults.from_dict(document)
-    _, rows = step_evaluations()
-    assert same(results.primary.step_scores, rows["acc"])
-    assert results.primary.stability is not None
-    assert results["loss"].step_scores is None and results["loss"].stability is None
-    assert torch.isnan(results.curves("loss")[2]).all()
-    validate_results(roundtrip(results.to_dict()))
+def test_csv_cells_are_data_for_a_spreadsheet(tmp_path):
+    """A task named like a formula is neutralised in every CSV (OWASP); numbers stay numbers."""
+    R, b = stream()
+    names = ['=HYPERLINK("http://evil.test","x")', "+cmd", "-0.5"]
+    loss = ScoreMatrix("cross_entropy", -R, b, higher_is_better=False, bounds=None)
+    ContinualResults.from_tensors(
+        {"acc": ScoreMatrix("accuracy", R, b), "loss": loss}, task_names=names
+    ).write(tmp_path)
+    for name in ("scores.csv", "scores_loss.csv"):
+        rows = list(csv.reader((tmp_path / name).open(newline="")))
+        assert rows[0] == ["stage", "'" + names[0], "'+cmd", "-0.5"]
+        assert rows[1][0] == "baseline" and rows[2][3] == ""  # R[0, 2] was not evaluated
+    negative = list(csv.reader((tmp_path / "scores_loss.csv").open(newline="")))[-1]
+    assert [float(v) for v in negative[1:]] == (-R[-1]).tolist()  # negative cells stay numbers
 
 
 @pytest.mark.parametrize(
@@ -302,7 +275,7 @@ def test_schema_checks_per_matrix_curves(mutate, field, problem):
     document = roundtrip(two_matrices().to_dict())
     mutate(document)
     with pytest.raises(InvalidResultsError) as info:
-        validate_results(document)
+        convert_document(document)
     assert info.value.field == field and problem in info.value.problem
 
 
@@ -316,14 +289,6 @@ def test_inconsistent_matrices_refused():
         ContinualResults.from_tensors({"a": ScoreMatrix("accuracy", R, b)}, task_names="ab")
     with pytest.raises(KeyError, match="no matrix 'f1'"):
         two_matrices()["f1"]
-
-
-def test_write_results_takes_the_object_or_its_document(tmp_path):
-    results = two_matrices()
-    write_results(tmp_path / "a", results)
-    write_results(tmp_path / "b", results.to_dict())
-    for name in ("results.json", "scores.csv", "scores_loss.csv"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
 # ---------------------------------------------------------------------- the recorder
@@ -359,7 +324,7 @@ def test_stale_temporaries_of_every_csv_removed(tmp_path):
     import subprocess
     import sys
 
-    from continual_eval.results import remove_stale_temporaries
+    from continual_eval.results.files import remove_stale_temporaries
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -377,7 +342,6 @@ def test_stale_temporaries_of_every_csv_removed(tmp_path):
 
 # ---------------------------------------------------------------------- cost, reference, plasticity
 def with_new_sections(kind: str = "isolated", lca_beta: int | None = 1) -> ContinualResults:
-    from continual_eval.continual_results import ReferenceScores, RunCost
     from continual_eval.stage_cost import StageCost
 
     R, b = stream()
@@ -402,7 +366,6 @@ def with_new_sections(kind: str = "isolated", lca_beta: int | None = 1) -> Conti
 def test_new_sections_round_trip_and_follow_the_loops():
     results = with_new_sections()
     document = roundtrip(results.to_dict())
-    validate_results(document)
     back = ContinualResults.from_dict(document)
     assert roundtrip(back.to_dict()) == document
     R, _ = stream()
@@ -423,7 +386,6 @@ def test_new_sections_round_trip_and_follow_the_loops():
     # the logs, never the MS of the stages that happen to be recorded
     from dataclasses import replace
 
-    from continual_eval.continual_results import RunCost
     from continual_eval.loggers import stage_scalars
 
     later = replace(back, cost=RunCost(back.cost.per_stage[1:]))
@@ -487,5 +449,5 @@ def test_schema_checks_the_new_sections(mutate, field, problem):
     document = roundtrip(with_new_sections().to_dict())
     mutate(document)
     with pytest.raises(InvalidResultsError, match=problem) as err:
-        validate_results(document)
+        convert_document(document)
     assert err.value.field == field

@@ -35,6 +35,7 @@ PAGES = [
     "docs/metrics.md",
     "docs/experiments.md",
     "docs/performance.md",
+    "docs/compatibility.md",
     "docs/continual_evaluation.md",
     "README.md",
 ]

@@ -23,14 +23,12 @@ _LAZY = {
     "plot_accuracy_curves": "continual_eval.plotting",
     "plot_accuracy_matrix": "continual_eval.plotting",
     "plot_task_trajectories": "continual_eval.plotting",
-    "load_results": "continual_eval.results",
-    "ClassIncrementalResults": "continual_eval.class_incremental_results",
+    "ClassIncrementalResults": "continual_eval.results",
     "TaskAgnosticAccuracyScorer": "continual_eval.evaluation.class_incremental",
     "TaskAwareAccuracyScorer": "continual_eval.evaluation.class_incremental",
     "task_classes_from_loaders": "continual_eval.evaluation.class_incremental",
     "plot_confusion_matrix": "continual_eval.plotting",
-    "results_to_curves": "continual_eval.results",
-    "Reference": "continual_eval.references",
+    "Reference": "continual_eval.results",
     "train_reference": "continual_eval.references",
 }
 
@@ -47,12 +45,10 @@ __all__ = [
     "continual_metrics",
     "continual_metrics_curve",
     "fit_tasks",
-    "load_results",
     "plot_accuracy_curves",
     "plot_accuracy_matrix",
     "plot_confusion_matrix",
     "plot_task_trajectories",
-    "results_to_curves",
     "scheduled_task",
     "task_classes_from_loaders",
     "train_reference",
@@ -60,7 +56,6 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
-    from continual_eval.class_incremental_results import ClassIncrementalResults
     from continual_eval.evaluation.class_incremental import (
         TaskAgnosticAccuracyScorer,
         TaskAwareAccuracyScorer,
@@ -74,12 +69,12 @@ if TYPE_CHECKING:  # pragma: no cover
         plot_confusion_matrix,
         plot_task_trajectories,
     )
-    from continual_eval.references import Reference, train_reference
+    from continual_eval.references import train_reference
     from continual_eval.results import (
+        ClassIncrementalResults,
         ContinualResults,
         MatrixResults,
-        load_results,
-        results_to_curves,
+        Reference,
     )
 
 

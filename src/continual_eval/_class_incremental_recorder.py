@@ -12,14 +12,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.class_incremental_results import ClassIncrementalResults, encode_confusion
 from continual_eval.evaluation.class_incremental import (
     AGNOSTIC_NAME,
     AWARE_NAME,
     TaskAgnosticAccuracyScorer,
     TaskAwareAccuracyScorer,
 )
-from continual_eval.results_schema import MAX_CLASSES, MAX_CONFUSION_CELLS
+from continual_eval.results import ClassIncrementalResults
+from continual_eval.results.class_incremental import encode_confusion
+from continual_eval.results.schema import MAX_CLASSES, MAX_CONFUSION_CELLS
 
 __all__ = ["ClassIncrementalRecorder"]
 

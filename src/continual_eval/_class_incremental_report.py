@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from continual_eval.class_incremental_results import ClassIncrementalResults
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, AWARE_NAME
+from continual_eval.results import ClassIncrementalResults
 
 __all__ = ["CLASS_IL_COLUMNS", "class_incremental_run_lines", "class_incremental_summary_lines"]
 

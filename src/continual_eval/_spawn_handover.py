@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from continual_eval._files import replace_atomically
+from continual_eval.results.files import replace_atomically
 
 __all__ = ["Published", "SpawnHandover"]
 

@@ -42,14 +42,7 @@ from typing_extensions import override
 
 from continual_eval._arguments import as_loader_list, check_metadata, resolve_scorers
 from continual_eval._class_incremental_recorder import ClassIncrementalRecorder
-from continual_eval._reference_argument import check_reference_length, resolve_reference
-from continual_eval._results_directory import (
-    choose_results_dir,
-    open_results_dir,
-    refuse_foreign_results,
-)
 from continual_eval._spawn_handover import SpawnHandover
-from continual_eval.continual_results import RunCost
 from continual_eval.evaluation import Scorer, TaskLoaders
 from continual_eval.evaluation.class_incremental import set_evaluation_stage
 from continual_eval.evaluation.trainer_evaluation import (
@@ -65,8 +58,10 @@ from continual_eval.loggers import (
     stage_key_collisions,
 )
 from continual_eval.metric import ContinualMetrics
-from continual_eval.results import ContinualResults, ScoreMatrix, StepEvaluations
-from continual_eval.results_schema import MAX_NAME_LENGTH, MAX_TASKS
+from continual_eval.results import ContinualResults, RunCost, ScoreMatrix, StepEvaluations
+from continual_eval.results.files import choose_results_dir, claim_or_refuse
+from continual_eval.results.reference import check_reference_length, resolve_reference
+from continual_eval.results.schema import MAX_NAME_LENGTH, MAX_TASKS
 from continual_eval.rng import collect_rng_states, set_rng_states
 from continual_eval.stage_cost import StageCostRecorder, read_replay_memory
 from continual_eval.step_curves import StepCurves
@@ -141,7 +136,7 @@ class ContinualEvalCallback(Callback):
             the first logger: its ``log_dir`` (TensorBoard, CSV), the W&B run's files directory,
             ``default_root_dir/continual_eval/<run id>`` (MLflow), or without a logger a new
             ``default_root_dir/continual_eval/version_N``
-            (:func:`~continual_eval.results.default_results_dir`).
+            (:func:`~continual_eval.results.files.default_results_dir`).
         metadata: free-form JSON-serialisable dict stored in ``results.json``.
         forgetting: forgetting convention, ``"peak"`` or ``"chaudhry"``.
         log_images: also log the matrix as a heatmap where the logger supports images.
@@ -225,7 +220,7 @@ class ContinualEvalCallback(Callback):
             ``class_incremental`` section of ``results.json`` (per-class accuracy, seen-class
             accuracy sample- and task-weighted, last and average incremental accuracy, old/new
             accuracy, AMCA, per-class forgetting, recency bias, the confusion matrices; see
-            :mod:`continual_eval.class_incremental_results`), logged as
+            :mod:`continual_eval.results.class_incremental`), logged as
             ``{prefix}class_il/...`` with the confusion matrix as an image. A stage where
             task-aware accuracy is below task-agnostic accuracy on some task warns (a wrong
             mapping). Multi-head models (``(x, y, t)`` batches, ``continual_eval_step``) are
@@ -612,10 +607,11 @@ class ContinualEvalCallback(Callback):
             )
 
     def _claim_results_dir(self, trainer: Trainer) -> None:
-        """Before anything is written: refuse a results directory holding another run's results
-        (unless ``overwrite``), remove temporaries of killed writers, and on a resume rewrite both
+        """Before anything is trained or written: claim the results directory (refused when
+        another run uses it or holds its results, unless ``overwrite``: see
+        :func:`~continual_eval.results.files.claim_results_dir`), and on a resume rewrite both
         files from the restored state (a write interrupted between them left them apart)."""
-        refuse_foreign_results(
+        claim_or_refuse(
             trainer,
             self._results_dir,
             run_id=self.run_id,
@@ -624,7 +620,11 @@ class ContinualEvalCallback(Callback):
         )
         self._dir_checked = True
         if trainer.is_global_zero and self._results_dir is not None:
-            open_results_dir(self._results_dir, run_id=self.run_id, verbose=self.verbose)
+            if self.verbose:
+                rank_zero_info(
+                    f"[continual-eval] run {self.run_id}: results.json and scores.csv go to "
+                    f"{self._results_dir}"
+                )
             if self._restored and self.metrics is not None and self._baseline_done:
                 self._write()
 

@@ -34,7 +34,7 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
 * class-incremental (``task_classes=``): ``{prefix}class_il/seen_acc_sample``,
   ``seen_acc_task``, ``old_acc``, ``new_acc``, ``amca``, ``recency_prediction_share``,
   ``recency_sample_share``, ``class_forgetting`` (see
-  :meth:`~continual_eval.class_incremental_results.ClassIncrementalResults.scalars`) and the
+  :meth:`~continual_eval.results.ClassIncrementalResults.scalars`) and the
   confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``;
 * figures: ``{prefix}{score}_matrix`` and ``{prefix}{score}_curves`` (primary),
   ``{prefix}{name}_matrix`` and ``{prefix}{name}_curves``.
@@ -69,10 +69,10 @@ from lightning.pytorch.loggers import (
     WandbLogger,
 )
 
-from continual_eval.class_incremental_results import class_incremental_scalars
-from continual_eval.continual_results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.functional.family import METRIC_KEYS
-from continual_eval.results import scores_csv_name, write_scores_csv
+from continual_eval.results import ContinualResults, MatrixResults, Plasticity
+from continual_eval.results.class_incremental import class_incremental_scalars
+from continual_eval.results.files import scores_csv_name, write_scores_csv
 
 __all__ = [
     "CURVES_PNG",

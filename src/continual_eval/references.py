@@ -46,13 +46,11 @@ import copy
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch import Tensor
 from torch.utils.data import (
     BatchSampler,
     ConcatDataset,
@@ -63,6 +61,7 @@ from torch.utils.data import (
 )
 
 from continual_eval.callback import ContinualEvalCallback
+from continual_eval.results.reference import Reference, ReferenceCurve
 from continual_eval.rng import collect_rng_states, set_rng_states
 
 __all__ = [
@@ -93,60 +92,6 @@ _SET_HERE = (
     "reference",
     "lca_beta",
 )
-
-
-@dataclass(frozen=True)
-class ReferenceCurve:
-    """One reference run's learning curve on its task.
-
-    Attributes:
-        step: ``[N]`` int64, optimizer steps since that reference model started training (the
-            per-step evaluations every ``eval_every_n_steps`` steps, then the end of training).
-        scores: ``[N]`` float64, the score on its task at each step.
-    """
-
-    step: Tensor
-    scores: Tensor
-
-
-@dataclass(frozen=True)
-class Reference:
-    """What :func:`train_reference` measured.
-
-    Attributes:
-        kind: ``"isolated"`` or ``"joint"``.
-        scores: ``ref``, ``[T]`` float64: ``ref[j]`` is the reference score on task ``j``'s test
-            set (isolated: copy ``j``, trained on task ``j`` alone; joint: the one joint copy).
-        baseline: ``[T]`` float64, the untrained copies' scores (the continual run's ``b`` when
-            the copies start from its initial weights).
-        epochs: epochs each reference model trained (the per-task budget ``E``; the joint copy
-            trains ``E`` epochs over the union).
-        steps_trained: optimizer steps each reference model took (``T`` values for isolated, one
-            for joint).
-        score_name: the primary scorer's name (what ``scores`` holds, e.g. ``"accuracy"``).
-        higher_is_better: the primary scorer's direction.
-        task_names: one name per task.
-        curves: with ``eval_every_n_steps`` (isolated only): one :class:`ReferenceCurve` per task,
-            copy ``j``'s curve on task ``j``; else ``None``.
-        results_dirs: where each reference run's ``results.json`` went (empty without
-            ``dirpath``).
-    """
-
-    kind: str
-    scores: Tensor
-    baseline: Tensor
-    epochs: int
-    steps_trained: tuple[int, ...]
-    score_name: str
-    higher_is_better: bool
-    task_names: tuple[str, ...]
-    curves: tuple[ReferenceCurve, ...] | None = None
-    results_dirs: tuple[Path, ...] = ()
-
-    def to_list(self) -> list[float | None]:
-        """``scores`` as JSON cells (``None`` for a NaN), as ``results.json`` stores
-        ``metadata["reference"]``."""
-        return [None if v != v else float(v) for v in self.scores.tolist()]
 
 
 def check_reference_kind(kind: object) -> str:
@@ -216,12 +161,10 @@ def _union_problem(loader: Any, first: Any) -> str | None:
 
 
 def _default_copy(model: LightningModule) -> LightningModule:
-    """``model.reference_model()`` (or the older ``joint_reference_model()``) when the model
-    defines it, else ``copy.deepcopy(model)``."""
-    for hook in ("reference_model", "joint_reference_model"):
-        make = getattr(model, hook, None)
-        if callable(make):
-            return make()  # type: ignore[no-any-return]
+    """``model.reference_model()`` when the model defines it, else ``copy.deepcopy(model)``."""
+    make = getattr(model, "reference_model", None)
+    if callable(make):
+        return make()  # type: ignore[no-any-return]
     return copy.deepcopy(model)
 
 

@@ -18,7 +18,7 @@ Everything goes into ``--out``: PNGs, ``summary.csv`` (mean, std and n per metri
 ``seed_statistics.csv``, ``paired_differences.csv``, ``cost.csv`` (with costs) and ``report.md``.
 
 Each run is read with :meth:`ContinualResults.load <continual_eval.results.ContinualResults.load>`
-(``format_version`` 1 or 2); the metric columns are the primary matrix's (the family's report
+(``format_version`` 2); the metric columns are the primary matrix's (the family's report
 columns, :data:`~continual_eval.functional.family.REPORT_KEYS`), and every matrix of a run is
 tabulated under its heading.
 
@@ -29,7 +29,7 @@ intransigence. The reference models' own runs (``<run>/joint_reference/``,
 ``<run>/isolated_reference/task_j/``: :data:`REFERENCE_DIR_NAMES`) are never listed as runs.
 
 The files read may come from anywhere: each is validated
-(:func:`continual_eval.results_schema.read_results_json`: size, nesting and name-length limits,
+(:func:`continual_eval.results.files.read_document`: size, nesting and name-length limits,
 types and shapes of every field) before anything is drawn, and an invalid one stops the command
 with exit code 2 and a one-line message naming the file and the field. Names and metadata from
 the files are escaped for Markdown and HTML in ``report.md`` and shown as plain text (no
@@ -60,11 +60,11 @@ from continual_eval._class_incremental_report import (
     class_incremental_run_lines,
     class_incremental_summary_lines,
 )
-from continual_eval.continual_results import ContinualResults, MatrixResults
 from continual_eval.functional import intransigence
 from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
-from continual_eval.results import RESULTS_FILE
-from continual_eval.results_schema import InvalidResultsError, printable
+from continual_eval.results import ContinualResults, InvalidResultsError, MatrixResults
+from continual_eval.results.files import RESULTS_FILE
+from continual_eval.results.schema import printable
 from continual_eval.seed_statistics import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
@@ -265,7 +265,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
     directory named in :data:`REFERENCE_DIR_NAMES`, below ``path``). Sorted by path.
 
     Every file is validated; the first invalid one raises
-    :class:`~continual_eval.results_schema.InvalidResultsError`."""
+    :class:`~continual_eval.results.InvalidResultsError`."""
     found: dict[Path, Run] = {}
     for raw in paths:
         path = Path(raw)

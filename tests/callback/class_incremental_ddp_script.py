@@ -118,7 +118,7 @@ def main(out: Path) -> None:
             "matrices": {name: m.scores.clone() for name, m in results.matrices.items()},
             "baselines": {name: m.baseline.clone() for name, m in results.matrices.items()},
             "confusion": results.class_incremental.confusion.clone(),
-            "section": results.class_incremental.to_dict(),
+            "section": results.to_dict()["class_incremental"],
         },
         out / f"rank{trainer.global_rank}.pt",
     )

@@ -24,7 +24,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from continual_eval.callback import ContinualEvalCallback
 from continual_eval.evaluation import EvaluationError, evaluate_tasks
-from continual_eval.results import load_results
+from continual_eval.results import ContinualResults
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_nan_logits_for_some_samples_name_task_batch_and_count(tasks, tmp_path):
             fit_one(cb, model, tasks, tmp_path, task=1)
     finally:
         x1[19:22] = original
-    saved = load_results(tmp_path)
+    saved = ContinualResults.load(tmp_path).to_dict()
     assert saved["stages_completed"] == 1
     assert saved["scores"] == recorded.tolist()
 

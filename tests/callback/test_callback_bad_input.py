@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback, scheduled_task
 from continual_eval.evaluation import EvaluationError
-from continual_eval.results import load_results
+from continual_eval.results import ContinualResults
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_loader_that_yields_no_batch(tasks, tmp_path):
         EvaluationError, match=r"task 1 \('task_1'\), test dataloader 1: .*no sample"
     ):
         pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(model, train[1])
-    saved = load_results(tmp_path)
+    saved = ContinualResults.load(tmp_path).to_dict()
     assert saved["stages_completed"] == 1
     assert saved["scores"] == [cb.scores[0].tolist()]
 
@@ -99,7 +99,7 @@ def test_scheduled_stage_without_training_step_warns(tasks, tmp_path):
     ):
         trainer.fit(Scheduled(make_net()))
     assert torch.equal(cb.scores[1], cb.scores[0])  # unchanged model
-    assert load_results(tmp_path)["scores"] == cb.scores.tolist()
+    assert ContinualResults.load(tmp_path).to_dict()["scores"] == cb.scores.tolist()
 
 
 def test_empty_train_loader_is_an_error_naming_the_stage(tasks, tmp_path):
@@ -108,7 +108,9 @@ def test_empty_train_loader_is_an_error_naming_the_stage(tasks, tmp_path):
     empty = DataLoader(TensorDataset(torch.zeros(0, 6), torch.zeros(0, dtype=torch.long)))
     with pytest.raises(RuntimeError, match=r"stage 0 \(task 0, 'task_0'\) trained nothing"):
         pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(model, empty)
-    assert load_results(tmp_path)["stages_completed"] == 0  # the baseline is kept
+    assert (
+        ContinualResults.load(tmp_path).to_dict()["stages_completed"] == 0
+    )  # the baseline is kept
 
 
 def test_constructor_and_source_errors(tasks, tmp_path):

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
-from continual_eval.results import load_results, results_to_tensors
+from continual_eval.results import ContinualResults
 
 EPOCHS = 2
 
@@ -63,8 +63,9 @@ def test_new_trainer_per_task_equals_plain_torch_reference(tasks, reference, tmp
     assert torch.equal(cb.scores, R_ref)
     assert torch.equal(cb.baseline, b_ref)
 
-    results = load_results(tmp_path / "out")
-    scores, baseline = results_to_tensors(results)
+    loaded = ContinualResults.load(tmp_path / "out")
+    results = loaded.to_dict()
+    scores, baseline = loaded.primary.scores, loaded.primary.baseline
     assert torch.equal(scores, R_ref) and torch.equal(baseline, b_ref)
     assert results["stages_completed"] == 3 and results["num_tasks"] == 3
     assert results["task_names"] == ["task_0", "task_1", "task_2"]
@@ -211,7 +212,7 @@ def test_more_stages_than_tasks_is_an_error(tasks, tmp_path):
         pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(model, dl)
     with pytest.raises(ValueError, match=r"stage 2.*only 2 tasks \(2 test dataloaders\)"):
         pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(model, loaders[2])
-    assert load_results(tmp_path)["stages_completed"] == 2
+    assert ContinualResults.load(tmp_path).to_dict()["stages_completed"] == 2
 
     cb = ContinualEvalCallback(eval_loaders(tasks[:2]), epochs_per_task=1, verbose=False)
     with pytest.raises(ValueError, match=r"max_epochs=3.*epochs_per_task=1.*only 2 tasks"):
@@ -303,7 +304,7 @@ def test_torchmetrics_metric_replaces_accuracy(tasks, tmp_path):
                 row.append(sum(f1) / NUM_CLASSES)
             expected.append(row)
     assert torch.allclose(cb.scores, torch.tensor(expected, dtype=torch.float64), atol=1e-6)
-    assert load_results(tmp_path)["conventions"]["score"] == "MulticlassF1Score"
+    assert ContinualResults.load(tmp_path).to_dict()["conventions"]["score"] == "MulticlassF1Score"
 
 
 def test_test_loaders_from_datamodule(tasks, reference, tmp_path):
@@ -349,7 +350,7 @@ def test_results_written_after_baseline_and_model_untouched(tasks, tmp_path):
     trainer = pl.Trainer(callbacks=[cb, Stop()], **trainer_kwargs(tmp_path))
     with pytest.raises(RuntimeError, match="stopped before"):
         trainer.fit(model, train_loaders(tasks)[0])
-    results = load_results(tmp_path)
+    results = ContinualResults.load(tmp_path).to_dict()
     assert results["stages_completed"] == 0 and results["scores"] == []
     assert results["metrics"] == {"acc": None, "bwt": None, "fwt": None, "forgetting": None}
     assert all(v is not None for v in results["baseline"])

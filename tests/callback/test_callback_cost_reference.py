@@ -21,10 +21,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from continual_eval import ContinualEvalCallback, fit_tasks, scheduled_task
-from continual_eval.continual_results import ContinualResults, ScoreMatrix
 from continual_eval.references import Reference, train_reference
-from continual_eval.results import load_results
-from continual_eval.results_schema import validate_results
+from continual_eval.results import ContinualResults, ScoreMatrix
 
 EPOCHS = 2
 TRAIN_SIZES = (50, 37, 64)  # none divides by the batch size
@@ -140,8 +138,8 @@ def test_every_stage_cost_is_recorded_written_and_logged(tasks, tmp_path):
     assert summary["optimizer_steps"] == sum(math.ceil(n / BATCH) for n in TRAIN_SIZES) * EPOCHS
     assert summary["model_size_efficiency"] == 1.0
 
-    document = load_results(tmp_path / "out")
-    validate_results(document)
+    document = ContinualResults.load(tmp_path / "out").to_dict()
+    ContinualResults.from_dict(document)
     section = document["cost"]
     assert section["per_stage"] == [c.to_dict() for c in costs]
     assert section["summary"] == summary and section["memory_kind"] == "process_peak_rss"
@@ -169,7 +167,7 @@ def test_a_growing_model_and_a_module_without_the_hook(tasks, tmp_path):
         logged = logger.at(i)
         assert logged["continual/cost/model_size_efficiency"] == pytest.approx(expected, abs=1e-15)
         assert "continual/cost/replay_memory" not in logged
-    document = load_results(tmp_path / "out")
+    document = ContinualResults.load(tmp_path / "out").to_dict()
     assert all(entry["replay_memory"] is None for entry in document["cost"]["per_stage"])
     assert document["cost"]["summary"]["model_size_efficiency"] == pytest.approx(expected)
 
@@ -204,8 +202,8 @@ def test_a_model_without_parameters_records_its_stages(tasks, tmp_path):
     assert [c.samples for c in results.cost.per_stage] == [n * EPOCHS for n in TRAIN_SIZES]
     assert results.cost.summary["model_size_efficiency"] is None
     assert all("continual/cost/model_size_efficiency" not in logger.at(i) for i in range(3))
-    document = load_results(tmp_path / "out")
-    validate_results(document)
+    document = ContinualResults.load(tmp_path / "out").to_dict()
+    ContinualResults.from_dict(document)
     assert document["cost"]["summary"]["model_size_efficiency"] is None
     assert ContinualResults.from_dict(document).to_dict()["cost"] == document["cost"]
 
@@ -260,7 +258,9 @@ def test_resume_keeps_the_costs_of_earlier_stages_and_old_checkpoints_load(tasks
     after = resumed.continual_results().cost.per_stage
     assert after[:2] == before  # recorded before the interruption, kept exactly
     assert after[2].stage == 2 and after[2].samples == TRAIN_SIZES[2] * EPOCHS
-    assert load_results(tmp_path / "cut")["cost"]["per_stage"] == [c.to_dict() for c in after]
+    assert ContinualResults.load(tmp_path / "cut").to_dict()["cost"]["per_stage"] == [
+        c.to_dict() for c in after
+    ]
 
     # a checkpoint written before costs were recorded: loads, and records the stages it trains
     saved = torch.load(checkpoint, weights_only=False)
@@ -271,7 +271,7 @@ def test_resume_keeps_the_costs_of_earlier_stages_and_old_checkpoints_load(tasks
     resumed = run(tmp_path / "cut", loaders, ckpt_path=old)
     assert resumed.stages_completed == 3
     assert [c.stage for c in resumed.continual_results().cost.per_stage] == [2]
-    validate_results(load_results(tmp_path / "cut"))
+    ContinualResults.from_dict(ContinualResults.load(tmp_path / "cut").to_dict())
 
 
 def test_a_stage_resumed_from_a_checkpoint_inside_it_costs_what_an_uninterrupted_one_does(
@@ -351,14 +351,15 @@ def test_a_stage_resumed_from_a_checkpoint_inside_it_costs_what_an_uninterrupted
     ]
 
 
-def test_old_results_files_load_without_the_new_sections():
-    data = Path(__file__).resolve().parents[1] / "data" / "results_v1"
-    results = ContinualResults.load(data)
+def test_results_files_load_without_the_optional_sections():
+    R, b = torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    bare = ContinualResults.from_tensors({"acc": ScoreMatrix("accuracy", R, b)})
+    results = ContinualResults.from_dict(json.loads(json.dumps(bare.to_dict())))
     assert results.cost is None and results.reference_metrics is None
     assert results.primary.plasticity is None
     document = results.to_dict()
     assert "cost" not in document and "reference" not in document
-    validate_results(json.loads(json.dumps(document)))
+    ContinualResults.from_dict(json.loads(json.dumps(document)))
 
 
 # ---------------------------------------------------------------------- reference
@@ -391,7 +392,7 @@ def test_reference_metrics_equal_the_plain_loops(tasks, tmp_path, primary):
     R = callback.scores
     higher = primary == "acc"
     intransigence, fwt, per_stage_i, per_stage_f = loop_reference_metrics(R, ref, higher)
-    section = load_results(tmp_path / "out")["reference"]
+    section = ContinualResults.load(tmp_path / "out").to_dict()["reference"]
     assert section["kind"] == "given" and section["higher_is_better"] is higher
     assert section["score"] == ("accuracy" if higher else "cross_entropy")
     assert section["scores"] == pytest.approx(ref, abs=1e-7)  # float32 input
@@ -469,7 +470,7 @@ def test_a_reference_run_directory_and_the_metadata_reference(tasks, tmp_path):
         sized_loaders(tasks),
         reference=tmp_path / "joint",
     )
-    section = load_results(tmp_path / "run" / "out")["reference"]
+    section = ContinualResults.load(tmp_path / "run" / "out").to_dict()["reference"]
     assert section["kind"] == "joint" and section["scores"] == [0.9, 0.7, 0.6]
     assert section["fwt_isolated"] is None  # no isolated training
     assert all(v is None for v in section["fwt_isolated_per_task"])
@@ -483,7 +484,7 @@ def test_a_reference_run_directory_and_the_metadata_reference(tasks, tmp_path):
         sized_loaders(tasks),
         metadata={"reference": [0.9, None, 0.6]},
     )
-    document = load_results(tmp_path / "meta" / "out")
+    document = ContinualResults.load(tmp_path / "meta" / "out").to_dict()
     assert "reference" not in document
     results = ContinualResults.load(tmp_path / "meta" / "out")
     assert results.reference_metrics is None
@@ -601,7 +602,7 @@ def test_plasticity_of_a_real_run_equals_the_plain_loops(tasks, tmp_path):
     assert loss.lca == pytest.approx(loss_lca, abs=1e-12)
     assert loss.auc_forward_transfer is None and loss.auc_forward_transfer_per_task is None
 
-    document = load_results(tmp_path / "out")
+    document = ContinualResults.load(tmp_path / "out").to_dict()
     section = document["matrices"]["acc"]["plasticity"]
     assert section["anytime_accuracy"] == pytest.approx(anytime, abs=1e-12)
     assert section["lca"] == {"beta": beta, "value": pytest.approx(lca, abs=1e-12)}
@@ -632,7 +633,7 @@ def test_plasticity_absent_values_are_null_never_zero(tasks, tmp_path):
     assert plasticity.lca_beta is None and plasticity.lca is None
     assert plasticity.auc_forward_transfer is None
     assert plasticity.auc_forward_transfer_per_task is None
-    section = load_results(tmp_path / "out")["matrices"]["acc"]["plasticity"]
+    section = ContinualResults.load(tmp_path / "out").to_dict()["matrices"]["acc"]["plasticity"]
     assert section["lca"] is None and section["auc_forward_transfer"] is None
     assert section["auc_forward_transfer_per_task"] is None
     assert "continual/lca" not in logger.at(2) and "continual/auc_fwt" not in logger.at(2)
@@ -648,13 +649,18 @@ def test_plasticity_absent_values_are_null_never_zero(tasks, tmp_path):
     )
     results = callback.continual_results()
     assert results.primary.plasticity.lca is None
-    section = load_results(tmp_path / "long" / "out")["matrices"]["acc"]["plasticity"]
+    section = ContinualResults.load(tmp_path / "long" / "out").to_dict()["matrices"]["acc"][
+        "plasticity"
+    ]
     assert section["lca"] == {"beta": 1000, "value": None}
 
     # without per-step evaluation there are no curves and no plasticity section
     callback, _ = run_tasks(tasks, tmp_path / "plain", Classifier(make_net()), sized_loaders(tasks))
     assert callback.continual_results().primary.plasticity is None
-    assert "plasticity" not in load_results(tmp_path / "plain" / "out")["matrices"]["acc"]
+    assert (
+        "plasticity"
+        not in ContinualResults.load(tmp_path / "plain" / "out").to_dict()["matrices"]["acc"]
+    )
 
 
 def test_digits_mlp_reports_its_replay_memory():
@@ -686,5 +692,7 @@ def test_a_failing_memory_hook_records_nothing_of_its_stage(tasks, tmp_path):
     with pytest.raises(RuntimeError, match="memory hook broke"):
         fit_tasks(trainer, BrokenMemory(make_net()), sized_loaders(tasks))
     assert callback.stages_completed == 1
-    assert load_results(tmp_path / "out" / "results.json")["stages_completed"] == 1
+    assert (
+        ContinualResults.load(tmp_path / "out" / "results.json").to_dict()["stages_completed"] == 1
+    )
     assert [c.stage for c in callback._cost.costs] == [0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from cl_helpers import NUM_CLASSES, make_net, make_tasks
 
-from continual_eval.results import load_results
+from continual_eval.results import ContinualResults
 from script_runner import run_script
 
 HERE = Path(__file__).parent
@@ -58,9 +58,12 @@ def test_ddp_two_processes_equal_single_process(tmp_path):
     assert torch.allclose(rank0["f1_scores"], R_f1, atol=1e-6)
 
     # files written once, by rank 0, with the same numbers
-    results = load_results(tmp_path / "acc")
+    results = ContinualResults.load(tmp_path / "acc").to_dict()
     assert results["scores"] == R_acc.tolist() and results["baseline"] == b_acc
-    assert load_results(tmp_path / "f1")["conventions"]["score"] == "MulticlassF1Score"
+    assert (
+        ContinualResults.load(tmp_path / "f1").to_dict()["conventions"]["score"]
+        == "MulticlassF1Score"
+    )
     assert not list(tmp_path.glob("acc/.*.tmp"))
     with open(tmp_path / "logs" / "version_0" / "metrics.csv") as fh:
         logged = [row for row in csv.DictReader(fh) if row.get("continual/acc")]
@@ -84,6 +87,6 @@ def test_ddp_two_processes_equal_single_process(tmp_path):
     assert rank0["cache_entries"] == rank1["cache_entries"] == 3
     assert rank0["cache_bytes"] == sum((n + 1) // 2 for n in sizes) * per_sample
     assert rank1["cache_bytes"] == sum(n // 2 for n in sizes) * per_sample
-    steps_results = load_results(tmp_path / "steps")
+    steps_results = ContinualResults.load(tmp_path / "steps").to_dict()
     assert steps_results["curves"]["step"] == [1, 2, 3, 4, 5, 6]
     assert len(steps_results["stability"]["wc_acc"]) == 3

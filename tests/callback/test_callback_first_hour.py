@@ -9,7 +9,7 @@ import torch
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
-from continual_eval.results import load_results
+from continual_eval.results import ContinualResults
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,8 @@ def test_reset_starts_a_new_run(tasks, tmp_path):
     )
     assert torch.equal(cb.scores, first_scores)  # same model, same data: the same first row
     assert cb.results_dir != first_dir
-    assert load_results(first_dir)["run_id"] == first_id
-    assert load_results(cb.results_dir)["run_id"] == cb.run_id
+    assert ContinualResults.load(first_dir).to_dict()["run_id"] == first_id
+    assert ContinualResults.load(cb.results_dir).to_dict()["run_id"] == cb.run_id
 
 
 def test_every_run_gets_its_own_directory_without_logger_or_dirpath(tasks, tmp_path, caplog):
@@ -100,7 +100,7 @@ def test_every_run_gets_its_own_directory_without_logger_or_dirpath(tasks, tmp_p
     dirs = [cb.results_dir for cb in runs]
     assert dirs == [tmp_path / "continual_eval" / f"version_{n}" for n in (0, 1)]
     for cb in runs:
-        assert load_results(cb.results_dir)["run_id"] == cb.run_id
+        assert ContinualResults.load(cb.results_dir).to_dict()["run_id"] == cb.run_id
         assert f"results.json and scores.csv go to {cb.results_dir}" in caplog.text
     assert not (tmp_path / "results.json").exists()
 
@@ -111,7 +111,7 @@ def test_every_run_gets_its_own_directory_without_logger_or_dirpath(tasks, tmp_p
         Classifier(make_net()), train_loaders(tasks)[1]
     )
     assert resumed.results_dir == dirs[0]
-    assert load_results(dirs[0])["stages_completed"] == 2
+    assert ContinualResults.load(dirs[0]).to_dict()["stages_completed"] == 2
 
 
 def test_two_wandb_runs_under_one_save_dir_keep_two_results(tasks, tmp_path, monkeypatch):
@@ -137,7 +137,7 @@ def test_two_wandb_runs_under_one_save_dir_keep_two_results(tasks, tmp_path, mon
     assert runs[0][1] != runs[1][1]
     for cb, files_dir in runs:
         assert str(cb.results_dir) == files_dir
-        assert load_results(files_dir)["run_id"] == cb.run_id
+        assert ContinualResults.load(files_dir).to_dict()["run_id"] == cb.run_id
 
 
 def test_metrics_of_another_score_are_logged_under_its_name(tasks, tmp_path):

@@ -17,14 +17,8 @@ from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loa
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
-from continual_eval.results import (
-    RESULTS_FILE,
-    SCORES_FILE,
-    check_results_files,
-    load_results,
-    remove_stale_temporaries,
-    write_results,
-)
+from continual_eval.results import ContinualResults, ScoreMatrix, check_results_files, files
+from continual_eval.results.files import RESULTS_FILE, SCORES_FILE, remove_stale_temporaries
 from script_runner import run_script
 
 HERE = Path(__file__).parent
@@ -51,8 +45,8 @@ def test_second_run_never_overwrites_a_finished_run(tasks, tmp_path):
     first = ContinualEvalCallback(eval_loaders(tasks), dirpath=tmp_path, verbose=False)
     run_tasks(tasks, tmp_path / "logs", first)
     finished = (tmp_path / RESULTS_FILE).read_bytes(), (tmp_path / SCORES_FILE).read_bytes()
-    assert load_results(tmp_path)["stages_completed"] == 3
-    assert load_results(tmp_path)["run_id"] == first.run_id
+    assert ContinualResults.load(tmp_path).to_dict()["stages_completed"] == 3
+    assert ContinualResults.load(tmp_path).to_dict()["run_id"] == first.run_id
 
     class Crash(Classifier):
         def training_step(self, batch, batch_idx):
@@ -71,7 +65,7 @@ def test_second_run_never_overwrites_a_finished_run(tasks, tmp_path):
     pl.Trainer(callbacks=[third], **trainer_kwargs(tmp_path / "logs3", max_epochs=1)).fit(
         Classifier(make_net()), train_loaders(tasks)[0]
     )
-    replaced = load_results(tmp_path)
+    replaced = ContinualResults.load(tmp_path).to_dict()
     assert replaced["run_id"] == third.run_id and replaced["stages_completed"] == 1
 
 
@@ -91,34 +85,34 @@ def test_results_json_is_written_last_and_names_the_csv(tasks, tmp_path, monkeyp
     assert check_results_files(tmp_path) is None
     raw = json.loads((tmp_path / RESULTS_FILE).read_text())
     assert raw["files"][SCORES_FILE]["stages"] == 3
-    assert "files" not in load_results(tmp_path)  # bookkeeping, not results
+    assert "files" not in ContinualResults.load(tmp_path).to_dict()  # bookkeeping, not results
 
     # a write interrupted after scores.csv: results.json stays the complete previous version and
     # the disagreement is reported, not hidden
-    document = cb.results() | {"metadata": {"changed": True}}
-    document["scores"] = document["scores"][:2]
-    document["stages_completed"] = 2
-    import continual_eval.results as results_module
+    earlier = ContinualResults.from_tensors(
+        {"acc": ScoreMatrix("accuracy", cb.scores[:2], cb.baseline)}, run_id=cb.run_id
+    )
+    real = files._write_bytes
 
-    real = results_module._atomic_write
-
-    def crash_on_json(path, text, **options):
+    def crash_on_json(path, data, **options):
         if path.name == RESULTS_FILE:
             raise KeyboardInterrupt("killed between the two files")
-        real(path, text, **options)
+        real(path, data, **options)
 
-    monkeypatch.setattr(results_module, "_atomic_write", crash_on_json)
+    monkeypatch.setattr(files, "_write_bytes", crash_on_json)
     with pytest.raises(KeyboardInterrupt):
-        write_results(tmp_path, document)
+        earlier.write(tmp_path)
     monkeypatch.undo()
-    assert load_results(tmp_path)["stages_completed"] == 3
+    assert ContinualResults.load(tmp_path).stages_completed == 3
     assert "written with" in check_results_files(tmp_path)
 
 
 def test_failed_write_leaves_no_temporary_and_stale_ones_are_removed(tmp_path, monkeypatch):
-    document = {"format_version": 1, "num_tasks": 1, "stages_completed": 0, "scores": []}
-    document["baseline"] = [0.5]
-    write_results(tmp_path, document)
+    def baseline_only(value: float) -> ContinualResults:
+        matrix = ScoreMatrix("accuracy", torch.zeros(0, 1), torch.tensor([value]))
+        return ContinualResults.from_tensors({"acc": matrix})
+
+    baseline_only(0.5).write(tmp_path)
     before = (tmp_path / RESULTS_FILE).read_bytes()
 
     def refuse(src, dst):
@@ -126,7 +120,7 @@ def test_failed_write_leaves_no_temporary_and_stale_ones_are_removed(tmp_path, m
 
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(OSError, match="disk full"):
-        write_results(tmp_path, document | {"baseline": [0.25]})
+        baseline_only(0.25).write(tmp_path)
     monkeypatch.undo()
     assert (tmp_path / RESULTS_FILE).read_bytes() == before
     assert not list(tmp_path.glob(".*.tmp"))
@@ -156,7 +150,7 @@ def test_kill_inside_stage_evaluation_then_resume_equals_uninterrupted(tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     killed = run("killed", tmp_path / "cut")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert load_results(tmp_path / "cut" / "results")["stages_completed"] == 2
+    assert ContinualResults.load(tmp_path / "cut" / "results").to_dict()["stages_completed"] == 2
     resumed = run("resume", tmp_path / "cut")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
@@ -167,7 +161,7 @@ def test_kill_inside_stage_evaluation_then_resume_equals_uninterrupted(tmp_path)
         assert torch.equal(value, b["weights"][key]), key
     full_dir, cut_dir = tmp_path / "full" / "results", tmp_path / "cut" / "results"
     assert (full_dir / SCORES_FILE).read_bytes() == (cut_dir / SCORES_FILE).read_bytes()
-    x, y = load_results(full_dir), load_results(cut_dir)
+    x, y = ContinualResults.load(full_dir).to_dict(), ContinualResults.load(cut_dir).to_dict()
     assert x.pop("run_id") != y.pop("run_id")  # two runs; everything else bitwise equal
     counted = ("stage", "samples", "optimizer_steps", "parameters", "replay_memory")
     costs = [[{k: c[k] for k in counted} for c in d.pop("cost")["per_stage"]] for d in (x, y)]

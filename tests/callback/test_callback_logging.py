@@ -17,7 +17,7 @@ from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loa
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
 from continual_eval.callback import ContinualEvalCallback
-from continual_eval.results import load_results
+from continual_eval.results import ContinualResults
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_csv_and_tensorboard_read_back(tasks, tmp_path):
     # results.json and scores.csv land in the first logger's log_dir
     assert cb.results_dir is not None
     assert cb.results_dir.resolve() == (tmp_path / "csv" / "version_0").resolve()
-    assert load_results(cb.results_dir) == json.loads(json.dumps(results))
+    assert ContinualResults.load(cb.results_dir).to_dict() == json.loads(json.dumps(results))
 
     # metrics.csv: one row per stage at step = stage, with the metrics and the row of R
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as fh:
@@ -202,7 +202,10 @@ def test_mlflow_read_back(tasks, tmp_path, monkeypatch):
     assert "continual/results.json" in artifacts and "continual/scores.csv" in artifacts
     assert "continual/accuracy_matrix_stage_002.png" in artifacts
     local = client.download_artifacts(logger.run_id, "continual/results.json", str(tmp_path))
-    assert json.loads(Path(local).read_text())["scores"] == load_results(tmp_path / "out")["scores"]
+    assert (
+        json.loads(Path(local).read_text())["scores"]
+        == ContinualResults.load(tmp_path / "out").to_dict()["scores"]
+    )
 
 
 def test_final_table_printed(tasks, tmp_path, caplog):

@@ -9,7 +9,7 @@ from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loa
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
-from continual_eval.results import load_results
+from continual_eval.results import ContinualResults
 
 K = 2  # epochs per task
 
@@ -70,7 +70,10 @@ def test_epochs_per_task_resume_equals_uninterrupted(tasks, tmp_path, with_val):
     assert torch.equal(resumed.baseline, full.baseline)
     for key, value in full_model.state_dict().items():
         assert torch.equal(value, resumed_model.state_dict()[key])
-    a, b = load_results(tmp_path / "full"), load_results(tmp_path / "cut")
+    a, b = (
+        ContinualResults.load(tmp_path / "full").to_dict(),
+        ContinualResults.load(tmp_path / "cut").to_dict(),
+    )
     assert a["scores"] == b["scores"] and a["metrics"] == b["metrics"]
     assert a["metrics_per_stage"] == b["metrics_per_stage"]
 
@@ -107,7 +110,10 @@ def test_fit_tasks_resume_equals_uninterrupted(tasks, tmp_path, one_trainer):
     assert resumed.stages_completed == 3
     assert torch.equal(resumed.scores, full.scores)
     assert torch.equal(resumed.baseline, full.baseline)
-    assert load_results(tmp_path / "cut")["metrics"] == load_results(tmp_path / "full")["metrics"]
+    assert (
+        ContinualResults.load(tmp_path / "cut").to_dict()["metrics"]
+        == ContinualResults.load(tmp_path / "full").to_dict()["metrics"]
+    )
 
 
 def test_state_dict_round_trip_and_mismatch(tasks, tmp_path):

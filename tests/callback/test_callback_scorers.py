@@ -1,12 +1,11 @@
 """Several score matrices from one evaluation: accuracy, cross-entropy (lower is better), top-k
 and a torchmetrics F1, each against a plain-torch reference computed from the same weights; the
-results document (format 2), its CSV files, the log keys, resume, and version-1 files."""
+results document (format 2), its CSV files, the log keys and resume."""
 
 from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -25,9 +24,7 @@ from torch import nn
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation import TopKAccuracyScorer
-from continual_eval.results import check_results_files, load_results, results_to_tensors
-
-DATA = Path(__file__).resolve().parents[1] / "data"
+from continual_eval.results import ContinualResults, check_results_files
 
 
 class Snapshots(pl.Callback):
@@ -141,7 +138,8 @@ def test_one_forward_pass_feeds_every_scorer(run):
 
 def test_results_document_csv_files_and_lower_is_better_metrics(run):
     _, cb, _, _, root = run
-    results = load_results(root / "out")
+    loaded = ContinualResults.load(root / "out")
+    results = loaded.to_dict()
     assert results["format_version"] == 2
     assert list(results["matrices"]) == ["acc", "loss", "top2", "f1"]
     loss = results["matrices"]["loss"]
@@ -152,7 +150,7 @@ def test_results_document_csv_files_and_lower_is_better_metrics(run):
     for section in results["matrices"].values():  # one pass: the final metrics end the curve
         for key, value in section["metrics"].items():
             assert value == section["metrics_per_stage"][key][-1]
-    R, _ = results_to_tensors(results, "loss")
+    R = loaded["loss"].scores
     T = R.shape[0]
     bwt = sum(R[j, j] - R[T - 1, j] for j in range(T - 1)) / (T - 1)  # positive = improved
     assert loss["metrics"]["bwt"] == pytest.approx(float(bwt), abs=1e-12)
@@ -214,22 +212,6 @@ def test_scorer_arguments_are_checked():
         ContinualEvalCallback(eval_loaders(tasks), scorers={"a/b": "accuracy"})
     with pytest.raises(ValueError, match="scorers is empty"):
         ContinualEvalCallback(eval_loaders(tasks), scorers={})
-
-
-def test_version_1_results_still_load():
-    results = load_results(DATA / "results_v1")
-    assert results["format_version"] == 1 and "matrices" not in results
-    scores, baseline = results_to_tensors(results)
-    assert scores.shape == (3, 3) and math.isnan(baseline[0])
-    assert results["metrics"]["bwt"] == pytest.approx(0.2)
-
-
-def test_version_1_results_in_the_report(tmp_path):
-    from continual_eval.report import main
-
-    out = tmp_path / "report"
-    assert main([str(DATA / "results_v1"), "--out", str(out)]) == 0
-    assert (out / "report.md").is_file()
 
 
 @pytest.mark.parametrize("bad_from", [0, 3], ids=["baseline", "stage-0-row"])

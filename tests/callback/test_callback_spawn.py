@@ -17,7 +17,7 @@ from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loa
 
 from continual_eval._spawn_handover import SpawnHandover
 from continual_eval.callback import ContinualEvalCallback, fit_tasks
-from continual_eval.results import check_results_files, load_results, results_to_tensors
+from continual_eval.results import ContinualResults, check_results_files
 from script_runner import run_spawn_script
 
 HERE = Path(__file__).parent
@@ -57,8 +57,8 @@ def test_two_processes_record_every_stage_once(tmp_path, strategy, pattern):
     assert Path(main["results_dir"]) == out / "results"
     assert main["results"]["stages_completed"] == NUM_TASKS
 
-    on_disk = load_results(out / "results")
-    scores, baseline = results_to_tensors(on_disk)
+    on_disk = ContinualResults.load(out / "results")
+    scores, baseline = on_disk.primary.scores, on_disk.primary.baseline
     assert torch.equal(scores, reference)
     assert torch.equal(baseline, main["baseline"])
     assert check_results_files(out / "results") is None

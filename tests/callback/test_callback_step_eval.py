@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
 from continual_eval.evaluation import BatchCache, cache_safety
-from continual_eval.results import load_results, results_to_curves
+from continual_eval.results import ContinualResults
 
 EPOCHS = 2
 K = 4  # 48 train samples / batch 16 = 3 steps per epoch, 6 per task: evaluations at 4, 8, 12, 16
@@ -142,8 +142,9 @@ def test_step_curves_equal_plain_torch_reference(tasks, tmp_path):
     assert same(got_rows, rows)
     assert cb.steps_trained == 18  # continues across the three Trainers (each restarts at 0)
 
-    results = load_results(tmp_path / "out")
-    r_steps, r_stages, r_rows = results_to_curves(results)
+    loaded = ContinualResults.load(tmp_path / "out")
+    results = loaded.to_dict()
+    r_steps, r_stages, r_rows = loaded.curves()
     assert r_steps.tolist() == steps and r_stages.tolist() == stages and same(r_rows, rows)
     assert results["curves"]["full"] == full and results["curves"]["subset"] is None
     assert "global_step" in results["curves"]["step_counter"]
@@ -239,7 +240,7 @@ def test_subset_at_steps_full_sets_at_stage_ends(tasks, tmp_path):
     )
     got = cb.curves()
     assert got[0].tolist() == steps and got[1].tolist() == stages and same(got[2], rows)
-    results = load_results(tmp_path / "out")
+    results = ContinualResults.load(tmp_path / "out").to_dict()
     assert results["curves"]["full"] == full == [False, True, False, True, False, True]
     # one key, one kind of value: whole test sets under step/, the subset under step_subset/
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as fh:
@@ -428,7 +429,7 @@ def test_logged_against_the_step_and_per_stage(tasks, tmp_path):
 
 def test_default_leaves_results_unchanged(tasks, tmp_path):
     cb, _ = run_per_task(tasks, tmp_path, verbose=False)
-    results = load_results(tmp_path / "out")
+    results = ContinualResults.load(tmp_path / "out").to_dict()
     assert "curves" not in results and "stability" not in results
     assert cb.curves()[0].numel() == 0 and cb._task_loaders.cache.num_cached == 0
     assert not (tmp_path / "out" / "accuracy_curves.png").exists()
@@ -596,8 +597,6 @@ def hand_loss_stability(stages, rows):
 
 
 def test_every_scorer_gets_step_curves_from_the_same_forward_passes(tasks, tmp_path):
-    from continual_eval.results import ContinualResults
-
     steps, stages, rows, _ = reference_curves(tasks, K, loss=True)
     acc_rows, loss_rows = split_cells(rows)
     forwards = {}
@@ -623,7 +622,7 @@ def test_every_scorer_gets_step_curves_from_the_same_forward_passes(tasks, tmp_p
         stage = stages[n]
         assert same(loss[2][n, : stage + 1], cb.matrices["loss"][stage, : stage + 1])
 
-    document = load_results(out)
+    document = ContinualResults.load(out).to_dict()
     assert document["matrices"]["loss"]["step_scores"] == json.loads(
         json.dumps([[None if math.isnan(v) else v for v in r] for r in loss[2].tolist()])
     )
@@ -687,5 +686,5 @@ def test_old_checkpoint_with_primary_curves_only_resumes(tasks, tmp_path):
     assert torch.isnan(loss[before]).all()
     after = [n for n, s in enumerate(stages) if s > 0]
     assert close(loss[after], [loss_rows[n] for n in after])
-    document = load_results(cb2.results_dir)  # valid, with the NaN rows as null
+    document = ContinualResults.load(cb2.results_dir).to_dict()  # valid, with the NaN rows as null
     assert document["matrices"]["loss"]["step_scores"][0] == [None] * 3

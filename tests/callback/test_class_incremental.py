@@ -21,7 +21,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback, fit_tasks
-from continual_eval.continual_results import ContinualResults
 from continual_eval.evaluation import (
     EvaluationError,
     TaskAgnosticAccuracyScorer,
@@ -29,8 +28,7 @@ from continual_eval.evaluation import (
     evaluate_tasks,
     task_classes_from_loaders,
 )
-from continual_eval.results import load_results
-from continual_eval.results_schema import InvalidResultsError, validate_results
+from continual_eval.results import ContinualResults, InvalidResultsError
 from script_runner import run_script
 
 HERE = Path(__file__).parent
@@ -353,7 +351,7 @@ def test_confusion_and_every_measure_equal_the_plain_loops(run):
 
 def test_results_json_section_validates_and_round_trips(run):
     cb, root = run
-    document = load_results(root / "out")
+    document = ContinualResults.load(root / "out").to_dict()
     section = document["class_incremental"]
     assert section["task_classes"] == TASK_CLASSES and section["num_classes"] == 4
     assert section["class_order"] == [0, 1, 2, 3]
@@ -361,7 +359,10 @@ def test_results_json_section_validates_and_round_trips(run):
     assert section["per_class_accuracy"][0][2:] == [None, None]  # task 1 not seen after stage 0
     assert section["old_accuracy"]["sample"][0] is None  # no old class at stage 0
     again = ContinualResults.from_dict(document)
-    assert again.class_incremental.to_dict() == cb.continual_results().class_incremental.to_dict()
+    assert (
+        again.class_incremental.to_section()
+        == cb.continual_results().class_incremental.to_section()
+    )
     assert torch.equal(
         again.class_incremental.confusion, cb.continual_results().class_incremental.confusion
     )
@@ -395,10 +396,10 @@ def _add_cell(section: dict, stage: int, text: str) -> None:
 )
 def test_schema_refuses_a_bad_section(run, edit, field):
     _, root = run
-    document = load_results(root / "out")
+    document = ContinualResults.load(root / "out").to_dict()
     edit(document["class_incremental"])
     with pytest.raises(InvalidResultsError) as err:
-        validate_results(document)
+        ContinualResults.from_dict(document)
     text = str(err.value)
     assert "class_incremental" in text
     assert field.split(" ")[0] in text or field in text, text
@@ -649,12 +650,12 @@ def test_resume_equals_uninterrupted(tmp_path):
     resumed = run(train, tmp_path / "cut", ckpt_path=tmp_path / "cut" / "ckpt" / "task_1.ckpt")
     a, b = full.continual_results(), resumed.continual_results()
     assert torch.equal(a.class_incremental.confusion, b.class_incremental.confusion)
-    assert a.class_incremental.to_dict() == b.class_incremental.to_dict()
+    assert a.class_incremental.to_section() == b.class_incremental.to_section()
     for name in a.matrices:
         assert torch.equal(a[name].scores, b[name].scores), name
     assert (
-        load_results(tmp_path / "cut")["class_incremental"]
-        == load_results(tmp_path / "full")["class_incremental"]
+        ContinualResults.load(tmp_path / "cut").to_dict()["class_incremental"]
+        == ContinualResults.load(tmp_path / "full").to_dict()["class_incremental"]
     )
     # the confusion counts change over the stages (the check above is not vacuous)
     assert not torch.equal(a.class_incremental.confusion[0], a.class_incremental.confusion[2])
@@ -666,7 +667,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     again.load_state_dict(copy.deepcopy(old))
     section = again.continual_results().class_incremental
     assert section.num_stages == 2 and int(section.confusion.sum()) == 0
-    assert section.to_dict()["seen_accuracy"]["sample"] == [None, None]
+    assert section.to_section().seen_accuracy["sample"] == [None, None]
     # a checkpoint written before several matrices were kept (the primary's rows only): the
     # two class-incremental matrices have no recorded rows, refused with the settings named
     single = {k: v for k, v in old.items() if k != "matrices"}
@@ -713,7 +714,7 @@ def test_ddp_two_processes_exact(tmp_path):
         assert rank["matrices"]["acc_task_agnostic"].tolist() == agnostic[1:]
         assert rank["confusion"].tolist() == confusion  # exact integer counts
     assert aware[1:] != agnostic[1:]
-    assert load_results(tmp_path / "run")["class_incremental"] == json.loads(
+    assert ContinualResults.load(tmp_path / "run").to_dict()["class_incremental"] == json.loads(
         json.dumps(rank0["section"])
     )
 
@@ -746,7 +747,7 @@ def test_fit_command_with_the_class_incremental_config(tmp_path, monkeypatch):
     args = ["fit", "--config", str(config), "--trainer.max_epochs=1", "--stream.seeds=[0]"]
     assert continual_eval(args) == 0
     run_dir = tmp_path / "runs" / "digits_class_incremental" / "naive" / "version_0"
-    document = load_results(run_dir)
+    document = ContinualResults.load(run_dir).to_dict()
     assert document["class_incremental"]["task_classes"] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
     assert set(document["matrices"]) == {"acc", "acc_task_aware", "acc_task_agnostic"}
     assert len(document["class_incremental"]["confusion"]["stages"]) == 5

@@ -14,7 +14,7 @@ from cl_helpers import Classifier, make_net, make_tasks, train_loaders, trainer_
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from continual_eval.callback import ContinualEvalCallback
-from continual_eval.results import load_results
+from continual_eval.results import ContinualResults
 from script_runner import run_spawn_script
 
 HERE = Path(__file__).parent
@@ -58,7 +58,7 @@ def test_ddp_drop_last_and_distributed_sampler_loaders_equal_one_process(tmp_pat
     R = [plain_accuracy(torch.load(out / f"weights_{i}.pt"), samples) for i in range(3)]
     assert torch.equal(rank0["baseline"], torch.tensor(baseline, dtype=torch.float64))
     assert torch.equal(rank0["scores"], torch.tensor(R, dtype=torch.float64))
-    assert load_results(out / "acc")["scores"] == R
+    assert ContinualResults.load(out / "acc").to_dict()["scores"] == R
 
     # a shuffled loader with drop_last=True drops a random tail: refused on every rank
     for rank in ranks:

@@ -16,11 +16,11 @@ def fit_quietly(
     out: Path,
     *,
     epochs: int,
-    reference: bool | str = False,
+    reference: str = "none",
 ) -> tuple[pl.Trainer, ContinualEvalCallback]:
     """:func:`fit_stream` with ``epochs`` per task on a CPU Trainer without logger, checkpoints,
-    progress bar or summary; results.json goes to ``out``; ``reference``: ``"none"`` (or False),
-    ``"isolated"``, ``"joint"`` (or True). Returns ``(trainer, callback)``."""
+    progress bar or summary; results.json goes to ``out``; ``reference``: ``"none"``,
+    ``"isolated"`` or ``"joint"``. Returns ``(trainer, callback)``."""
     trainer = pl.Trainer(
         max_epochs=epochs,
         accelerator="cpu",

@@ -140,7 +140,7 @@ def test_joint_reference_and_intransigence(tmp_path) -> None:
         CircleGridTasks(directions_deg=DIRECTIONS),
         tmp_path,
         epochs=STEPS,
-        reference=True,
+        reference="joint",
     )
     results = callback.results()
     w = [0.0, 0.0]

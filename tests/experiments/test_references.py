@@ -335,15 +335,14 @@ def test_fit_writes_the_isolated_reference(tmp_path, capfd, caplog, monkeypatch)
     ]
 
 
-def test_fit_joint_reference_and_its_old_spelling(tmp_path, capfd, caplog, monkeypatch) -> None:
-    """``stream.joint_reference: true`` still trains the joint reference (with a deprecation line);
-    the joint copy sees the three tasks' batches in turn (tests/experiments/test_logistic.py
-    re-derives [0, 0.6, 0.8] in scalars) and intransigence is mean(ref[j] - 1)."""
+def test_fit_joint_reference(tmp_path, capfd, caplog, monkeypatch) -> None:
+    """``stream.reference: joint`` trains the joint reference: the joint copy sees the three
+    tasks' batches in turn (tests/experiments/test_logistic.py re-derives [0, 0.6, 0.8] in
+    scalars) and intransigence is mean(ref[j] - 1)."""
     caplog.set_level(logging.INFO)
     monkeypatch.chdir(tmp_path)
-    code, text = _fit(capfd, caplog, "--stream.joint_reference=true")
+    code, text = _fit(capfd, caplog, "--stream.reference=joint")
     assert code == 0, text
-    assert "stream.joint_reference is deprecated" in text and "stream.reference: joint" in text
     results = json.loads((tmp_path / "runs/logistic/version_0/results.json").read_text())
     assert results["metadata"]["reference"] == pytest.approx([0.0, 0.6, 0.8], abs=1e-12)
     assert results["metadata"]["reference_kind"] == "joint"
@@ -360,10 +359,6 @@ def test_fit_joint_reference_and_its_old_spelling(tmp_path, capfd, caplog, monke
         (
             ["--stream.reference=both"],
             "stream.reference: 'both' is not one of none, isolated, joint",
-        ),
-        (
-            ["--stream.reference=isolated", "--stream.joint_reference=true"],
-            "contradicts stream.reference: isolated",
         ),
     ],
 )

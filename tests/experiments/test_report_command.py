@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from continual_eval.report import main as report_main
-from continual_eval.results import build_results, write_results
+from continual_eval.results import ContinualResults, ScoreMatrix
 
 NAN = math.nan
 NAIVE = [
@@ -29,14 +29,12 @@ REFERENCE = [0.98, 0.97, 0.96]
 
 def write_run(root: Path, name: str, R: list[list[float]], meta: dict) -> Path:
     run = root / name
-    write_results(
-        run,
-        build_results(
-            torch.tensor(R, dtype=torch.float64),
-            torch.tensor(BASELINE, dtype=torch.float64),
-            metadata=meta,
-        ),
+    matrix = ScoreMatrix(
+        "accuracy",
+        torch.tensor(R, dtype=torch.float64),
+        torch.tensor(BASELINE, dtype=torch.float64),
     )
+    ContinualResults.from_tensors({"acc": matrix}, metadata=meta).write(run)
     return run
 
 

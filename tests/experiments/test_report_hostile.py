@@ -18,19 +18,22 @@ import pytest
 import torch
 
 from continual_eval.report import main as report_main
-from continual_eval.results import build_results
+from continual_eval.results import ContinualResults, ScoreMatrix
 
 R3 = [[0.9, 0.4, 0.3], [0.6, 0.95, 0.45], [0.5, 0.6, 0.97]]
 BASELINE = [0.5, 0.48, 0.52]
 
 
 def results_doc(task_names: list[str] | None = None, **metadata: Any) -> dict[str, Any]:
-    return build_results(
+    matrix = ScoreMatrix(
+        "accuracy",
         torch.tensor(R3, dtype=torch.float64),
         torch.tensor(BASELINE, dtype=torch.float64),
-        task_names=task_names,
-        metadata=metadata,
     )
+    results = ContinualResults.from_tensors(
+        {"acc": matrix}, task_names=task_names, metadata=metadata
+    )
+    return results.to_dict()
 
 
 def write_run(run: Path, doc: dict[str, Any]) -> Path:
@@ -72,7 +75,7 @@ def test_malformed_field_exit_2(tmp_path: Path, capsys, mutate: Any, field: str)
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+        (b'{"metadata": {"a": ' + b"[" * 200_000 + b"]" * 200_000 + b"}}", "nested too deeply"),
         (b'{"format_version": 1, "num_tasks": NaN}', "NaN"),
         (b"\xff\xfe{}", "not UTF-8"),
         (b'{"format_version": 1, "num_tasks": 3', "not valid JSON"),
@@ -193,11 +196,12 @@ def test_many_tasks_bounded_pictures(tmp_path: Path) -> None:
 
     T = 150
     g = torch.Generator().manual_seed(0)
-    doc = build_results(
+    matrix = ScoreMatrix(
+        "accuracy",
         torch.rand(T, T, generator=g, dtype=torch.float64),
         torch.rand(T, generator=g, dtype=torch.float64),
-        metadata={"method": "naive"},
     )
+    doc = ContinualResults.from_tensors({"acc": matrix}, metadata={"method": "naive"}).to_dict()
     run = write_run(tmp_path / "run", doc)
     assert report_main([str(run), "--out", str(tmp_path / "out")]) == 0
     pngs = list((tmp_path / "out").glob("*.png"))

@@ -28,7 +28,7 @@ from continual_eval.report import (
     summarise,
 )
 from continual_eval.report import main as report_main
-from continual_eval.results import ContinualResults, ScoreMatrix, build_results, write_results
+from continual_eval.results import ContinualResults, RunCost, ScoreMatrix, StepEvaluations
 
 NAN = math.nan
 BASELINE = [0.5, 0.48, 0.52]
@@ -63,12 +63,13 @@ def matrix(cells: tuple[float, float, float, float], seed: int) -> list[list[flo
 
 def write_run(root: Path, method: str, seed: int, **meta: Any) -> Path:
     run = root / method / f"version_{seed}"
-    document = build_results(
+    scores = ScoreMatrix(
+        "accuracy",
         torch.tensor(matrix(RUNS[method][seed], seed), dtype=torch.float64),
         torch.tensor(BASELINE, dtype=torch.float64),
-        metadata={"method": method, "seed": seed, "reference": REFERENCE, **meta},
     )
-    write_results(run, document)
+    metadata = {"method": method, "seed": seed, "reference": REFERENCE, **meta}
+    ContinualResults.from_tensors({"acc": scores}, metadata=metadata).write(run)
     return run
 
 
@@ -372,7 +373,7 @@ def test_unpaired_runs_noted(tmp_path: Path) -> None:
         for seed in (1, 2):
             write_run(root, method, seed)
     twin = root / "naive" / "version_9"
-    write_results(twin, json.loads((root / "naive" / "version_1" / "results.json").read_text()))
+    ContinualResults.load(root / "naive" / "version_1").write(twin)
     out = tmp_path / "report"
     assert report_main([str(root), "--out", str(out)]) == 0
     text = (out / "report.md").read_text(encoding="utf-8")
@@ -384,7 +385,6 @@ def test_unpaired_runs_noted(tmp_path: Path) -> None:
 def cost_run(root: Path, method: str, seed: int, train_seconds: float, with_steps: bool) -> Path:
     """A run with a ``cost`` section (3 stages) and, ``with_steps``, per-step curves (so its
     primary matrix has ``plasticity``: anytime accuracy and LCA_1)."""
-    from continual_eval.continual_results import RunCost, StepEvaluations
     from continual_eval.stage_cost import StageCost
 
     R = torch.tensor(matrix(RUNS["naive"][seed], seed), dtype=torch.float64)
@@ -469,8 +469,6 @@ def test_cost_of_a_run_missing_stages_is_not_averaged(tmp_path: Path) -> None:
     later stages only: its totals are no run totals, so the cost table leaves it out (and says
     how many runs it averages) instead of mixing partial totals with whole ones."""
     from dataclasses import replace
-
-    from continual_eval.continual_results import RunCost
 
     root = tmp_path / "runs"
     paths = [cost_run(root, "naive", seed, 30.0, False) for seed in range(3)]

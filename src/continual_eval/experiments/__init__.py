@@ -7,7 +7,6 @@ from continual_eval.experiments.replay import ReservoirBuffer
 from continual_eval.experiments.stream import (
     TaskStreamDataModule,
     fit_stream,
-    joint_reference,
     stream_reference,
 )
 
@@ -19,6 +18,5 @@ __all__ = [
     "SplitDigits",
     "TaskStreamDataModule",
     "fit_stream",
-    "joint_reference",
     "stream_reference",
 ]

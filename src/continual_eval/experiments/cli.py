@@ -162,8 +162,6 @@ class StreamOptions:
             stream). Their per-task scores go to ``metadata["reference"]`` and the kind to
             ``metadata["reference_kind"]``; the fit prints intransigence (and, isolated, FWT
             against isolated training). See :mod:`continual_eval.references`.
-        joint_reference: deprecated alias: ``true`` is ``reference: joint`` (the command prints
-            a deprecation line).
         report: write the report (PNGs + report.md) into ``<run_dir>/report`` after the stream.
         save_dir: root of the default loggers.
     """
@@ -172,7 +170,6 @@ class StreamOptions:
     method: str | None = None
     seeds: list[int] = field(default_factory=list)
     reference: str = "none"
-    joint_reference: bool = False
     report: bool = True
     save_dir: str = "runs"
 
@@ -184,14 +181,6 @@ class StreamOptions:
             raise OptionError(
                 f"stream.reference: {self.reference!r} is not one of {', '.join(REFERENCE_OPTIONS)}"
             )
-        if self.joint_reference:
-            if self.reference not in ("none", "joint"):
-                raise OptionError(
-                    f"stream.joint_reference: true (the older spelling of stream.reference: "
-                    f"joint) contradicts stream.reference: {self.reference}; keep only "
-                    "stream.reference"
-                )
-            self.reference = "joint"  # main() prints the deprecation notice
 
 
 class StreamCLI(LightningCLI):
@@ -374,11 +363,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cli = _build_cli(args)
         StreamOptions(**cli.config["stream"].as_dict())
-        if cli.config["stream"]["joint_reference"]:
-            progress(
-                "stream.joint_reference is deprecated and will be removed: write "
-                "stream.reference: joint (this run trains the joint reference)"
-            )
         seeds = [int(s) for s in cli.config["stream"]["seeds"] or []]
         if not seeds:
             _run(cli, notices)

@@ -129,10 +129,6 @@ class DigitsMLP(pl.LightningModule):
         plain.memory = None
         return plain
 
-    def joint_reference_model(self) -> DigitsMLP:
-        """The older name of :meth:`reference_model`."""
-        return self.reference_model()
-
     def continual_eval_memory_size(self) -> int:
         """Samples held by the replay memory (0 for naive fine-tuning): the ``replay_memory`` of
         each stage's cost (:mod:`continual_eval.stage_cost`)."""

@@ -13,14 +13,13 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from continual_eval.callback import ContinualEvalCallback
 from continual_eval.references import REFERENCE_DIRS, Reference, train_reference
-from continual_eval.results import default_results_dir
+from continual_eval.results.files import default_results_dir
 from continual_eval.training import fit_tasks
 
 __all__ = [
     "REFERENCE_OPTIONS",
     "TaskStreamDataModule",
     "fit_stream",
-    "joint_reference",
     "reference_kind",
     "stream_reference",
 ]
@@ -148,11 +147,8 @@ def _reference_trainer_kwargs(trainer: pl.Trainer) -> dict[str, Any]:
 
 
 def reference_kind(reference: object) -> str | None:
-    """``"isolated"``, ``"joint"`` or ``None`` (no reference) from a ``reference`` option:
-    one of :data:`REFERENCE_OPTIONS`, or a bool (``True``: the older ``joint_reference=True``,
-    i.e. ``"joint"``); anything else is a :class:`ValueError` naming the choices."""
-    if isinstance(reference, bool):
-        return "joint" if reference else None
+    """``"isolated"``, ``"joint"`` or ``None`` (no reference) from a ``reference`` option, one of
+    :data:`REFERENCE_OPTIONS`; anything else is a :class:`ValueError` naming the choices."""
     if not isinstance(reference, str) or reference not in REFERENCE_OPTIONS:
         raise ValueError(
             f"reference must be one of {', '.join(REFERENCE_OPTIONS)}, got {reference!r}"
@@ -206,29 +202,6 @@ def stream_reference(
     )
 
 
-def joint_reference(
-    model: pl.LightningModule,
-    datamodule: TaskStreamDataModule,
-    *,
-    epochs: int,
-    callback_kwargs: dict[str, Any],
-    dirpath: Path,
-    trainer_kwargs: dict[str, Any] | None = None,
-) -> list[float | None]:
-    """Per-task test accuracy of a copy of ``model`` trained on every task's training data at
-    once for ``epochs`` epochs over the union: :func:`stream_reference` with ``kind="joint"``,
-    as JSON cells (``None`` for a task not scored)."""
-    return stream_reference(
-        model,
-        datamodule,
-        kind="joint",
-        epochs=epochs,
-        callback_kwargs=callback_kwargs,
-        dirpath=dirpath,
-        trainer_kwargs=trainer_kwargs,
-    ).to_list()
-
-
 def fit_stream(
     trainer: pl.Trainer,
     model: pl.LightningModule,
@@ -236,15 +209,15 @@ def fit_stream(
     *,
     callback_kwargs: dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
-    reference: bool | str = False,
+    reference: str = "none",
 ) -> ContinualEvalCallback:
     """Train ``model`` on the datamodule's tasks in order, one ``fit`` per task on ``trainer``
     (:func:`~continual_eval.fit_tasks`, the datamodule serving task ``i`` in fit ``i``).
 
     ``trainer.max_epochs`` is the budget per task. A :class:`ContinualEvalCallback` built from
     ``callback_kwargs`` (task names from the datamodule, ``metadata`` stored in results.json) is
-    appended to the Trainer's callbacks and returned. ``reference``: ``"none"`` (or ``False``),
-    ``"isolated"`` or ``"joint"`` (or ``True``): first train that reference
+    appended to the Trainer's callbacks and returned. ``reference``: ``"none"``,
+    ``"isolated"`` or ``"joint"``: first train that reference
     (:func:`stream_reference`, results in ``<run dir>/isolated_reference/task_j`` or
     ``<run dir>/joint_reference``) and store its per-task scores as ``metadata["reference"]``
     and the kind as ``metadata["reference_kind"]``.
@@ -305,7 +278,8 @@ def fit_stream(
 
 def run_dir_of(trainer: pl.Trainer, callback_kwargs: dict[str, Any]) -> Path:
     """The run directory: where the callback built from ``callback_kwargs`` writes results.json
-    (:func:`~continual_eval.results.default_results_dir`; an empty ``dirpath`` counts as unset)."""
+    (:func:`~continual_eval.results.files.default_results_dir`; an empty ``dirpath`` counts as
+    unset)."""
     return default_results_dir(trainer, callback_kwargs.get("dirpath") or None)
 
 

@@ -1,8 +1,9 @@
 r"""Anytime and plasticity metrics of per-step evaluation curves.
 
 The inputs are the curves the callback records with ``eval_every_n_steps``
-(``ContinualEvalCallback.curves()``, or :func:`~continual_eval.results.results_to_curves` of a
-``results.json``), the same as :mod:`continual_eval.functional.stability`'s:
+(``ContinualEvalCallback.curves()``, or
+:meth:`ContinualResults.curves() <continual_eval.results.ContinualResults.curves>` of a run read
+back), the same as :mod:`continual_eval.functional.stability`'s:
 
 * ``accuracy``: ``[N, T]`` floating, the score of task ``j`` at evaluation ``n`` (NaN where task
   ``j`` was not evaluated; the callback scores the tasks ``j <= stage[n]``);

@@ -59,7 +59,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
-from continual_eval._files import replace_atomically
+from continual_eval.results.files import replace_atomically
 from continual_eval.stream.metrics import compute_all_metrics, effective_rank
 from continual_eval.stream.rewards import RewardSpec, UpperBound
 from continual_eval.stream.table import format_markdown, format_table

@@ -3,7 +3,8 @@ r"""The ``class_incremental`` section of ``results.json``: :class:`ClassIncremen
 What ``ContinualEvalCallback(task_classes=...)`` records besides its two matrices
 ``acc_task_aware`` and ``acc_task_agnostic``: after every stage ``i`` the confusion counts of the
 task-agnostic predictions on the test samples of the seen tasks ``j <= i`` (true class by
-predicted class, ``[C, C]`` integers, summed exactly across ranks), and everything the
+predicted class, ``[C, C]`` integers, summed exactly across ranks), the test samples of each
+class (``test_samples``: every stage's counts of a seen class add up to it), and everything the
 class-incremental literature computes from them
 (:mod:`continual_eval.functional.class_incremental`):
 
@@ -24,24 +25,19 @@ class-incremental literature computes from them
   task (``prediction_share``) against that task's share of those samples (``sample_share``): a
   prediction share above the sample share is a bias towards the new classes.
 
-Undefined values are NaN here and ``null`` in the file. The section stores the counts and the
-measures; :meth:`ClassIncrementalResults.from_dict` recomputes the measures from the stored counts
-(the counts are the record, the measures a pure function of them).
+Undefined values are NaN here and ``null`` in the file. The counts are the record; the measures
+are a pure function of them, recomputed when a file is read.
 
 Confusion encoding (``confusion.stages``): one string per stage holding the nonzero cells of that
-stage's matrix as space-separated ``true:predicted:count`` triples of decimal integers (class ids
-and the count), in row-major order (by true class, then predicted class), e.g.
-``"0:0:181 0:3:2 1:1:176"``. Integer counts, exact; a string per stage keeps ``results.json``
-small and quick to write (one JSON value per stage instead of three per cell). A stage without
-counts (recorded by a version that did not count them, e.g. resumed from an older checkpoint) is
-the empty string and its measures are null. :func:`encode_confusion` and
-:func:`decode_confusion` convert.
+stage's matrix as space-separated ``true:predicted:count`` triples of decimal integers, in
+row-major order, e.g. ``"0:0:181 0:3:2 1:1:176"``: exact integer counts, one JSON value per stage.
+An empty string is a stage without counts (its measures are null).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -61,11 +57,16 @@ from continual_eval.functional.class_incremental import (
     recency_bias,
     seen_accuracy,
 )
+from continual_eval.results._convert import cells, present
+from continual_eval.results.schema import (
+    ClassIncrementalSection,
+    ConfusionSection,
+    confusion_cells,
+)
 
 __all__ = [
     "CLASS_IL_SOURCE",
     "CONFUSION_ENCODING",
-    "PREDICTIONS",
     "ClassIncrementalResults",
     "class_incremental_scalars",
     "decode_confusion",
@@ -84,29 +85,30 @@ CONFUSION_ENCODING = (
     "(class ids); counts of the task-agnostic predictions on the seen tasks' test samples"
 )
 #: how the task-agnostic argmax chooses: among the seen classes (the tasks <= max(i, j)), or all
-#: outputs
 PREDICTIONS = ("seen", "all")
 WEIGHTINGS = ("sample", "task")
 
 
-def _present(value: Tensor | float) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
+def encode_confusion(matrix: Tensor) -> str:
+    """One ``[C, C]`` integer matrix as ``"true:predicted:count ..."`` over its nonzero cells,
+    row-major (see the module docstring)."""
+    index = matrix.nonzero()
+    counts = matrix[index[:, 0], index[:, 1]]
+    flat = torch.cat([index, counts[:, None].to(index.dtype)], 1).flatten().tolist()
+    return " ".join(["%d:%d:%d"] * len(index)) % tuple(flat)
 
 
-def _cells(values: Any) -> Any:
-    if isinstance(values, list):
-        return [_cells(v) for v in values]
-    return values if math.isfinite(values) else None
+def decode_confusion(text: str, num_classes: int) -> Tensor:
+    """The ``[C, C]`` int64 matrix of :func:`encode_confusion`'s text."""
+    matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    values = torch.from_numpy(confusion_cells(text))
+    matrix.index_put_((values[:, 0], values[:, 1]), values[:, 2], accumulate=True)
+    return matrix
 
 
-def _list(t: Tensor) -> Any:
-    """Nested lists of floats, ``None`` for NaN/inf."""
-    return _cells(t.detach().to("cpu", torch.float64).tolist())
-
-
-def _nan() -> Tensor:
-    return torch.tensor(math.nan, dtype=torch.float64)
+def _class_lists(task_classes: TaskClasses) -> tuple[tuple[int, ...], ...]:
+    order, bounds = task_classes.order.tolist(), task_classes.boundaries.tolist()
+    return tuple(tuple(order[bounds[j] : bounds[j + 1]]) for j in range(task_classes.num_tasks))
 
 
 def _running_mean(values: Tensor) -> Tensor:
@@ -114,28 +116,21 @@ def _running_mean(values: Tensor) -> Tensor:
     return torch.cumsum(values, 0) / counts
 
 
-def encode_confusion(matrix: Tensor) -> str:
-    """One ``[C, C]`` integer matrix as ``"true:predicted:count ..."`` over its nonzero cells,
-    row-major (see the module docstring)."""
-    cells = matrix.nonzero()
-    counts = matrix[cells[:, 0], cells[:, 1]]
-    flat = torch.cat([cells, counts[:, None].to(cells.dtype)], 1).flatten().tolist()
-    return " ".join(["%d:%d:%d"] * len(cells)) % tuple(flat)
-
-
-def decode_confusion(text: str, num_classes: int) -> Tensor:
-    """The ``[C, C]`` int64 matrix of :func:`encode_confusion`'s text (cells added up)."""
-    matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64)
-    numbers = text.replace(":", " ").split()
-    if numbers:
-        values = torch.tensor([int(v) for v in numbers], dtype=torch.int64).reshape(-1, 3)
-        matrix.index_put_((values[:, 0], values[:, 1]), values[:, 2], accumulate=True)
-    return matrix
-
-
-def _class_lists(task_classes: TaskClasses) -> tuple[tuple[int, ...], ...]:
-    order, bounds = task_classes.order.tolist(), task_classes.boundaries.tolist()
-    return tuple(tuple(order[bounds[j] : bounds[j + 1]]) for j in range(task_classes.num_tasks))
+def _test_samples(confusion: Tensor, class_task: Tensor) -> Tensor:
+    """``[C]`` test samples per class: its counts at the stages with counts, the same at each
+    (a ``ValueError`` naming the stage and class when they differ)."""
+    totals = confusion.sum(-1)  # [s, C]
+    stage = torch.arange(len(confusion))[:, None]
+    seen = (class_task >= 0) & (class_task <= stage) & (totals.sum(-1, keepdim=True) > 0)
+    samples = torch.where(seen, totals, 0).amax(0) if len(confusion) else totals.sum(0)
+    wrong = (seen & (totals != samples)).nonzero()
+    if len(wrong):
+        i, c = (int(v) for v in wrong[0])
+        raise ValueError(
+            f"class {c} has {int(totals[i, c])} test samples at stage {i} but {int(samples[c])} "
+            "at another: the test loaders must yield the same samples at every stage"
+        )
+    return samples
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,28 +148,22 @@ class ClassIncrementalResults:
     prediction: str = "seen"
     #: the per-class forgetting convention (``"peak"`` or ``"chaudhry"``)
     forgetting: str = "peak"
+    #: ``[C]`` int64: the test samples of each class (every stage's counts of a seen class)
+    test_samples: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
     #: ``[s, C]`` per-class accuracy (NaN: class not seen yet or no test sample)
     per_class_accuracy: Tensor = field(default_factory=lambda: torch.zeros(0, 0))
     #: ``"sample"``/``"task"`` -> ``[s]`` seen-class accuracy per stage
     seen_accuracy: dict[str, Tensor] = field(default_factory=dict)
-    #: ``"sample"``/``"task"`` -> the final stage's seen-class accuracy
-    last_accuracy: dict[str, float] = field(default_factory=dict)
-    #: ``"sample"``/``"task"`` -> the mean over stages of the seen-class accuracy
-    average_incremental_accuracy: dict[str, float] = field(default_factory=dict)
     #: ``"sample"``/``"task"`` -> ``[s]`` accuracy on the old classes (tasks ``< i``)
     old_accuracy: dict[str, Tensor] = field(default_factory=dict)
     #: ``[s]`` accuracy on the new classes (task ``i``)
     new_accuracy: Tensor = field(default_factory=lambda: torch.zeros(0))
     #: ``[s]`` mean class accuracy over the seen classes
     mean_class_accuracy: Tensor = field(default_factory=lambda: torch.zeros(0))
-    #: the average mean class accuracy (mean of ``mean_class_accuracy`` over the stages)
-    amca: float = math.nan
-    #: ``[s]`` AMCA over the stages ``<= i``
+    #: ``[s]`` mean of ``mean_class_accuracy`` over the stages ``<= i`` (its last value: AMCA)
     amca_per_stage: Tensor = field(default_factory=lambda: torch.zeros(0))
     #: ``[C]`` per-class forgetting after the final stage
     class_forgetting: Tensor = field(default_factory=lambda: torch.zeros(0))
-    #: the mean of ``class_forgetting`` over the classes where it is defined
-    mean_class_forgetting: float = math.nan
     #: ``[s]`` the mean per-class forgetting after each stage (from the stages ``<= i``)
     mean_class_forgetting_per_stage: Tensor = field(default_factory=lambda: torch.zeros(0))
     #: ``[s]`` share of the seen test samples predicted as a class of task ``i``
@@ -198,6 +187,26 @@ class ClassIncrementalResults:
     @property
     def num_tasks(self) -> int:
         return len(self.task_classes)
+
+    @property
+    def last_accuracy(self) -> dict[str, float]:
+        """``"sample"``/``"task"`` -> the final stage's seen-class accuracy (NaN: none)."""
+        return {w: _last(self.seen_accuracy[w]) for w in WEIGHTINGS}
+
+    @property
+    def average_incremental_accuracy(self) -> dict[str, float]:
+        """``"sample"``/``"task"`` -> the mean over the stages of the seen-class accuracy."""
+        return {w: _mean(self.seen_accuracy[w]) for w in WEIGHTINGS}
+
+    @property
+    def amca(self) -> float:
+        """The average mean class accuracy (the mean of ``mean_class_accuracy`` over stages)."""
+        return _last(self.amca_per_stage)
+
+    @property
+    def mean_class_forgetting(self) -> float:
+        """The mean of ``class_forgetting`` over the classes where it is defined."""
+        return _last(self.mean_class_forgetting_per_stage)
 
     def _known(self, checked: TaskClasses) -> ClassIncrementalResults:
         self.__dict__["checked"] = checked  # what compute() validated: no second check
@@ -242,129 +251,79 @@ class ClassIncrementalResults:
         confusion = torch.as_tensor(confusion).detach().to("cpu", torch.int64)
         if confusion.ndim != 3 or confusion.shape[1] != confusion.shape[2]:
             raise ValueError(f"confusion must be [s, C, C], got {tuple(confusion.shape)}")
-        if checked is None or checked.num_classes != confusion.shape[-1]:
-            checked = check_task_classes([list(c) for c in task_classes], confusion.shape[-1])
-        lists = _class_lists(checked)
-        s, C = confusion.shape[0], confusion.shape[-1]
-        class_task = checked.class_task
-        if confusion_text is None:
-            text = tuple(encode_confusion(matrix) for matrix in confusion)
-        elif len(confusion_text) != s:
-            raise ValueError(f"{len(confusion_text)} confusion strings for {s} stages")
-        else:
-            text = tuple(confusion_text)
-        if s == 0:
-            empty = torch.zeros(0, dtype=torch.float64)
-            return cls(
-                lists,
-                confusion,
-                prediction,
-                forgetting,
-                per_class_accuracy=torch.zeros(0, C, dtype=torch.float64),
-                seen_accuracy={w: empty for w in WEIGHTINGS},
-                last_accuracy=dict.fromkeys(WEIGHTINGS, math.nan),
-                average_incremental_accuracy=dict.fromkeys(WEIGHTINGS, math.nan),
-                old_accuracy={w: empty for w in WEIGHTINGS},
-                new_accuracy=empty,
-                mean_class_accuracy=empty,
-                amca_per_stage=empty,
-                class_forgetting=torch.full((C,), math.nan, dtype=torch.float64),
-                mean_class_forgetting_per_stage=empty,
-                recency_prediction_share=empty,
-                recency_sample_share=empty,
-                confusion_text=text,
-            )._known(checked)
         if bool((confusion < 0).any()):
             raise ValueError("confusion counts must be >= 0")
-        options = {"validate": False}  # checked once here
-        accuracy = per_class_accuracy(confusion, class_task, **options)
-        seen = {w: seen_accuracy(confusion, class_task, weighting=w, **options) for w in WEIGHTINGS}
-        old = {
-            w: old_new_accuracy(confusion, class_task, weighting=w, validate=False).old
-            for w in WEIGHTINGS
-        }
-        new = old_new_accuracy(confusion, class_task, validate=False).new
-        mca = mean_class_accuracy(confusion, class_task, **options)
-        amca_curve = _running_mean(mca)
-        forgetting_curve = torch.stack(
-            [
-                mean_class_forgetting(accuracy[: i + 1], convention=forgetting) if i else _nan()
-                for i in range(s)
-            ]
-        ).double()
-        bias = recency_bias(confusion, class_task, **options)
+        s, C = confusion.shape[0], confusion.shape[-1]
+        if checked is None or checked.num_classes != C:
+            checked = check_task_classes([list(c) for c in task_classes], C)
+        if confusion_text is None:
+            confusion_text = [encode_confusion(matrix) for matrix in confusion]
+        elif len(confusion_text) != s:
+            raise ValueError(f"{len(confusion_text)} confusion strings for {s} stages")
         return cls(
-            lists,
+            _class_lists(checked),
             confusion,
             prediction,
             forgetting,
-            per_class_accuracy=accuracy,
-            seen_accuracy=seen,
-            last_accuracy={w: float(seen[w][-1]) for w in WEIGHTINGS},
-            average_incremental_accuracy={w: float(seen[w].mean()) for w in WEIGHTINGS},
-            old_accuracy=old,
-            new_accuracy=new,
-            mean_class_accuracy=mca,
-            amca=float(amca_curve[-1]),
-            amca_per_stage=amca_curve,
-            class_forgetting=per_class_forgetting(accuracy, convention=forgetting),
-            mean_class_forgetting=float(forgetting_curve[-1]),
-            mean_class_forgetting_per_stage=forgetting_curve,
-            recency_prediction_share=bias.prediction_share,
-            recency_sample_share=bias.sample_share,
-            confusion_text=text,
+            test_samples=_test_samples(confusion, checked.class_task),
+            confusion_text=tuple(confusion_text),
+            **_measures(confusion, checked.class_task, forgetting),
         )._known(checked)
 
     @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> ClassIncrementalResults:
-        """From a document's ``class_incremental`` section (validated by
-        :func:`~continual_eval.results_schema.validate_results`): the counts as recorded, the
-        measures recomputed from them."""
-        task_classes = [list(c) for c in section["task_classes"]]
-        C = int(section["num_classes"])
-        stages = [str(text) for text in section["confusion"]["stages"]]
+    def from_section(cls, section: ClassIncrementalSection) -> ClassIncrementalResults:
+        """From a checked ``class_incremental`` section: the counts as recorded, the measures
+        recomputed from them."""
+        C = section.num_classes
+        stages = list(section.confusion.stages)
         confusion = torch.zeros(len(stages), C, C, dtype=torch.int64)
         for i, text in enumerate(stages):
             confusion[i] = decode_confusion(text, C)
         return cls.compute(
-            task_classes,
+            section.task_classes,
             confusion,
-            prediction=str(section.get("prediction", "seen")),
-            forgetting=str(section.get("forgetting", "peak")),
+            prediction=section.prediction,
+            forgetting=section.forgetting,
             confusion_text=stages,
         )
 
     # ------------------------------------------------------------------ output
-    def to_dict(self) -> dict[str, Any]:
-        """The ``class_incremental`` section (``None`` for undefined values)."""
-        both = {w: _list(self.seen_accuracy[w]) for w in WEIGHTINGS}
-        return {
-            "task_classes": [list(c) for c in self.task_classes],
-            "num_classes": self.num_classes,
-            "class_order": self.class_order,
-            "prediction": self.prediction,
-            "forgetting": self.forgetting,
-            "confusion": {"encoding": CONFUSION_ENCODING, "stages": list(self.confusion_text)},
-            "per_class_accuracy": _list(self.per_class_accuracy) if self.num_stages else [],
-            "seen_accuracy": both,
-            "last_accuracy": {w: _present(self.last_accuracy[w]) for w in WEIGHTINGS},
-            "average_incremental_accuracy": {
-                w: _present(self.average_incremental_accuracy[w]) for w in WEIGHTINGS
+    def to_section(self) -> ClassIncrementalSection:
+        """The ``class_incremental`` section (``null`` for undefined values)."""
+
+        def both(values: dict[str, Tensor]) -> dict[str, Any]:
+            return {w: cells(values[w]) for w in WEIGHTINGS}
+
+        return ClassIncrementalSection(
+            task_classes=[list(c) for c in self.task_classes],
+            num_classes=self.num_classes,
+            test_samples=self.test_samples.tolist(),
+            class_order=self.class_order,
+            prediction=self.prediction,  # type: ignore[arg-type]
+            forgetting=self.forgetting,
+            confusion=ConfusionSection(
+                encoding=CONFUSION_ENCODING, stages=list(self.confusion_text)
+            ),
+            per_class_accuracy=cells(self.per_class_accuracy),
+            seen_accuracy=both(self.seen_accuracy),
+            last_accuracy={w: present(v) for w, v in self.last_accuracy.items()},
+            average_incremental_accuracy={
+                w: present(v) for w, v in self.average_incremental_accuracy.items()
             },
-            "old_accuracy": {w: _list(self.old_accuracy[w]) for w in WEIGHTINGS},
-            "new_accuracy": _list(self.new_accuracy),
-            "mean_class_accuracy": _list(self.mean_class_accuracy),
-            "amca": _present(self.amca),
-            "amca_per_stage": _list(self.amca_per_stage),
-            "class_forgetting": _list(self.class_forgetting),
-            "mean_class_forgetting": _present(self.mean_class_forgetting),
-            "mean_class_forgetting_per_stage": _list(self.mean_class_forgetting_per_stage),
-            "recency_bias": {
-                "prediction_share": _list(self.recency_prediction_share),
-                "sample_share": _list(self.recency_sample_share),
+            old_accuracy=both(self.old_accuracy),
+            new_accuracy=cells(self.new_accuracy),
+            mean_class_accuracy=cells(self.mean_class_accuracy),
+            amca=present(self.amca),
+            amca_per_stage=cells(self.amca_per_stage),
+            class_forgetting=cells(self.class_forgetting),
+            mean_class_forgetting=present(self.mean_class_forgetting),
+            mean_class_forgetting_per_stage=cells(self.mean_class_forgetting_per_stage),
+            recency_bias={
+                "prediction_share": cells(self.recency_prediction_share),
+                "sample_share": cells(self.recency_sample_share),
             },
-            "source": CLASS_IL_SOURCE,
-        }
+            source=CLASS_IL_SOURCE,
+        )
 
     def scalars(self, stage: int, prefix: str = "continual/") -> dict[str, float]:
         """The values of ``stage`` logged as ``{prefix}class_il/...`` (NaN left out):
@@ -374,7 +333,6 @@ class ClassIncrementalResults:
         that stage)."""
         if not 0 <= stage < self.num_stages:
             return {}
-        base = f"{prefix}class_il/"
         values = {
             "seen_acc_sample": self.seen_accuracy["sample"][stage],
             "seen_acc_task": self.seen_accuracy["task"][stage],
@@ -386,9 +344,9 @@ class ClassIncrementalResults:
             "class_forgetting": self.mean_class_forgetting_per_stage[stage],
         }
         return {
-            f"{base}{key}": float(value)
+            f"{prefix}class_il/{key}": float(value)
             for key, value in values.items()
-            if _present(value) is not None
+            if present(value) is not None
         }
 
     def confusion_figure(self, stage: int = -1, *, title: str | None = None) -> Any:
@@ -403,6 +361,64 @@ class ClassIncrementalResults:
             title=title or f"task-agnostic confusion after stage {stage}",
         )
         return fig
+
+
+def _measures(confusion: Tensor, class_task: Tensor, forgetting: str) -> dict[str, Any]:
+    """Every measure of :class:`ClassIncrementalResults` from the counts ``[s, C, C]``."""
+    s, C = confusion.shape[0], confusion.shape[-1]
+    empty = torch.zeros(0, dtype=torch.float64)
+    if s == 0:
+        return {
+            "per_class_accuracy": torch.zeros(0, C, dtype=torch.float64),
+            "seen_accuracy": dict.fromkeys(WEIGHTINGS, empty),
+            "old_accuracy": dict.fromkeys(WEIGHTINGS, empty),
+            "class_forgetting": torch.full((C,), math.nan, dtype=torch.float64),
+            **dict.fromkeys(_PER_STAGE, empty),
+        }
+    # the counts and classes were checked once, by compute: validate=False below
+    accuracy = per_class_accuracy(confusion, class_task, validate=False)
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    forgetting_curve = [
+        mean_class_forgetting(accuracy[: i + 1], convention=forgetting) if i else nan
+        for i in range(s)
+    ]
+    mca = mean_class_accuracy(confusion, class_task, validate=False)
+    bias = recency_bias(confusion, class_task, validate=False)
+    return {
+        "per_class_accuracy": accuracy,
+        "seen_accuracy": {
+            w: seen_accuracy(confusion, class_task, weighting=w, validate=False) for w in WEIGHTINGS
+        },
+        "old_accuracy": {
+            w: old_new_accuracy(confusion, class_task, weighting=w, validate=False).old
+            for w in WEIGHTINGS
+        },
+        "new_accuracy": old_new_accuracy(confusion, class_task, validate=False).new,
+        "mean_class_accuracy": mca,
+        "amca_per_stage": _running_mean(mca),
+        "class_forgetting": per_class_forgetting(accuracy, convention=forgetting),
+        "mean_class_forgetting_per_stage": torch.stack(forgetting_curve).double(),
+        "recency_prediction_share": bias.prediction_share,
+        "recency_sample_share": bias.sample_share,
+    }
+
+
+_PER_STAGE = (
+    "new_accuracy",
+    "mean_class_accuracy",
+    "amca_per_stage",
+    "mean_class_forgetting_per_stage",
+    "recency_prediction_share",
+    "recency_sample_share",
+)
+
+
+def _last(values: Tensor) -> float:
+    return float(values[-1]) if len(values) else math.nan
+
+
+def _mean(values: Tensor) -> float:
+    return float(values.double().mean()) if len(values) else math.nan
 
 
 def class_incremental_scalars(results: Any, stage: int, prefix: str) -> dict[str, float]:

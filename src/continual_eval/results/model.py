@@ -3,30 +3,37 @@
 It owns, per scorer (:class:`MatrixResults`), the rows of R so far, the baseline, the metric
 family computed in ONE :func:`~continual_eval.functional.all_continual_metrics` pass (``metrics``
 is exactly the last point of ``metrics_per_stage``), the per-task values and, with per-step
-evaluation, the step curves and their stability metrics (:class:`Stability`); plus the steps of
-those evaluations (:class:`StepEvaluations`), the conventions, the metadata and the run id.
+evaluation, the step curves with their stability (:class:`Stability`) and plasticity
+(:class:`Plasticity`) metrics; plus the steps of those evaluations (:class:`StepEvaluations`),
+what each stage cost (:class:`RunCost`), the primary matrix against a reference
+(:class:`ReferenceMetrics`), the class-incremental record, the conventions, the metadata and the
+run id.
 
-:meth:`ContinualResults.from_tensors` builds it from what the callback records,
-:meth:`ContinualResults.from_dict` from a ``results.json`` document (``format_version`` 1 or 2);
-:meth:`ContinualResults.to_dict` gives the document back (``format_version`` 2), and
-:meth:`~ContinualResults.write`/:meth:`~ContinualResults.load` go through the files of
-:mod:`continual_eval.results`. The loggers (:mod:`continual_eval.loggers`) and
-``continual-eval report`` take this object.
+Each class here is the typed, tensor-holding form of one section of
+:class:`~continual_eval.results.schema.Document` (``to_section``/``from_section``): the schema
+says what ``results.json`` holds and checks a file; this module says what it means.
+:meth:`ContinualResults.from_tensors` builds the results from what the callback records,
+:meth:`~ContinualResults.to_dict`/:meth:`~ContinualResults.from_dict` convert to and from the
+document, :meth:`~ContinualResults.write`/:meth:`~ContinualResults.load` go through the files of
+:mod:`continual_eval.results.files`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 from torch import Tensor
 
-from continual_eval.class_incremental_results import ClassIncrementalResults
+import continual_eval.results.files as files
+import continual_eval.results.schema as schema
 from continual_eval.functional import all_continual_metrics
 from continual_eval.functional.accuracy_matrix import (
     forward_transfer_per_task,
@@ -40,22 +47,12 @@ from continual_eval.functional.plasticity import (
     stage_auc,
     stage_start_accuracy,
 )
-from continual_eval.functional.stability import (
-    min_accuracy,
-    stability_gap,
-    worst_case_accuracy,
-)
-from continual_eval.results_schema import FORMAT_VERSION, validate_results
-from continual_eval.stage_cost import (
-    StageCost,
-    memory_kind,
-    summarize_costs,
-)
+from continual_eval.functional.stability import min_accuracy, stability_gap, worst_case_accuracy
+from continual_eval.results._convert import cells, matrix, present, vector
+from continual_eval.results.class_incremental import ClassIncrementalResults
+from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
 __all__ = [
-    "REFERENCE_SCORE_KINDS",
-    "STABILITY_KEYS",
-    "STABILITY_SOURCE",
     "ContinualResults",
     "MatrixResults",
     "Plasticity",
@@ -65,7 +62,6 @@ __all__ = [
     "ScoreMatrix",
     "Stability",
     "StepEvaluations",
-    "matrix_key",
 ]
 
 #: the per-task stability-gap values (:func:`~continual_eval.functional.stability_gap`)
@@ -74,51 +70,31 @@ STABILITY_KEYS = ("boundary", "minimum", "depth", "recovery_steps")
 STABILITY_SOURCE = "De Lange, van de Ven & Tuytelaars, ICLR 2023 (min-ACC eq. 4, WC-ACC eq. 5)"
 FWT_CONVENTION = "R[j-1,j] - b[j] (GEM; b[j] - R[j-1,j] where lower is better)"
 UNIT_BOUNDS = (0.0, 1.0)
-
-
-# ---------------------------------------------------------------------- conversions
-def _float_or_none(value: float) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _list(t: Tensor) -> Any:
-    """Nested lists of floats with NaN/inf as ``None`` (a float or ``None`` for a 0-dim tensor)."""
-    if t.ndim == 0:
-        return _float_or_none(t.item())
-    return [_list(x) if x.ndim else _float_or_none(x.item()) for x in t.detach().cpu().double()]
-
-
-def _float(value: Any) -> float:
-    """A cell of a document as a float (``None`` -> NaN)."""
-    return math.nan if value is None else float(value)
-
-
-def _vector(values: Sequence[Any]) -> Tensor:
-    return torch.tensor([_float(v) for v in values], dtype=torch.float64)
-
-
-def _matrix(rows: Sequence[Sequence[Any]], columns: int) -> Tensor:
-    return torch.tensor([[_float(v) for v in row] for row in rows], dtype=torch.float64).reshape(
-        -1, columns
-    )
+#: the kinds of :class:`ReferenceScores`: trained by :func:`~continual_eval.train_reference`
+#: (``"isolated"``, ``"joint"``) or given as scores of unknown provenance (``"given"``)
+REFERENCE_SCORE_KINDS = ("isolated", "joint", "given")
 
 
 def _f64(t: Any) -> Tensor:
     return torch.as_tensor(t, dtype=torch.float64).detach().cpu()
 
 
-def _bounds_from_json(value: Any) -> tuple[float, float] | None:
-    """``[lo, hi]`` of a document (``null`` ends are infinite) as a pair of floats."""
-    if value is None:
-        return None
-    lo, hi = value
-    return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
+def _empty() -> Tensor:
+    return torch.zeros(0, dtype=torch.float64)
 
 
-def matrix_key(score_name: str) -> str:
-    """The ``matrices`` key of a single scorer: ``"acc"`` for accuracy, else its score name."""
-    return "acc" if score_name == "accuracy" else score_name
+def _table(values: Mapping[str, Any]) -> dict[str, Tensor]:
+    return {key: vector(column) for key, column in values.items()}
+
+
+def _cell_table(values: Mapping[str, Tensor]) -> dict[str, Any]:
+    return {key: cells(column) for key, column in values.items()}
+
+
+def _running_mean(values: Tensor) -> Tensor:
+    """``out[i] = mean(values[:i+1])`` (NaN from the first NaN on)."""
+    counts = torch.arange(1, len(values) + 1, dtype=torch.float64)
+    return torch.cumsum(values, 0) / counts
 
 
 # ---------------------------------------------------------------------- inputs
@@ -138,6 +114,38 @@ class ScoreMatrix:
     higher_is_better: bool = True
     bounds: tuple[float, float] | None = UNIT_BOUNDS
     step_scores: Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceScores:
+    """A reference for the primary scorer, the input of :meth:`ContinualResults.from_tensors`
+    (``reference=``): what the callback's ``reference=`` argument resolves to
+    (:func:`continual_eval.results.reference.resolve_reference`)."""
+
+    #: ``"isolated"``, ``"joint"`` or ``"given"`` (see :data:`REFERENCE_SCORE_KINDS`)
+    kind: str
+    #: ``[T]`` float64: ``ref[j]``, the reference score on task ``j`` (NaN = absent)
+    scores: Tensor
+    #: ``[T]`` float64: ``AUC_j^ref``, the reference's mean score of task ``j`` over its training
+    #: (from its learning curves), for the normalised forward transfer; ``None`` without curves
+    auc: Tensor | None = None
+    #: where it came from (a path, ``"train_reference"``, ``"tensor"``)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in REFERENCE_SCORE_KINDS:
+            raise ValueError(
+                f"reference kind must be one of {REFERENCE_SCORE_KINDS}, got {self.kind!r}"
+            )
+        scores = _f64(self.scores).reshape(-1)
+        object.__setattr__(self, "scores", scores)
+        if self.auc is not None:
+            auc = _f64(self.auc).reshape(-1)
+            if auc.shape != scores.shape:
+                raise ValueError(
+                    f"reference auc has {auc.numel()} values for {scores.numel()} scores"
+                )
+            object.__setattr__(self, "auc", auc)
 
 
 # ---------------------------------------------------------------------- step evaluations
@@ -174,29 +182,29 @@ class StepEvaluations:
         return len(self.step)
 
     @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> StepEvaluations:
-        """From a document's ``curves`` section."""
-        steps = list(section["step"])
-        subset = section.get("subset")
+    def from_section(cls, section: schema.CurvesSection) -> StepEvaluations:
+        subset = section.subset
         return cls(
-            step=torch.tensor(steps, dtype=torch.int64),
-            stage=torch.tensor(list(section["stage"]), dtype=torch.int64),
-            full=tuple(section.get("full") or (True,) * len(steps)),
-            step_counter=str(section.get("step_counter", "")),
-            subset=dict(subset) if subset is not None else None,
+            step=torch.tensor(section.step, dtype=torch.int64),
+            stage=torch.tensor(section.stage, dtype=torch.int64),
+            full=tuple(section.full),
+            step_counter=section.step_counter,
+            subset=None if subset is None else msgspec.structs.asdict(subset),
         )
 
-    def to_dict(self, scores: Tensor | None, score_name: str) -> dict[str, Any]:
+    def to_section(self, scores: Tensor | None, score_name: str) -> schema.CurvesSection:
         """The ``curves`` section with ``scores`` ``[N, T]`` as its ``accuracy`` rows."""
-        return {
-            "step": self.step.tolist(),
-            "stage": self.stage.tolist(),
-            "accuracy": _list(scores) if scores is not None and len(self) else [],
-            "full": list(self.full),
-            "score": score_name,
-            "step_counter": self.step_counter,
-            "subset": dict(self.subset) if self.subset is not None else None,
-        }
+        return schema.CurvesSection(
+            step=self.step.tolist(),
+            stage=self.stage.tolist(),
+            accuracy=cells(scores) if scores is not None and len(self) else [],
+            full=list(self.full),
+            score=score_name,
+            step_counter=self.step_counter,
+            subset=None
+            if self.subset is None
+            else msgspec.convert(self.subset, schema.SubsetSection),
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,9 +238,8 @@ class Stability:
         ``stages_completed`` finished stages only."""
         done = steps.stage < stages_completed
         values, stage, step = _f64(scores)[done], steps.stage[done], steps.step[done]
-        empty = torch.zeros(0, dtype=torch.float64)
         if stages_completed == 0 or not len(stage):
-            return cls(empty, empty, dict.fromkeys(STABILITY_KEYS, empty), tolerance)
+            return cls(_empty(), _empty(), dict.fromkeys(STABILITY_KEYS, _empty()), tolerance)
         gap = stability_gap(
             values, stage, step, tolerance=tolerance, higher_is_better=higher_is_better
         )
@@ -244,37 +251,27 @@ class Stability:
         )
 
     @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> Stability:
-        """From a document's ``stability`` section."""
-        per_task = section.get("per_task") or {}
+    def from_section(cls, section: schema.StabilitySection) -> Stability:
         return cls(
-            _vector(section.get("min_acc", [])),
-            _vector(section.get("wc_acc", [])),
-            {key: _vector(values) for key, values in per_task.items()},
-            float(section.get("tolerance", 0.0)),
-            str(section.get("source", STABILITY_SOURCE)),
+            vector(section.min_acc),
+            vector(section.wc_acc),
+            _table(section.per_task),
+            section.tolerance,
+            section.source,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``stability`` section (``None`` for undefined values)."""
-        return {
-            "min_acc": _list(self.min_acc),
-            "wc_acc": _list(self.wc_acc),
-            "per_task": {key: _list(values) for key, values in self.per_task.items()},
-            "tolerance": self.tolerance,
-            "source": self.source,
-        }
+    def to_section(self) -> schema.StabilitySection:
+        """The ``stability`` section (``null`` for undefined values)."""
+        return schema.StabilitySection(
+            min_acc=cells(self.min_acc),
+            wc_acc=cells(self.wc_acc),
+            per_task=_cell_table(self.per_task),
+            tolerance=self.tolerance,
+            source=self.source,
+        )
 
 
 # ---------------------------------------------------------------------- plasticity
-def _present(value: Tensor | float | None) -> float | None:
-    """A 0-dim tensor or float as a float, ``None`` where absent (NaN/inf, or ``None``)."""
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _best_score(higher_is_better: bool, bounds: tuple[float, float] | None) -> float | None:
     """The best attainable score (the upper bound, or the lower one where lower is better);
     ``None`` when that end is unbounded."""
@@ -282,6 +279,13 @@ def _best_score(higher_is_better: bool, bounds: tuple[float, float] | None) -> f
         return None
     best = float(bounds[1] if higher_is_better else bounds[0])
     return best if math.isfinite(best) else None
+
+
+def _padded(values: Tensor, s: int) -> Tensor:
+    """``values`` cut or NaN-padded to ``s`` entries."""
+    out = torch.full((s,), math.nan, dtype=torch.float64)
+    out[: min(s, len(values))] = values[:s]
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -335,101 +339,58 @@ class Plasticity:
         with_ft = reference_auc is not None and best is not None
         if s == 0 or not len(stage):
             return cls(None, nan, lca_beta, None, None, nan.clone() if with_ft else None)
-        initial = stage_start_accuracy(scores, baseline, validate=False)
-        options: dict[str, Any] = {"initial": initial, "validate": False}
-        area = anytime_accuracy(acc, stage, step, **options)
-        per_stage = stage_auc(acc, stage, step, **options)
-        aucs = nan.clone()
-        aucs[: min(s, len(per_stage))] = per_stage[:s]
+        options: dict[str, Any] = {
+            "initial": stage_start_accuracy(scores, baseline, validate=False),
+            "validate": False,
+        }
         lca = None
         if lca_beta is not None:
-            lca = _present(learning_curve_area(acc, stage, step, lca_beta, **options))
+            lca = present(learning_curve_area(acc, stage, step, lca_beta, **options))
         ft, ft_per_task = None, None
         if with_ft:
             assert reference_auc is not None and best is not None
-            reference = torch.full_like(baseline, math.nan)
-            given = _f64(reference_auc).reshape(-1)[: len(reference)]
-            reference[: len(given)] = given
+            reference = _padded(_f64(reference_auc).reshape(-1), len(baseline))
             values = auc_forward_transfer_per_task(
                 acc, stage, step, reference, best=best, **options
             )
-            ft_per_task = nan.clone()
-            ft_per_task[: min(s, len(values))] = values[:s]
-            ft = _present(ft_per_task.mean())
-        return cls(_present(area), aucs, lca_beta, lca, ft, ft_per_task)
-
-    @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> Plasticity:
-        """From a document's ``plasticity`` section (``null`` -> ``None``)."""
-        lca = section.get("lca")
-        per_task = section.get("auc_forward_transfer_per_task")
+            ft_per_task = _padded(values, s)
+            ft = present(ft_per_task.mean())
         return cls(
-            _present(section.get("anytime_accuracy")),
-            _vector(section.get("stage_auc") or []),
-            None if lca is None else int(lca["beta"]),
-            None if lca is None else _present(lca.get("value")),
-            _present(section.get("auc_forward_transfer")),
-            None if per_task is None else _vector(per_task),
+            present(anytime_accuracy(acc, stage, step, **options)),
+            _padded(stage_auc(acc, stage, step, **options), s),
+            lca_beta,
+            lca,
+            ft,
+            ft_per_task,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    @classmethod
+    def from_section(cls, section: schema.PlasticitySection) -> Plasticity:
+        lca, per_task = section.lca, section.auc_forward_transfer_per_task
+        return cls(
+            section.anytime_accuracy,
+            vector(section.stage_auc),
+            None if lca is None else lca.beta,
+            None if lca is None else lca.value,
+            section.auc_forward_transfer,
+            None if per_task is None else vector(per_task),
+        )
+
+    def to_section(self) -> schema.PlasticitySection:
         """The ``plasticity`` section (``null`` where absent)."""
-        return {
-            "anytime_accuracy": _present(self.anytime_accuracy),
-            "stage_auc": _list(self.stage_auc),
-            "lca": None
+        per_task = self.auc_forward_transfer_per_task
+        return schema.PlasticitySection(
+            anytime_accuracy=present(self.anytime_accuracy),
+            stage_auc=cells(self.stage_auc),
+            lca=None
             if self.lca_beta is None
-            else {"beta": int(self.lca_beta), "value": _present(self.lca)},
-            "auc_forward_transfer": _present(self.auc_forward_transfer),
-            "auc_forward_transfer_per_task": None
-            if self.auc_forward_transfer_per_task is None
-            else _list(self.auc_forward_transfer_per_task),
-        }
+            else schema.LcaSection(beta=int(self.lca_beta), value=present(self.lca)),
+            auc_forward_transfer=present(self.auc_forward_transfer),
+            auc_forward_transfer_per_task=None if per_task is None else cells(per_task),
+        )
 
 
 # ---------------------------------------------------------------------- reference
-#: the kinds of :class:`ReferenceScores`: trained by :func:`~continual_eval.train_reference`
-#: (``"isolated"``, ``"joint"``) or given as scores of unknown provenance (``"given"``)
-REFERENCE_SCORE_KINDS = ("isolated", "joint", "given")
-
-
-@dataclass(frozen=True, eq=False)
-class ReferenceScores:
-    """A reference for the primary scorer, the input of :meth:`ContinualResults.from_tensors`
-    (``reference=``): what the callback's ``reference=`` argument resolves to."""
-
-    #: ``"isolated"``, ``"joint"`` or ``"given"`` (see :data:`REFERENCE_SCORE_KINDS`)
-    kind: str
-    #: ``[T]`` float64: ``ref[j]``, the reference score on task ``j`` (NaN = absent)
-    scores: Tensor
-    #: ``[T]`` float64: ``AUC_j^ref``, the reference's mean score of task ``j`` over its training
-    #: (from its learning curves), for the normalised forward transfer; ``None`` without curves
-    auc: Tensor | None = None
-    #: where it came from (a path, ``"train_reference"``, ``"tensor"``)
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in REFERENCE_SCORE_KINDS:
-            raise ValueError(
-                f"reference kind must be one of {REFERENCE_SCORE_KINDS}, got {self.kind!r}"
-            )
-        scores = _f64(self.scores).reshape(-1)
-        object.__setattr__(self, "scores", scores)
-        if self.auc is not None:
-            auc = _f64(self.auc).reshape(-1)
-            if auc.shape != scores.shape:
-                raise ValueError(
-                    f"reference auc has {auc.numel()} values for {scores.numel()} scores"
-                )
-            object.__setattr__(self, "auc", auc)
-
-
-def _running_mean(values: Tensor) -> Tensor:
-    """``out[i] = mean(values[:i+1])`` (NaN from the first NaN on)."""
-    counts = torch.arange(1, len(values) + 1, dtype=torch.float64)
-    return torch.cumsum(values, 0) / counts
-
-
 @dataclass(frozen=True, eq=False)
 class ReferenceMetrics:
     """The primary matrix against a reference model (the ``reference`` section of
@@ -476,8 +437,7 @@ class ReferenceMetrics:
         s = matrix.num_stages
         R, ref, hib = matrix.scores[:, :s], reference.scores[:s], bool(matrix.higher_is_better)
         intransigence = intransigence_per_task(R, ref, higher_is_better=hib, validate=False)
-        empty = torch.zeros(0, dtype=torch.float64)
-        fwt = empty
+        fwt = _empty()
         if s > 1:
             fwt = forward_transfer_per_task(
                 R, ref, convention="isolated", higher_is_better=hib, validate=False
@@ -492,47 +452,44 @@ class ReferenceMetrics:
             higher_is_better=hib,
             scores=reference.scores.clone(),
             auc=None if reference.auc is None else reference.auc.clone(),
-            intransigence=_present(per_stage["intransigence"][-1]) if s else None,
+            intransigence=present(per_stage["intransigence"][-1]) if s else None,
             intransigence_per_task=intransigence.double(),
-            fwt_isolated=_present(fwt_curve[-1]) if s else None,
+            fwt_isolated=present(fwt_curve[-1]) if s else None,
             fwt_isolated_per_task=fwt.double(),
             per_stage=per_stage,
             source=reference.source,
         )
 
     @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> ReferenceMetrics:
-        """From a document's ``reference`` section (``null`` -> ``None``/NaN)."""
-        auc = section.get("auc")
+    def from_section(cls, section: schema.ReferenceSection) -> ReferenceMetrics:
         return cls(
-            kind=str(section["kind"]),
-            score=str(section.get("score", "")),
-            higher_is_better=bool(section.get("higher_is_better", True)),
-            scores=_vector(section["scores"]),
-            auc=None if auc is None else _vector(auc),
-            intransigence=_present(section.get("intransigence")),
-            intransigence_per_task=_vector(section.get("intransigence_per_task") or []),
-            fwt_isolated=_present(section.get("fwt_isolated")),
-            fwt_isolated_per_task=_vector(section.get("fwt_isolated_per_task") or []),
-            per_stage={k: _vector(v) for k, v in (section.get("per_stage") or {}).items()},
-            source=str(section.get("source", "")),
+            kind=section.kind,
+            score=section.score,
+            higher_is_better=section.higher_is_better,
+            scores=vector(section.scores),
+            auc=None if section.auc is None else vector(section.auc),
+            intransigence=section.intransigence,
+            intransigence_per_task=vector(section.intransigence_per_task),
+            fwt_isolated=section.fwt_isolated,
+            fwt_isolated_per_task=vector(section.fwt_isolated_per_task),
+            per_stage=_table(section.per_stage),
+            source=section.source,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``reference`` section."""
-        return {
-            "kind": self.kind,
-            "score": self.score,
-            "higher_is_better": bool(self.higher_is_better),
-            "scores": _list(self.scores),
-            "auc": None if self.auc is None else _list(self.auc),
-            "intransigence": _present(self.intransigence),
-            "intransigence_per_task": _list(self.intransigence_per_task),
-            "fwt_isolated": _present(self.fwt_isolated),
-            "fwt_isolated_per_task": _list(self.fwt_isolated_per_task),
-            "per_stage": {key: _list(values) for key, values in self.per_stage.items()},
-            "source": self.source,
-        }
+    def to_section(self) -> schema.ReferenceSection:
+        return schema.ReferenceSection(
+            kind=self.kind,  # type: ignore[arg-type]
+            score=self.score,
+            higher_is_better=bool(self.higher_is_better),
+            scores=cells(self.scores),
+            auc=None if self.auc is None else cells(self.auc),
+            intransigence=present(self.intransigence),
+            intransigence_per_task=cells(self.intransigence_per_task),
+            fwt_isolated=present(self.fwt_isolated),
+            fwt_isolated_per_task=cells(self.fwt_isolated_per_task),
+            per_stage=_cell_table(self.per_stage),
+            source=self.source,
+        )
 
 
 # ---------------------------------------------------------------------- cost
@@ -541,8 +498,7 @@ class RunCost:
     """What each training stage cost (:mod:`continual_eval.stage_cost`): the ``cost`` section of
     ``results.json``."""
 
-    #: one :class:`~continual_eval.stage_cost.StageCost` per recorded stage, in stage order (a
-    #: run resumed from a checkpoint written before costs were recorded lacks the earlier ones)
+    #: one :class:`~continual_eval.stage_cost.StageCost` per recorded stage, in stage order
     per_stage: tuple[StageCost, ...] = ()
 
     def __post_init__(self) -> None:
@@ -567,24 +523,25 @@ class RunCost:
 
     def model_size_efficiency_at(self, stage: int) -> float | None:
         """The model-size efficiency over the stages ``<= stage`` (``summary``'s value had the run
-        stopped there): ``None`` unless every one of them was recorded (a run resumed from a
-        checkpoint without costs lacks stage 0's parameter count, the reference of MS)."""
+        stopped there): ``None`` unless every one of them was recorded (without stage 0's
+        parameter count, the reference of MS, it is undefined)."""
         costs = [c for c in self.per_stage if c.stage <= stage]
         value: float | None = summarize_costs(costs)["model_size_efficiency"]
         return value
 
     @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> RunCost:
-        """From a document's ``cost`` section (the summary is recomputed from ``per_stage``)."""
-        return cls(tuple(StageCost.from_dict(cost) for cost in section.get("per_stage") or []))
+    def from_section(cls, section: schema.CostSection) -> RunCost:
+        """The stages as recorded (``summary`` and ``memory_kind`` are recomputed)."""
+        return cls(tuple(StageCost(**msgspec.structs.asdict(c)) for c in section.per_stage))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``cost`` section: ``per_stage``, ``summary``, ``memory_kind``."""
-        return {
-            "per_stage": [cost.to_dict() for cost in self.per_stage],
-            "summary": self.summary,
-            "memory_kind": self.memory_kind,
-        }
+    def to_section(self) -> schema.CostSection:
+        return schema.CostSection(
+            per_stage=[
+                schema.StageCostSection(**dataclasses.asdict(cost)) for cost in self.per_stage
+            ],
+            summary=self.summary,
+            memory_kind=self.memory_kind,
+        )
 
 
 # ---------------------------------------------------------------------- one matrix
@@ -593,6 +550,30 @@ def _direction(higher_is_better: bool, bounds: tuple[float, float] | None) -> di
     if higher_is_better and bounds == UNIT_BOUNDS:
         return {}
     return {"higher_is_better": higher_is_better, "bounds": bounds}
+
+
+def _family(
+    scores: Tensor, baseline: Tensor, forgetting: str, validate: bool, matrix: ScoreMatrix
+) -> tuple[dict[str, float], dict[str, Tensor], dict[str, Tensor]]:
+    """``(metrics, metrics_per_stage, per_task)`` of ``R [s, T]`` in one pass (NaN without a
+    stage)."""
+    s = scores.shape[0]
+    if s == 0:
+        return (
+            dict.fromkeys(METRIC_KEYS, math.nan),
+            dict.fromkeys(CURVE_KEYS, _empty()),
+            dict.fromkeys(PER_TASK_KEYS, _empty()),
+        )
+    family = all_continual_metrics(
+        scores[:, :s],
+        baseline[:s],
+        forgetting=forgetting,
+        validate=validate,
+        **_direction(bool(matrix.higher_is_better), matrix.bounds),
+    )
+    curves = {key: family["curve"][key].double() for key in CURVE_KEYS}
+    per_task = {key: family["per_task"][key].double() for key in PER_TASK_KEYS}
+    return {key: float(curves[key][-1]) for key in METRIC_KEYS}, curves, per_task
 
 
 @dataclass(frozen=True, eq=False)
@@ -654,35 +635,18 @@ class MatrixResults:
                 f"matrix {name!r}: scores must be [s, T] and baseline [T], got "
                 f"{tuple(scores.shape)} and {tuple(baseline.shape)}"
             )
-        s, T = scores.shape
-        empty = torch.zeros(0, dtype=torch.float64)
-        metrics = dict.fromkeys(METRIC_KEYS, math.nan)
-        curves = dict.fromkeys(CURVE_KEYS, empty)
-        per_task = dict.fromkeys(PER_TASK_KEYS, empty)
-        if s > 0:
-            family = all_continual_metrics(
-                scores[:, :s],
-                baseline[:s],
-                forgetting=forgetting,
-                validate=validate,
-                **_direction(bool(matrix.higher_is_better), matrix.bounds),
-            )
-            curves = {key: family["curve"][key].double() for key in CURVE_KEYS}
-            per_task = {key: family["per_task"][key].double() for key in PER_TASK_KEYS}
-            metrics = {key: float(curves[key][-1]) for key in METRIC_KEYS}
+        metrics, curves, per_task = _family(scores, baseline, forgetting, validate, matrix)
+        hib = bool(matrix.higher_is_better)
         step_scores, stability, plasticity = None, None, None
         if steps is not None and matrix.step_scores is not None:
-            step_scores = _f64(matrix.step_scores).reshape(-1, T)
+            step_scores = _f64(matrix.step_scores).reshape(-1, scores.shape[1])
             if len(step_scores) != len(steps):
                 raise ValueError(
                     f"matrix {name!r}: {len(step_scores)} step rows for {len(steps)} evaluations"
                 )
+            s = scores.shape[0]
             stability = Stability.compute(
-                step_scores,
-                steps,
-                s,
-                higher_is_better=bool(matrix.higher_is_better),
-                tolerance=tolerance,
+                step_scores, steps, s, higher_is_better=hib, tolerance=tolerance
             )
             plasticity = Plasticity.compute(
                 step_scores,
@@ -691,17 +655,16 @@ class MatrixResults:
                 baseline,
                 lca_beta=lca_beta,
                 reference_auc=reference_auc,
-                best=_best_score(bool(matrix.higher_is_better), matrix.bounds),
+                best=_best_score(hib, matrix.bounds),
             )
+        bounds = matrix.bounds
         return cls(
             name=name,
             score=matrix.score,
             scores=scores,
             baseline=baseline,
-            higher_is_better=bool(matrix.higher_is_better),
-            bounds=None
-            if matrix.bounds is None
-            else (float(matrix.bounds[0]), float(matrix.bounds[1])),
+            higher_is_better=hib,
+            bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
             metrics=metrics,
             metrics_per_stage=curves,
             per_task=per_task,
@@ -711,48 +674,54 @@ class MatrixResults:
         )
 
     @classmethod
-    def from_dict(cls, name: str, section: Mapping[str, Any], num_tasks: int) -> MatrixResults:
-        """From a ``matrices`` section of a document (values as recorded, ``None`` -> NaN)."""
-        step_scores = section.get("step_scores")
-        stability = section.get("stability")
-        plasticity = section.get("plasticity")
+    def from_section(
+        cls, name: str, section: schema.MatrixSection, num_tasks: int
+    ) -> MatrixResults:
+        """From a ``matrices`` section (values as recorded, ``null`` -> NaN)."""
+        bounds = section.bounds
         return cls(
             name=name,
-            score=str(section["score"]),
-            scores=_matrix(section["scores"], num_tasks),
-            baseline=_vector(section["baseline"]),
-            higher_is_better=bool(section.get("higher_is_better", True)),
-            bounds=_bounds_from_json(section.get("bounds", list(UNIT_BOUNDS))),
-            metrics={key: _float(v) for key, v in section["metrics"].items()},
-            metrics_per_stage={
-                key: _vector(v) for key, v in (section.get("metrics_per_stage") or {}).items()
-            },
-            per_task={key: _vector(v) for key, v in (section.get("per_task") or {}).items()},
-            step_scores=None if step_scores is None else _matrix(step_scores, num_tasks),
-            stability=None if stability is None else Stability.from_dict(stability),
-            plasticity=None if plasticity is None else Plasticity.from_dict(plasticity),
+            score=section.score,
+            scores=matrix(section.scores, num_tasks),
+            baseline=vector(section.baseline),
+            higher_is_better=section.higher_is_better,
+            bounds=None
+            if bounds is None
+            else (
+                -math.inf if bounds[0] is None else bounds[0],
+                math.inf if bounds[1] is None else bounds[1],
+            ),
+            metrics={key: math.nan if v is None else v for key, v in section.metrics.items()},
+            metrics_per_stage=_table(section.metrics_per_stage),
+            per_task=_table(section.per_task),
+            step_scores=None
+            if section.step_scores is None
+            else matrix(section.step_scores, num_tasks),
+            stability=None
+            if section.stability is None
+            else Stability.from_section(section.stability),
+            plasticity=None
+            if section.plasticity is None
+            else Plasticity.from_section(section.plasticity),
         )
 
-    def to_dict(self, *, steps: bool = True) -> dict[str, Any]:
+    def to_section(self, *, steps: bool = True) -> schema.MatrixSection:
         """Its ``matrices`` section (``steps``: with ``step_scores``, ``stability`` and
         ``plasticity``)."""
-        section: dict[str, Any] = {
-            "score": self.score,
-            "higher_is_better": bool(self.higher_is_better),
-            "bounds": None if self.bounds is None else [_float_or_none(v) for v in self.bounds],
-            "scores": _list(self.scores) if self.num_stages else [],
-            "baseline": _list(self.baseline),
-            "metrics": {key: _float_or_none(v) for key, v in self.metrics.items()},
-            "metrics_per_stage": {key: _list(v) for key, v in self.metrics_per_stage.items()},
-            "per_task": {key: _list(v) for key, v in self.per_task.items()},
-        }
-        if steps and self.step_scores is not None:
-            section["step_scores"] = _list(self.step_scores) if len(self.step_scores) else []
-        if steps and self.stability is not None:
-            section["stability"] = self.stability.to_dict()
-        if steps and self.plasticity is not None:
-            section["plasticity"] = self.plasticity.to_dict()
-        return section
+        with_steps = steps and self.step_scores is not None
+        return schema.MatrixSection(
+            score=self.score,
+            higher_is_better=bool(self.higher_is_better),
+            bounds=None if self.bounds is None else [present(v) for v in self.bounds],
+            scores=cells(self.scores),
+            baseline=cells(self.baseline),
+            metrics={key: present(v) for key, v in self.metrics.items()},
+            metrics_per_stage=_cell_table(self.metrics_per_stage),
+            per_task=_cell_table(self.per_task),
+            step_scores=cells(self.step_scores) if with_steps else None,  # type: ignore[arg-type]
+            stability=self.stability.to_section() if steps and self.stability else None,
+            plasticity=self.plasticity.to_section() if steps and self.plasticity else None,
+        )
 
     def metrics_at(self, stage: int) -> dict[str, float]:
         """The final metrics as they were after ``stage`` (``metrics`` itself for the last one)."""
@@ -800,9 +769,6 @@ class ContinualResults:
     run_id: str | None = None
     #: the per-step evaluations (``None`` without ``eval_every_n_steps``)
     steps: StepEvaluations | None = None
-    #: the ``format_version`` of the document it was read from (:meth:`to_dict` writes the
-    #: current one)
-    format_version: int = FORMAT_VERSION
     #: what each training stage cost (the ``cost`` section; ``None`` when not recorded)
     cost: RunCost | None = None
     #: the primary matrix against a reference model (the ``reference`` section; ``None`` without
@@ -818,11 +784,11 @@ class ContinualResults:
         object.__setattr__(self, "task_names", tuple(self.task_names))
         T = len(self.task_names)
         s = next(iter(self.matrices.values())).num_stages
-        for name, matrix in self.matrices.items():
-            if tuple(matrix.scores.shape) != (s, T) or tuple(matrix.baseline.shape) != (T,):
+        for name, m in self.matrices.items():
+            if tuple(m.scores.shape) != (s, T) or tuple(m.baseline.shape) != (T,):
                 raise ValueError(
-                    f"matrix {name!r} has scores {tuple(matrix.scores.shape)} and baseline "
-                    f"{tuple(matrix.baseline.shape)}; expected ({s}, {T}) and ({T},) like the "
+                    f"matrix {name!r} has scores {tuple(m.scores.shape)} and baseline "
+                    f"{tuple(m.baseline.shape)}; expected ({s}, {T}) and ({T},) like the "
                     "primary matrix and the task names"
                 )
         if not self.conventions:
@@ -866,7 +832,7 @@ class ContinualResults:
         reference = self.metadata.get("reference")
         if not isinstance(reference, list) or len(reference) != self.num_tasks:
             return None
-        return _vector(reference)
+        return vector(reference)
 
     def __getitem__(self, name: str) -> MatrixResults:
         if name not in self.matrices:
@@ -881,10 +847,10 @@ class ContinualResults:
     def curves(self, name: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``(step [N], stage [N], scores [N, T])`` of the per-step evaluations of the matrix
         ``name`` (default: the primary one), NaN = not evaluated."""
-        matrix = self.primary if name is None else self[name]
+        m = self.primary if name is None else self[name]
         if self.steps is None:
             raise ValueError("these results hold no curves (run with eval_every_n_steps)")
-        scores = matrix.step_scores
+        scores = m.step_scores
         if scores is None:
             scores = torch.full((len(self.steps), self.num_tasks), math.nan, dtype=torch.float64)
         return self.steps.step.clone(), self.steps.stage.clone(), scores.clone()
@@ -905,6 +871,7 @@ class ContinualResults:
         cost: RunCost | None = None,
         reference: ReferenceScores | None = None,
         lca_beta: int | None = None,
+        class_incremental: ClassIncrementalResults | None = None,
     ) -> ContinualResults:
         """Compute everything from each scorer's records (the primary first): the metric
         family of each matrix in one pass, with ``steps`` the stability and plasticity metrics
@@ -926,6 +893,7 @@ class ContinualResults:
                 :class:`ReferenceMetrics`; its ``auc`` also gives the primary matrix's
                 normalised forward transfer).
             lca_beta: ``beta`` of every matrix's ``LCA_beta`` (``None``: not computed).
+            class_incremental: the class-incremental record (its own section).
         """
         if not matrices:
             raise ValueError("ContinualResults needs at least one matrix")
@@ -937,7 +905,7 @@ class ContinualResults:
         built = {
             name: MatrixResults.from_tensors(
                 name,
-                matrix,
+                m,
                 forgetting=forgetting,
                 validate=validate,
                 steps=steps,
@@ -945,7 +913,7 @@ class ContinualResults:
                 lca_beta=lca_beta,
                 reference_auc=reference.auc if reference is not None and k == 0 else None,
             )
-            for k, (name, matrix) in enumerate(matrices.items())
+            for k, (name, m) in enumerate(matrices.items())
         }
         primary = next(iter(built.values()))
         return cls(
@@ -960,125 +928,115 @@ class ContinualResults:
             reference_metrics=None
             if reference is None
             else ReferenceMetrics.compute(reference, primary),
+            class_incremental=class_incremental,
+        )
+
+    @classmethod
+    def from_document(cls, document: schema.Document) -> ContinualResults:
+        """From a checked :class:`~continual_eval.results.schema.Document` (values as
+        recorded, ``null`` -> NaN; the class-incremental measures recomputed from the counts)."""
+        T = document.num_tasks
+        matrices = {
+            name: MatrixResults.from_section(name, section, T)
+            for name, section in document.matrices.items()
+        }
+        curves, cost, reference = document.curves, document.cost, document.reference
+        class_il = document.class_incremental
+        return cls(
+            task_names=tuple(document.task_names),
+            matrices=matrices,
+            forgetting=document.conventions.get("forgetting", "peak"),
+            conventions=dict(document.conventions),
+            metadata=dict(document.metadata),
+            run_id=document.run_id,
+            steps=None if curves is None else StepEvaluations.from_section(curves),
+            cost=None if cost is None else RunCost.from_section(cost),
+            reference_metrics=None
+            if reference is None
+            else ReferenceMetrics.from_section(reference),
+            class_incremental=None
+            if class_il is None
+            else ClassIncrementalResults.from_section(class_il),
         )
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], *, validate: bool = True) -> ContinualResults:
-        """From a ``results.json`` document, ``format_version`` 1 (one matrix, the top level)
-        or 2 (``matrices``); values as recorded (``None`` -> NaN). ``validate``: check the
-        document first (:func:`~continual_eval.results_schema.validate_results`; off for one
-        :func:`~continual_eval.results.load_results` already checked)."""
+        """From a ``results.json`` document (a ``dict``); ``validate``: check it first like a file
+        from elsewhere (:mod:`continual_eval.results.schema`; raises
+        :class:`~continual_eval.results.InvalidResultsError` naming the field)."""
         if validate:
-            validate_results(dict(document), "results document")
-        T = int(document["num_tasks"])
-        conventions = dict(document.get("conventions") or {})
-        sections = document.get("matrices")
-        if sections:
-            matrices = {
-                name: MatrixResults.from_dict(name, section, T)
-                for name, section in sections.items()
-            }
-        else:  # version 1: the top level is the one matrix
-            score = conventions.get("score", "accuracy")
-            section = {**document, "score": score, "higher_is_better": True}
-            section["bounds"] = list(UNIT_BOUNDS)
-            section.pop("stability", None)
-            matrices = {matrix_key(score): MatrixResults.from_dict(matrix_key(score), section, T)}
-        curves = document.get("curves")
-        steps = None if curves is None else StepEvaluations.from_dict(curves)
-        primary_name = next(iter(matrices))
-        primary = matrices[primary_name]
-        if steps is not None and primary.step_scores is None:
-            # written before every matrix carried its own curves: the primary's are the top level
-            stability = document.get("stability")
-            matrices[primary_name] = replace(
-                primary,
-                step_scores=_matrix(curves["accuracy"], T),  # type: ignore[index]
-                stability=None if stability is None else Stability.from_dict(stability),
-            )
-        run_id = document.get("run_id")
-        cost, reference = document.get("cost"), document.get("reference")
-        return cls(
-            task_names=tuple(document["task_names"]),
-            matrices=matrices,
-            forgetting=str(conventions.get("forgetting", "peak")),
-            conventions=conventions,
-            metadata=dict(document.get("metadata") or {}),
-            run_id=run_id if isinstance(run_id, str) else None,
-            steps=steps,
-            format_version=int(document["format_version"]),
-            cost=None if cost is None else RunCost.from_dict(cost),
-            reference_metrics=None if reference is None else ReferenceMetrics.from_dict(reference),
-            class_incremental=None
-            if document.get("class_incremental") is None
-            else ClassIncrementalResults.from_dict(document["class_incremental"]),
-        )
+            return cls.from_document(schema.convert_document(document))
+        return cls.from_document(msgspec.convert(document, schema.Document))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ContinualResults:
-        """Read and validate a ``results.json`` (or the directory holding one); raises
-        ``FileNotFoundError`` or :class:`~continual_eval.results_schema.InvalidResultsError`
-        like :func:`~continual_eval.results.load_results`."""
-        from continual_eval.results import load_results
+        """Read and validate a ``results.json`` (or the directory holding one).
 
-        return cls.from_dict(load_results(path), validate=False)
+        Raises:
+            FileNotFoundError: no ``results.json`` there.
+            InvalidResultsError: (a ``ValueError``) the file is not a valid results document; the
+                message names the file and the field (e.g. ``scores[2][1]``).
+        """
+        return cls.from_document(files.read_document(path))
 
     # ------------------------------------------------------------------ output
-    def to_dict(self) -> dict[str, Any]:
-        """The ``results.json`` document (``format_version`` 2).
-
-        The top level holds the primary matrix (``scores``, ``baseline``, ``metrics``,
-        ``metrics_per_stage``, ``per_task``, as in version 1) and, with per-step evaluation, its
-        ``curves`` and ``stability``; ``matrices`` holds every matrix by name with its
-        ``score``, ``higher_is_better``, ``bounds``, metric family and, with per-step evaluation,
-        its ``step_scores`` (rows aligned with ``curves.step``), ``stability`` and
-        ``plasticity``; ``cost`` and ``reference`` hold :attr:`cost` and
-        :attr:`reference_metrics` when recorded, ``class_incremental``
-        :attr:`class_incremental`.
-        """
+    def to_document(self) -> schema.Document:
+        """The ``results.json`` document as a :class:`~continual_eval.results.schema.Document`
+        (see that module for its shape; :meth:`to_dict` is its ``dict``)."""
         sections = {
-            name: matrix.to_dict(steps=self.steps is not None)
-            for name, matrix in self.matrices.items()
+            name: m.to_section(steps=self.steps is not None) for name, m in self.matrices.items()
         }
         primary = sections[self.primary_name]
-        document: dict[str, Any] = {"format_version": FORMAT_VERSION}
-        if self.run_id is not None:
-            document["run_id"] = self.run_id
-        document |= {
-            "num_tasks": self.num_tasks,
-            "task_names": list(self.task_names),
-            "stages_completed": self.stages_completed,
-            "scores": primary["scores"],
-            "baseline": primary["baseline"],
-            "metrics": primary["metrics"],
-            "metrics_per_stage": primary["metrics_per_stage"],
-            "per_task": primary["per_task"],
-            "conventions": dict(self.conventions),
-            "metadata": dict(self.metadata),
-            "matrices": sections,
-        }
+        curves = stability = None
         if self.steps is not None:
-            matrix = self.primary
-            scores = matrix.step_scores
+            m = self.primary
+            scores = m.step_scores
             if scores is None:
                 scores = torch.full((len(self.steps), self.num_tasks), math.nan)
-            stability = matrix.stability or Stability.compute(
-                scores, self.steps, self.stages_completed, higher_is_better=matrix.higher_is_better
-            )
-            document["curves"] = self.steps.to_dict(scores, matrix.score)
-            document["stability"] = stability.to_dict()
-        if self.cost is not None:
-            document["cost"] = self.cost.to_dict()
-        if self.reference_metrics is not None:
-            document["reference"] = self.reference_metrics.to_dict()
-        if self.class_incremental is not None:
-            document["class_incremental"] = self.class_incremental.to_dict()
+            curves = self.steps.to_section(scores, m.score)
+            stability = (
+                m.stability
+                or Stability.compute(
+                    scores, self.steps, self.stages_completed, higher_is_better=m.higher_is_better
+                )
+            ).to_section()
+        return schema.Document(
+            format_version=schema.FORMAT_VERSION,
+            run_id=self.run_id,
+            num_tasks=self.num_tasks,
+            task_names=list(self.task_names),
+            stages_completed=self.stages_completed,
+            scores=primary.scores,
+            baseline=primary.baseline,
+            metrics=primary.metrics,
+            metrics_per_stage=primary.metrics_per_stage,
+            per_task=primary.per_task,
+            conventions=dict(self.conventions),
+            metadata=dict(self.metadata),
+            matrices=sections,
+            curves=curves,
+            stability=stability,
+            cost=None if self.cost is None else self.cost.to_section(),
+            reference=None
+            if self.reference_metrics is None
+            else self.reference_metrics.to_section(),
+            class_incremental=None
+            if self.class_incremental is None
+            else self.class_incremental.to_section(),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``results.json`` document as plain JSON values (``format_version`` 2): the top
+        level holds the primary matrix (``scores``, ``baseline``, ``metrics``,
+        ``metrics_per_stage``, ``per_task``) and, with per-step evaluation, its ``curves`` and
+        ``stability``; ``matrices`` every matrix by name with its ``score``,
+        ``higher_is_better``, ``bounds``, metric family and step curves; ``cost``,
+        ``reference`` and ``class_incremental`` when recorded."""
+        document: dict[str, Any] = msgspec.to_builtins(self.to_document())
         return document
 
     def write(self, dirpath: str | os.PathLike[str]) -> Path:
         """Write ``scores.csv`` (and ``scores_<name>.csv`` per further matrix), then
         ``results.json`` into ``dirpath``, each atomically
-        (:func:`~continual_eval.results.write_results`); returns the JSON path."""
-        from continual_eval.results import write_results
-
-        return write_results(dirpath, self.to_dict())
+        (:func:`~continual_eval.results.files.commit_results`); returns the JSON path."""
+        return files.commit_results(dirpath, self.to_document())

@@ -1,5 +1,7 @@
-"""The ``reference=`` argument of :class:`~continual_eval.ContinualEvalCallback`, resolved at
-construction into a :class:`~continual_eval.continual_results.ReferenceScores`.
+"""References of the primary scorer: what :func:`~continual_eval.train_reference` measured
+(:class:`Reference`, :class:`ReferenceCurve`) and what ``ContinualEvalCallback(reference=...)``
+accepts, resolved into a :class:`~continual_eval.results.ReferenceScores` (no Lightning here: the
+report reads references too).
 
 Accepted (every form holds scores of the callback's primary scorer, one per task):
 
@@ -8,9 +10,8 @@ Accepted (every form holds scores of the callback's primary scorer, one per task
 * a mapping ``{"scores": [T], "auc": [T] (optional), "kind": str (optional)}``: per-task scores
   and, optionally, the reference's per-task areas ``AUC_j^ref`` under its learning curves (the
   normalised forward transfer's reference);
-* a :class:`~continual_eval.references.Reference` from
-  :func:`~continual_eval.references.train_reference` (its curves, with ``eval_every_n_steps``,
-  give the areas);
+* a :class:`Reference` from :func:`~continual_eval.train_reference` (its curves, with
+  ``eval_every_n_steps``, give the areas);
 * a path: a reference run's ``results.json`` (or the directory holding one): the final row of its
   primary matrix, kind from its ``metadata["reference_run"]`` (``"given"`` when absent); or the
   directory of an isolated reference (``task_0/results.json``, ``task_1/results.json``, ...: what
@@ -23,24 +24,82 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from continual_eval.continual_results import (
-    REFERENCE_SCORE_KINDS,
-    ContinualResults,
-    ReferenceScores,
-)
 from continual_eval.functional.plasticity import stage_auc
-from continual_eval.results_schema import MAX_TEXT_LENGTH
+from continual_eval.results.files import RESULTS_FILE
+from continual_eval.results.model import REFERENCE_SCORE_KINDS, ContinualResults, ReferenceScores
+from continual_eval.results.schema import MAX_TEXT_LENGTH
 
-__all__ = ["check_reference_length", "curve_auc", "resolve_reference"]
+__all__ = [
+    "Reference",
+    "ReferenceCurve",
+    "check_reference_length",
+    "curve_auc",
+    "resolve_reference",
+]
+
+
+@dataclass(frozen=True)
+class ReferenceCurve:
+    """One reference run's learning curve on its task.
+
+    Attributes:
+        step: ``[N]`` int64, optimizer steps since that reference model started training (the
+            per-step evaluations every ``eval_every_n_steps`` steps, then the end of training).
+        scores: ``[N]`` float64, the score on its task at each step.
+    """
+
+    step: Tensor
+    scores: Tensor
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What :func:`~continual_eval.train_reference` measured.
+
+    Attributes:
+        kind: ``"isolated"`` or ``"joint"``.
+        scores: ``ref``, ``[T]`` float64: ``ref[j]`` is the reference score on task ``j``'s test
+            set (isolated: copy ``j``, trained on task ``j`` alone; joint: the one joint copy).
+        baseline: ``[T]`` float64, the untrained copies' scores (the continual run's ``b`` when
+            the copies start from its initial weights).
+        epochs: epochs each reference model trained (the per-task budget ``E``; the joint copy
+            trains ``E`` epochs over the union).
+        steps_trained: optimizer steps each reference model took (``T`` values for isolated, one
+            for joint).
+        score_name: the primary scorer's name (what ``scores`` holds, e.g. ``"accuracy"``).
+        higher_is_better: the primary scorer's direction.
+        task_names: one name per task.
+        curves: with ``eval_every_n_steps`` (isolated only): one :class:`ReferenceCurve` per task,
+            copy ``j``'s curve on task ``j``; else ``None``.
+        results_dirs: where each reference run's ``results.json`` went (empty without
+            ``dirpath``).
+    """
+
+    kind: str
+    scores: Tensor
+    baseline: Tensor
+    epochs: int
+    steps_trained: tuple[int, ...]
+    score_name: str
+    higher_is_better: bool
+    task_names: tuple[str, ...]
+    curves: tuple[ReferenceCurve, ...] | None = None
+    results_dirs: tuple[Path, ...] = ()
+
+    def to_list(self) -> list[float | None]:
+        """``scores`` as JSON cells (``None`` for a NaN), as ``results.json`` stores
+        ``metadata["reference"]``."""
+        return [None if v != v else float(v) for v in self.scores.tolist()]
+
 
 _WHAT = "ContinualEvalCallback(reference=...)"
-_RESULTS_FILE = "results.json"
 
 
 def curve_auc(step: Tensor, scores: Tensor, initial: float) -> float:
@@ -132,7 +191,7 @@ def _source(text: str) -> str:
     return text if len(text) <= MAX_TEXT_LENGTH else "..." + text[-(MAX_TEXT_LENGTH - 3) :]
 
 
-def _from_reference(reference: Any, scorer: Any) -> ReferenceScores:
+def _from_reference(reference: Reference, scorer: Any) -> ReferenceScores:
     """A :class:`~continual_eval.references.Reference` of :func:`train_reference`."""
     _check_scorer(reference.score_name, reference.higher_is_better, scorer, "the Reference")
     scores = _scores_vector(reference.scores, "Reference.scores")
@@ -170,7 +229,7 @@ def _from_isolated_dir(directory: Path, scorer: Any) -> ReferenceScores:
     """``task_j/results.json`` of an isolated reference: ``R[0, 0]`` of each, and the area under
     its curve when it has one."""
     runs: list[ContinualResults] = []
-    while (directory / f"task_{len(runs)}" / _RESULTS_FILE).is_file():
+    while (directory / f"task_{len(runs)}" / RESULTS_FILE).is_file():
         runs.append(ContinualResults.load(directory / f"task_{len(runs)}"))
     scores, areas = [], []
     for j, run in enumerate(runs):
@@ -193,9 +252,9 @@ def _from_isolated_dir(directory: Path, scorer: Any) -> ReferenceScores:
 
 
 def _from_path(path: Path, scorer: Any) -> ReferenceScores:
-    if path.is_file() or (path / _RESULTS_FILE).is_file():
+    if path.is_file() or (path / RESULTS_FILE).is_file():
         return _from_run(ContinualResults.load(path), path, scorer)
-    if (path / "task_0" / _RESULTS_FILE).is_file():
+    if (path / "task_0" / RESULTS_FILE).is_file():
         return _from_isolated_dir(path, scorer)
     raise FileNotFoundError(
         f"{_WHAT}: {path} is neither a results.json, a directory holding one, nor an isolated "
@@ -203,13 +262,30 @@ def _from_path(path: Path, scorer: Any) -> ReferenceScores:
     )
 
 
+def _from_mapping(value: Mapping[Any, Any]) -> ReferenceScores:
+    """``{"scores": [T], "auc": [T] (optional), "kind": str (optional)}``."""
+    if "scores" not in value:
+        raise ValueError(
+            f"{_WHAT}: a mapping needs 'scores' (and optionally 'auc', 'kind'), got keys "
+            f"{sorted(map(str, value))}"
+        )
+    unknown = set(value) - {"scores", "auc", "kind"}
+    if unknown:
+        raise ValueError(f"{_WHAT}: unknown keys {sorted(map(str, unknown))}")
+    scores = _scores_vector(value["scores"], "scores")
+    auc = None
+    if value.get("auc") is not None:
+        auc = _scores_vector(value["auc"], "auc")
+        if auc.shape != scores.shape:
+            raise ValueError(f"{_WHAT}: 'auc' has {auc.numel()} values for {scores.numel()} scores")
+    return ReferenceScores(_kind(value.get("kind", "given"), "the mapping"), scores, auc, "mapping")
+
+
 def resolve_reference(value: Any, scorer: Any) -> ReferenceScores | None:
     """``value`` (see the module docstring) as :class:`ReferenceScores` of ``scorer`` (the
     primary one); ``None`` for ``None``. Raises ``TypeError``/``ValueError`` naming what is wrong
     (a score of another scorer or direction, a non-finite or out-of-range score) and
     ``FileNotFoundError`` for a path holding no reference."""
-    from continual_eval.references import Reference  # imports the callback module
-
     if value is None:
         return None
     if isinstance(value, Reference):
@@ -217,24 +293,7 @@ def resolve_reference(value: Any, scorer: Any) -> ReferenceScores | None:
     elif isinstance(value, (str, os.PathLike)):
         resolved = _from_path(Path(value), scorer)
     elif isinstance(value, Mapping):
-        if "scores" not in value:
-            raise ValueError(
-                f"{_WHAT}: a mapping needs 'scores' (and optionally 'auc', 'kind'), got keys "
-                f"{sorted(map(str, value))}"
-            )
-        unknown = set(value) - {"scores", "auc", "kind"}
-        if unknown:
-            raise ValueError(f"{_WHAT}: unknown keys {sorted(map(str, unknown))}")
-        scores = _scores_vector(value["scores"], "scores")
-        auc = None
-        if value.get("auc") is not None:
-            auc = _scores_vector(value["auc"], "auc")
-            if auc.shape != scores.shape:
-                raise ValueError(
-                    f"{_WHAT}: 'auc' has {auc.numel()} values for {scores.numel()} scores"
-                )
-        kind = _kind(value.get("kind", "given"), "the mapping")
-        resolved = ReferenceScores(kind, scores, auc, "mapping")
+        resolved = _from_mapping(value)
     else:
         resolved = ReferenceScores("given", _scores_vector(value, "reference"), None, "tensor")
     _check_bounds(resolved.scores, scorer, "reference")

@@ -1,0 +1,582 @@
+"""The run directory on disk: which one a run writes to, claiming it, writing its files, reading
+them back. Documents in, documents out (:class:`~continual_eval.results.schema.Document`); no
+tensors, no Lightning.
+
+Files of a run directory:
+
+* ``scores.csv`` (the primary matrix: a ``baseline`` row, then one row per stage; an empty field
+  is a cell that was not evaluated) and ``scores_<name>.csv`` per further matrix, written first;
+* ``results.json``, written last: the document plus ``files``, the SHA-256 and stage count of
+  every CSV written with it. It is the commit record of the set: a write interrupted between the
+  files leaves a CSV one stage ahead, which :func:`check_results_files` reports and a resumed run
+  rewrites;
+* ``.continual_eval_claim.json`` while a run is using the directory (see
+  :func:`claim_results_dir`).
+
+Every file is replaced atomically (a temporary ``.NAME.PID.tmp`` beside it, then
+``os.replace``): a process killed at any point, or a full disk, leaves the previous complete
+version; :func:`remove_stale_temporaries` removes what killed writers left.
+
+A stage journal (an append-only, fsync'd ``stages.jsonl`` as the commit record, ``results.json``
+rebuilt from it now and then) fits here without another restructure: :func:`commit_results`
+would append the stage's record instead of replacing ``results.json`` every stage, and
+:func:`read_document` would fold the journal's newer records into the document it returns.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import re
+import socket
+import stat
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from continual_eval._csv import csv_text
+from continual_eval.results.schema import (
+    MAX_FILE_BYTES,
+    Document,
+    FileRecord,
+    InvalidResultsError,
+    decode_document,
+    printable,
+)
+
+try:  # POSIX: serialises claims of one directory by processes of one host
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "CLAIM_FILE",
+    "RESULTS_FILE",
+    "SCORES_FILE",
+    "ResultsWriteError",
+    "check_results_files",
+    "choose_results_dir",
+    "claim_or_refuse",
+    "claim_results_dir",
+    "commit_results",
+    "default_results_dir",
+    "new_version_dir",
+    "read_document",
+    "read_run_id",
+    "release_claim",
+    "remove_stale_temporaries",
+    "replace_atomically",
+    "scores_csv_name",
+    "write_scores_csv",
+]
+
+RESULTS_FILE = "results.json"
+SCORES_FILE = "scores.csv"
+CLAIM_FILE = ".continual_eval_claim.json"
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+_ENCODER = msgspec.json.Encoder()
+
+
+# ---------------------------------------------------------------------- atomic writes
+def replace_atomically(
+    path: str | os.PathLike[str], write: Callable[[Path], Any], *, durable: bool = True
+) -> None:
+    """Write ``path`` through ``write(tmp)`` into ``.NAME.PID.tmp`` beside it, then
+    ``os.replace`` it over ``path``: a process killed at any point leaves the previous complete
+    file. ``durable``: fsync the data first, so the new file also survives a power loss or an OS
+    crash. On any failure the temporary file is removed and ``path`` is unchanged."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_bytes(path: Path, data: bytes, *, durable: bool) -> None:
+    replace_atomically(path, lambda tmp: tmp.write_bytes(data), durable=durable)
+
+
+class ResultsWriteError(OSError):
+    """A results file could not be written (a full disk, a read-only directory): one line naming
+    the file, what is safely on disk and how to resume; ``errno`` is the cause's."""
+
+
+def _write_failed(path: Path, err: OSError, stages: int) -> ResultsWriteError:
+    on_disk = read_run_id(path.parent)[2]
+    if on_disk is None:
+        kept = f"no complete {RESULTS_FILE} is on disk yet"
+    else:
+        kept = f"{RESULTS_FILE} on disk holds {on_disk} completed stage(s), unchanged"
+        if path.name != RESULTS_FILE:
+            kept += " (the CSV files it names are unchanged too)"
+        else:
+            kept += " (a CSV may be a stage ahead; a resumed run rewrites it)"
+    return ResultsWriteError(
+        err.errno,
+        f"could not write {path} ({err.strerror or err}) while recording {stages} completed "
+        f"stage(s); {kept}, nothing truncated. Free the disk (or fix the directory), then resume "
+        "the run from its last checkpoint (trainer.fit(..., ckpt_path=...)): it rewrites every "
+        "file from the checkpoint's state",
+    )
+
+
+# ---------------------------------------------------------------------- CSV files
+def scores_csv_name(name: str, primary: bool) -> str:
+    """``scores.csv`` for the primary matrix, ``scores_<name>.csv`` for the others."""
+    return SCORES_FILE if primary else f"scores_{name}.csv"
+
+
+def _scores_csv(task_names: list[str], baseline: list[Any], scores: list[list[Any]]) -> str:
+    """``stage,<task names>``; a ``baseline`` row; one row per stage (every cell through
+    :func:`continual_eval._csv.csv_cell`: empty for null, names that look like formulas
+    neutralised)."""
+    rows = [["baseline", *baseline], *([i, *row] for i, row in enumerate(scores))]
+    return csv_text(["stage", *task_names], rows)
+
+
+def _csv_files(document: Document) -> dict[str, str]:
+    """File name -> CSV text of every matrix (the primary as ``scores.csv``)."""
+    return {
+        scores_csv_name(name, k == 0): _scores_csv(document.task_names, m.baseline, m.scores)
+        for k, (name, m) in enumerate(document.matrices.items())
+    }
+
+
+def write_scores_csv(
+    path: str | os.PathLike[str], document: Document | Mapping[str, Any], name: str | None = None
+) -> Path:
+    """Write the CSV of the matrix ``name`` (default: the primary one) of ``document`` (a
+    :class:`Document` or its ``dict``) atomically."""
+    path = Path(path)
+    if isinstance(document, Document):
+        task_names = document.task_names
+        matrix = document.matrices[name or document.primary_name]
+        baseline, scores = matrix.baseline, matrix.scores
+    else:
+        task_names = list(document["task_names"])
+        section = document["matrices"][name or next(iter(document["matrices"]))]
+        baseline, scores = section["baseline"], section["scores"]
+    text = _scores_csv(task_names, baseline, scores)
+    _write_bytes(path, text.encode("utf-8"), durable=False)
+    return path
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------- writing a stage
+def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
+    """Write the CSV files and then ``results.json`` (naming each CSV's SHA-256: the commit
+    record) into ``dirpath``, each atomically; returns the JSON path. With every task trained the
+    run is complete and its claim of the directory is released (:func:`release_claim`).
+
+    Raises :class:`ResultsWriteError` (one line: the file, what is on disk, how to resume) when a
+    file cannot be written; the files already on disk stay complete.
+    """
+    dirpath = Path(dirpath)
+    csv_files = {name: text.encode("utf-8") for name, text in _csv_files(document).items()}
+    stages = document.stages_completed
+    files = {
+        name: FileRecord(sha256=_sha256(data), stages=stages) for name, data in csv_files.items()
+    }
+    data = msgspec.json.format(_ENCODER.encode(msgspec.structs.replace(document, files=files)))
+    path = dirpath
+    try:
+        for name, csv_data in csv_files.items():
+            path = dirpath / name
+            # one fsync per stage: results.json, the commit record naming each CSV's hash, is
+            # the durable one; a CSV lost to a power cut is detected and rewritten on resume
+            _write_bytes(path, csv_data, durable=False)
+        path = dirpath / RESULTS_FILE
+        _write_bytes(path, data + b"\n", durable=True)
+    except OSError as err:
+        raise _write_failed(path, err, stages) from None
+    if stages == document.num_tasks and document.run_id is not None:
+        release_claim(dirpath, document.run_id)
+    return path
+
+
+# ---------------------------------------------------------------------- reading back
+def read_document(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES) -> Document:
+    """Read and validate a ``results.json`` (or the directory holding one).
+
+    Refuses (:class:`~continual_eval.results.InvalidResultsError`, naming the file and the field)
+    anything but a regular file of at most ``max_bytes`` bytes of UTF-8 JSON following the schema
+    (:mod:`continual_eval.results.schema`); ``FileNotFoundError`` without one.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no {RESULTS_FILE} at {path}")
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidResultsError(path, "", "not a regular file")
+    if info.st_size > max_bytes:
+        raise InvalidResultsError(
+            path, "", f"file of {info.st_size} bytes exceeds the limit of {max_bytes} bytes"
+        )
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew since stat
+        raise InvalidResultsError(path, "", f"file exceeds the limit of {max_bytes} bytes")
+    return decode_document(data, path)
+
+
+class _Header(msgspec.Struct):
+    """What a directory check reads of a ``results.json`` (the rest is skipped unparsed)."""
+
+    run_id: Any = None
+    stages_completed: Any = None
+    files: Any = None
+
+
+def _read_header(path: Path) -> _Header:
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_FILE_BYTES + 1)
+    return msgspec.json.decode(data, type=_Header)
+
+
+def read_run_id(dirpath: str | os.PathLike[str]) -> tuple[bool, str | None, int | None]:
+    """``(exists, run_id, stages_completed)`` of the ``results.json`` in ``dirpath``; a file that
+    cannot be read as a results document gives ``(True, None, None)``."""
+    path = Path(dirpath) / RESULTS_FILE
+    if not path.is_file():
+        return False, None, None
+    try:
+        header = _read_header(path)
+    except (OSError, msgspec.DecodeError, RecursionError):
+        return True, None, None
+    run_id, stages = header.run_id, header.stages_completed
+    valid = isinstance(stages, int) and not isinstance(stages, bool)
+    return True, run_id if isinstance(run_id, str) else None, stages if valid else None
+
+
+def check_results_files(dirpath: str | os.PathLike[str]) -> str | None:
+    """``None`` when ``results.json`` and the CSV files in ``dirpath`` belong together, else why
+    not (a write interrupted between them, or a file edited by hand); ``results.json`` is
+    authoritative."""
+    dirpath = Path(dirpath)
+    json_path = dirpath / RESULTS_FILE
+    try:
+        files = msgspec.convert(_read_header(json_path).files or {}, dict[str, FileRecord])
+    except (msgspec.DecodeError, RecursionError) as err:
+        return f"{json_path} is not a results document ({printable(str(err), 160)})"
+    for name, recorded in files.items():
+        if Path(name).name != name:
+            return f"{json_path} names {printable(name)!r}, not a file of the directory"
+        csv_path = dirpath / name
+        if not csv_path.is_file():
+            return f"{csv_path} is missing"
+        if _sha256(csv_path.read_bytes()) != recorded.sha256:
+            return (
+                f"{csv_path} is not the file {json_path} was written with (it records "
+                f"{recorded.stages} stages); results.json is authoritative"
+            )
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - another user's live process
+        return True
+    except OverflowError:
+        return False
+    return True
+
+
+def _is_results_file(name: str) -> bool:
+    """``results.json``, ``scores.csv``, a ``scores_<name>.csv`` or the claim."""
+    return name in (RESULTS_FILE, SCORES_FILE, CLAIM_FILE) or (
+        name.startswith("scores_") and name.endswith(".csv")
+    )
+
+
+def remove_stale_temporaries(dirpath: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temporary files (``.NAME.PID.tmp``) that writers killed mid-write left in
+    ``dirpath``; temporaries of live processes are kept. Returns the removed paths."""
+    dirpath = Path(dirpath)
+    removed: list[Path] = []
+    if not dirpath.is_dir():
+        return removed
+    for path in dirpath.iterdir():
+        match = _TEMPORARY.match(path.name)
+        if match is None or not _is_results_file(match["name"]):
+            continue
+        if not _pid_alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+# ---------------------------------------------------------------------- choosing the directory
+def default_results_dir(trainer: Any, dirpath: str | os.PathLike[str] | None = None) -> Path:
+    """Where a run's ``results.json`` goes; every run gets its own directory.
+
+    ``dirpath`` when given; else, by the Trainer's first logger: its ``log_dir`` (TensorBoard,
+    CSV: already one ``version_N`` per run), the W&B run's own files directory
+    (``experiment.dir``, uploaded with the run), or ``default_root_dir/continual_eval/<run id>``
+    for other loggers with a run id (MLflow); without a logger a new
+    ``default_root_dir/continual_eval/version_N``, numbered as Lightning numbers its logs.
+    """
+    if dirpath is not None:
+        return Path(dirpath)
+    root = Path(trainer.default_root_dir)
+    for logger in trainer.loggers[:1]:
+        log_dir = getattr(logger, "log_dir", None)
+        if log_dir:
+            return Path(log_dir)
+        if type(logger).__name__ == "WandbLogger":
+            return Path(logger.experiment.dir)
+        version = getattr(logger, "version", None)
+        if version is not None and str(version):
+            return root / "continual_eval" / str(version)
+        save_dir = getattr(logger, "save_dir", None)
+        if save_dir:
+            return new_version_dir(Path(save_dir) / "continual_eval")
+    return new_version_dir(root / "continual_eval")
+
+
+def new_version_dir(parent: str | os.PathLike[str]) -> Path:
+    """Create and return ``parent/version_N`` with ``N`` one more than the highest existing
+    (0 for the first); the directory is claimed with an exclusive ``mkdir``, so two runs starting
+    together never share one."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    existing = [
+        int(p.name.removeprefix("version_"))
+        for p in parent.iterdir()
+        if p.is_dir() and p.name.startswith("version_") and p.name[8:].isdigit()
+    ]
+    version = max(existing, default=-1) + 1
+    while True:
+        path = parent / f"version_{version}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            version += 1
+
+
+def choose_results_dir(
+    trainer: Any,
+    dirpath: str | os.PathLike[str] | None,
+    *,
+    recorded: str | None,
+    run_id: str,
+) -> Path:
+    """The directory of this run (rank 0, at its first fit): the ``recorded`` one of a resumed
+    run (if it still holds this run), else ``dirpath`` or the default directory of the Trainer's
+    logger (:func:`default_results_dir`)."""
+    if dirpath is None and recorded is not None and Path(recorded).is_dir():
+        exists, other_id, _ = read_run_id(recorded)
+        if not exists or other_id == run_id:
+            return Path(recorded)
+    return default_results_dir(trainer, dirpath)
+
+
+# ---------------------------------------------------------------------- claiming it
+class _Claim(msgspec.Struct):
+    """The claim file: which run uses the directory, in which process, since when."""
+
+    run_id: str
+    pid: int
+    host: str
+    started: str
+
+
+def _own_claim(run_id: str) -> bytes:
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return _ENCODER.encode(_Claim(run_id, os.getpid(), socket.gethostname(), started)) + b"\n"
+
+
+@contextlib.contextmanager
+def _directory_lock(dirpath: Path) -> Iterator[None]:
+    """An exclusive ``flock`` of the directory while a claim is read and replaced (processes of
+    one host; the claim file's ``O_EXCL`` creation is what holds across hosts)."""
+    fd = None
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(dirpath, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _read_claim(path: Path) -> _Claim | bool | None:
+    """The claim in ``path``; ``False`` when there is none (any more); ``None`` when it cannot be
+    read as a claim."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=_Claim)
+    except FileNotFoundError:
+        return False
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+#: the claims this process holds, given back when it exits (a killed process leaves its claim,
+#: which the next run on the directory takes over: it names a dead pid)
+_HELD: set[tuple[Path, str]] = set()
+
+
+def _give_back_held() -> None:
+    for dirpath, run_id in list(_HELD):
+        with contextlib.suppress(OSError):
+            release_claim(dirpath, run_id)
+
+
+atexit.register(_give_back_held)
+
+
+def _take(path: Path, run_id: str) -> None:
+    _write_bytes(path, _own_claim(run_id), durable=True)
+    _HELD.add((path.parent, run_id))
+
+
+def _try_claim(path: Path, run_id: str) -> str | None:
+    """One attempt under the directory lock: ``None`` when this run now holds the claim, else
+    why it cannot (``""``: the claim vanished meanwhile, try again)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(_own_claim(run_id))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:  # a full disk: no half-written claim left behind
+            path.unlink(missing_ok=True)
+            raise
+        _HELD.add((path.parent, run_id))
+        return None
+    holder = _read_claim(path)
+    if holder is False:
+        return ""
+    if holder is None:
+        return f"{path} is there but cannot be read as a claim"
+    assert isinstance(holder, _Claim)
+    same_host = holder.host == socket.gethostname()
+    if holder.run_id == run_id or (same_host and holder.pid == os.getpid()):
+        _take(path, run_id)  # this run resumed, or an earlier run of this process
+        return None
+    if same_host and not _pid_alive(holder.pid):
+        _take(path, run_id)
+        warnings.warn(
+            f"continual-eval: took over {path}: run {printable(holder.run_id)} (pid {holder.pid} "
+            f"on this host, since {printable(holder.started)}) is no longer running",
+            stacklevel=4,
+        )
+        return None
+    where = "this host" if same_host else f"host {printable(holder.host)}"
+    return (
+        f"{path.parent} is in use by run {printable(holder.run_id)} (pid {holder.pid} on "
+        f"{where}, since {printable(holder.started)})"
+    )
+
+
+def claim_results_dir(
+    dirpath: str | os.PathLike[str], run_id: str, *, restored: bool, overwrite: bool
+) -> str | None:
+    """Claim ``dirpath`` for the run ``run_id`` before it trains; ``None`` on success, else why
+    not (nothing is then changed).
+
+    The claim is an exclusive file (``O_EXCL``) naming the run, its pid, host and start time,
+    removed when the run completes (:func:`commit_results`) or its process exits. A claim of this
+    run (a resume) or of an earlier run of this process is taken; so is the claim of a dead
+    process on this host, with a warning; a live run's claim, or one of another host, never is.
+    A ``results.json`` of another run is refused unless ``overwrite`` (``restored``: this run was
+    loaded from a checkpoint, so a ``results.json`` without a ``run_id`` may be its own).
+    Temporaries of killed writers are removed.
+    """
+    dirpath = Path(dirpath)
+    dirpath.mkdir(parents=True, exist_ok=True)
+    path = dirpath / CLAIM_FILE
+    with _directory_lock(dirpath):
+        problem: str | None = ""
+        for _ in range(5):
+            problem = _try_claim(path, run_id)
+            if problem != "":
+                break
+        if problem:
+            return (
+                f"{problem}; two runs never share a results directory: give this run its own "
+                f"(dirpath=...), or wait for that run to end (delete {path.name} only if no run "
+                "is using the directory). Nothing was trained or written"
+            )
+        exists, other_id, stages = read_run_id(dirpath)
+        if exists and not overwrite and not (other_id == run_id or (other_id is None and restored)):
+            _release(path, run_id)
+            return (
+                f"{dirpath / RESULTS_FILE} holds the results of another run (run_id "
+                f"{other_id!r}, {stages if stages is not None else '?'} stages; this run is "
+                f"{run_id!r}). A run never overwrites another run's results: give this run its "
+                "own directory (dirpath=..., or a logger with a new version), resume the other "
+                "run from its checkpoint, or pass overwrite=True to replace them. Nothing was "
+                "trained or written"
+            )
+    remove_stale_temporaries(dirpath)
+    return None
+
+
+def _release(path: Path, run_id: str) -> None:
+    _HELD.discard((path.parent, run_id))
+    holder = _read_claim(path)
+    if isinstance(holder, _Claim) and holder.run_id == run_id and holder.pid == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def release_claim(dirpath: str | os.PathLike[str], run_id: str) -> None:
+    """Remove the claim of ``dirpath`` if the run ``run_id`` holds it."""
+    dirpath = Path(dirpath)
+    if (dirpath / CLAIM_FILE).exists():
+        with _directory_lock(dirpath):
+            _release(dirpath / CLAIM_FILE, run_id)
+
+
+def claim_or_refuse(
+    trainer: Any,
+    results_dir: Path | None,
+    *,
+    run_id: str,
+    restored: bool,
+    overwrite: bool,
+) -> None:
+    """On every rank of ``trainer``, before anything is trained or written: rank 0 claims its
+    ``results_dir`` (:func:`claim_results_dir`); every rank raises ``FileExistsError`` with rank
+    0's reason when it cannot."""
+    problem = None
+    if trainer.is_global_zero and results_dir is not None:
+        problem = claim_results_dir(results_dir, run_id, restored=restored, overwrite=overwrite)
+        if problem is not None:
+            problem = f"ContinualEvalCallback: {problem}"
+    if trainer.world_size > 1:
+        problem = trainer.strategy.broadcast(problem, src=0)
+    if problem is not None:
+        raise FileExistsError(problem)

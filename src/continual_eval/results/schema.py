@@ -1,0 +1,697 @@
+"""What ``results.json`` holds, defined once, and the validation of a file from elsewhere.
+
+Every section of the document is one :mod:`msgspec` ``Struct`` below (:class:`Document` at the
+top): its field types and constraints are both the typed form the model
+(:mod:`continual_eval.results.model`) is built from and the check of an untrusted file. Decoding
+checks every value's type and range (a finite number or ``null`` for a cell, an integer in its
+range, a string of at most :data:`MAX_NAME_LENGTH` characters for a name, ...); what a type cannot
+say (lengths that follow ``num_tasks`` and ``stages_completed``, cells within their matrix's
+``bounds``, the top level repeating the primary matrix, confusion counts that add up to the
+recorded test-set sizes) is checked after decoding by :func:`check_document`.
+
+Every failure is one :class:`InvalidResultsError` (a ``ValueError``) naming the file, the field
+as a JSON path (``scores[2][1]``, ``matrices.acc.bounds[1]``) and what was expected and found.
+
+Shape (``T = num_tasks``, ``s = stages_completed``, ``N`` = the per-step evaluations, ``C`` =
+``class_incremental.num_classes``; "cell" = a finite number or ``null``, ``null`` = not
+evaluated or undefined):
+
+* top level: ``format_version`` (:data:`FORMAT_VERSION`), ``run_id``, ``task_names`` (``T``),
+  ``matrices`` (name -> :class:`MatrixSection`, the primary first) and a copy of the primary
+  matrix's ``scores`` ``[s, T]``, ``baseline`` ``[T]``, ``metrics``, ``metrics_per_stage`` (``s``
+  each) and ``per_task`` (``max(s - 1, 0)`` each) that must equal it; ``conventions``,
+  ``metadata`` (free-form; ``experiment``, ``method``, ``seed`` short labels, ``reference`` ``T``
+  cells); with per-step evaluation ``curves`` (``N`` evaluations; its ``accuracy`` rows and the
+  top-level ``stability`` repeat the primary matrix's ``step_scores`` and ``stability``);
+  optional ``cost``, ``reference``, ``class_incremental``; ``files`` (the commit record of the
+  CSV files, see :mod:`continual_eval.results.files`);
+* unknown keys are ignored (forward compatibility) and not written back.
+
+Limits on what an untrusted file may hold (beyond them a file is refused, not truncated):
+:data:`MAX_FILE_BYTES` bytes, :data:`MAX_TASKS` tasks, :data:`MAX_MATRICES` matrices,
+:data:`MAX_NAME_LENGTH` characters per name, :data:`MAX_TEXT_LENGTH` per descriptive string,
+:data:`MAX_DEPTH` levels of nesting in ``metadata``, :data:`MAX_CLASSES` classes and
+:data:`MAX_CONFUSION_CELLS` confusion cells. JSON has no ``NaN`` or ``Infinity`` (the writer
+stores ``null``); numbers beyond the float range are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, NoReturn
+
+import msgspec
+import numpy as np
+from msgspec import Meta, Struct
+
+from continual_eval.results._errors import (
+    InvalidResultsError,
+    describe,
+    key_path,
+    printable,
+    schema_error,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_CLASSES",
+    "MAX_CONFUSION_CELLS",
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_MATRICES",
+    "MAX_NAME_LENGTH",
+    "MAX_TASKS",
+    "MAX_TEXT_LENGTH",
+    "ClassIncrementalSection",
+    "CostSection",
+    "CurvesSection",
+    "Document",
+    "InvalidResultsError",
+    "MatrixSection",
+    "PlasticitySection",
+    "ReferenceSection",
+    "StabilitySection",
+    "check_document",
+    "convert_document",
+    "decode_document",
+    "printable",
+]
+
+#: the ``format_version`` written and read
+FORMAT_VERSION: Literal[2] = 2
+#: largest ``results.json`` read (bytes); T = 2000 with full curves fits comfortably
+MAX_FILE_BYTES = 256 * 1024 * 1024
+#: most tasks a document may hold (``num_tasks``)
+MAX_TASKS = 2000
+#: most score matrices in one document
+MAX_MATRICES = 64
+#: longest name: task, matrix, score, metric key, convention, label, ``run_id``
+MAX_NAME_LENGTH = 200
+#: longest descriptive string (``curves.step_counter``, ``stability.source``, ...)
+MAX_TEXT_LENGTH = 1000
+#: deepest nesting of arrays and objects in ``metadata`` (the document is level 1)
+MAX_DEPTH = 32
+#: most class ids of a ``class_incremental`` section (``num_classes``)
+MAX_CLASSES = 5000
+#: most confusion cells of a ``class_incremental`` section, stages x classes**2 (read as int64:
+#: 256 MiB)
+MAX_CONFUSION_CELLS = 2**25
+
+_MAX_EXACT_INT = 2**53  # counts and integer cells beyond this are not exact as float64
+
+# ---------------------------------------------------------------------- value types
+_FLOAT_MAX = sys.float_info.max
+#: a finite number
+Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
+#: a cell: a finite number, or ``null`` (not evaluated, undefined)
+Cell = Finite | None
+Cells = list[Cell]
+Rows = list[list[Cell]]
+Count = Annotated[int, Meta(ge=0)]
+Name = Annotated[str, Meta(max_length=MAX_NAME_LENGTH)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT_LENGTH)]
+#: name -> one cell per stage (or task)
+Table = dict[Name, Cells]
+Scalars = dict[Name, Cell]
+#: ``[lo, hi]``, ``null`` = that end is infinite
+Bounds = Annotated[list[Cell], Meta(min_length=2, max_length=2)]
+#: how ``metadata.experiment``, ``method`` and ``seed`` may be written (the report shows them)
+Label = Name | Annotated[int, Meta(ge=-_MAX_EXACT_INT, le=_MAX_EXACT_INT)] | Finite | bool | None
+Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+
+
+# ---------------------------------------------------------------------- sections
+class StabilitySection(Struct, kw_only=True):
+    """One matrix's stability metrics (:class:`continual_eval.results.Stability`): ``min_acc``
+    and ``wc_acc`` per completed stage, ``per_task`` gap values (at most ``T`` each)."""
+
+    min_acc: Cells
+    wc_acc: Cells
+    per_task: Table
+    tolerance: Finite
+    source: Text
+
+
+class LcaSection(Struct, kw_only=True):
+    beta: Count
+    value: Cell
+
+
+class PlasticitySection(Struct, kw_only=True):
+    """One matrix's plasticity metrics (:class:`continual_eval.results.Plasticity`)."""
+
+    anytime_accuracy: Cell
+    stage_auc: Cells
+    lca: LcaSection | None
+    auc_forward_transfer: Cell
+    auc_forward_transfer_per_task: Cells | None
+
+
+class MatrixSection(Struct, kw_only=True, omit_defaults=True):
+    """One scorer's matrix (:class:`continual_eval.results.MatrixResults`): ``scores [s, T]``,
+    ``baseline [T]`` within ``bounds``, its metric family and, with per-step evaluation,
+    ``step_scores [N, T]`` with their stability and plasticity."""
+
+    score: Name
+    higher_is_better: bool
+    bounds: Bounds | None
+    scores: Rows
+    baseline: Cells
+    metrics: Scalars
+    metrics_per_stage: Table
+    per_task: Table
+    step_scores: Rows | None = None
+    stability: StabilitySection | None = None
+    plasticity: PlasticitySection | None = None
+
+
+class SubsetSection(Struct, kw_only=True, omit_defaults=True):
+    """The fixed subset of the per-step evaluations."""
+
+    size: Count
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+    samples_per_task: list[Count]
+    rule: Text = ""
+
+
+class CurvesSection(Struct, kw_only=True):
+    """When the per-step evaluations ran (``step``, ``stage``, ``full``: ``N`` each) and the
+    primary matrix's rows (``accuracy``, ``[N, T]``)."""
+
+    step: list[Count]
+    stage: list[Count]
+    accuracy: Rows
+    full: list[bool]
+    score: Name
+    step_counter: Text
+    subset: SubsetSection | None
+
+
+class StageCostSection(Struct, kw_only=True):
+    """One stage's cost (:class:`continual_eval.stage_cost.StageCost`)."""
+
+    stage: Count
+    train_seconds: Finite
+    eval_seconds: Finite
+    peak_memory_bytes: Count
+    memory_kind: Name
+    parameters: Count
+    trainable_parameters: Count
+    samples: Count
+    optimizer_steps: Count
+    replay_memory: Count | None
+
+
+class CostSection(Struct, kw_only=True):
+    """What each stage cost (``per_stage``, at most ``T``); ``summary`` and ``memory_kind`` are
+    recomputed from it when read."""
+
+    per_stage: list[StageCostSection]
+    summary: Scalars
+    memory_kind: Name | None
+
+
+class ReferenceSection(Struct, kw_only=True):
+    """The primary matrix against a reference model (:class:`continual_eval.results.
+    ReferenceMetrics`): ``scores`` and ``auc`` ``[T]`` within the primary matrix's bounds."""
+
+    kind: Literal["isolated", "joint", "given"]
+    score: Name
+    higher_is_better: bool
+    scores: Cells
+    auc: Cells | None
+    intransigence: Cell
+    intransigence_per_task: Cells
+    fwt_isolated: Cell
+    fwt_isolated_per_task: Cells
+    per_stage: Table
+    source: Text
+
+
+class ConfusionSection(Struct, kw_only=True):
+    """Per stage one string of ``true:predicted:count`` cells (see
+    :mod:`continual_eval.results.class_incremental`)."""
+
+    encoding: Text
+    stages: list[str]
+
+
+class ClassIncrementalSection(Struct, kw_only=True):
+    """The class-incremental record (:class:`continual_eval.results.ClassIncrementalResults`):
+    the counts (``confusion``) and the test samples of each class (``test_samples [C]``: every
+    stage's counts of a seen class add up to it) are the record; the measures are recomputed
+    from them when read."""
+
+    task_classes: list[list[Count]]
+    num_classes: Annotated[int, Meta(ge=1, le=MAX_CLASSES)]
+    test_samples: list[Count]
+    class_order: list[Count]
+    prediction: Literal["seen", "all"]
+    forgetting: Name
+    confusion: ConfusionSection
+    per_class_accuracy: Rows
+    seen_accuracy: Table
+    last_accuracy: Scalars
+    average_incremental_accuracy: Scalars
+    old_accuracy: Table
+    new_accuracy: Cells
+    mean_class_accuracy: Cells
+    amca: Cell
+    amca_per_stage: Cells
+    class_forgetting: Cells
+    mean_class_forgetting: Cell
+    mean_class_forgetting_per_stage: Cells
+    recency_bias: Table
+    source: Text
+
+
+class FileRecord(Struct, kw_only=True):
+    """A CSV file written with the document: its SHA-256 and the stages it holds."""
+
+    sha256: Sha256
+    stages: Count
+
+
+class MetadataLabels(Struct, kw_only=True):
+    """The keys of the free-form ``metadata`` that readers interpret."""
+
+    experiment: Label = None
+    method: Label = None
+    seed: Label = None
+    reference: Cells | None = None
+
+
+class Document(Struct, kw_only=True, omit_defaults=True):
+    """A whole ``results.json`` (see the module docstring)."""
+
+    format_version: Literal[2]
+    run_id: Name | None = None
+    num_tasks: Annotated[int, Meta(ge=1, le=MAX_TASKS)]
+    task_names: list[Name]
+    stages_completed: Count
+    scores: Rows
+    baseline: Cells
+    metrics: Scalars
+    metrics_per_stage: Table
+    per_task: Table
+    conventions: dict[Name, Name]
+    metadata: dict[str, Any]
+    matrices: Annotated[dict[Name, MatrixSection], Meta(min_length=1, max_length=MAX_MATRICES)]
+    curves: CurvesSection | None = None
+    stability: StabilitySection | None = None
+    cost: CostSection | None = None
+    reference: ReferenceSection | None = None
+    class_incremental: ClassIncrementalSection | None = None
+    files: dict[Name, FileRecord] | None = None
+
+    @property
+    def primary_name(self) -> str:
+        """The first matrix's name."""
+        return next(iter(self.matrices))
+
+
+# ---------------------------------------------------------------------- decoding
+_DECODER = msgspec.json.Decoder(Document)
+
+
+def decode_document(data: bytes, source: str | os.PathLike[str] = "results.json") -> Document:
+    """Parse and validate the bytes of a ``results.json``: :class:`Document`, or
+    :class:`InvalidResultsError` naming ``source`` and the field (a syntax error with its byte
+    offset, nesting too deep to parse, a value of the wrong type or range, the checks of
+    :func:`check_document`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidResultsError(
+            source, "", f"not UTF-8 text (invalid byte at offset {err.start})"
+        ) from None
+    try:
+        document = _DECODER.decode(data)
+    except msgspec.ValidationError as err:
+        raise schema_error(err, None, source, text=text, root=Document) from None
+    except msgspec.DecodeError as err:
+        raise InvalidResultsError(source, "", _syntax_problem(str(err), data)) from None
+    except RecursionError:
+        raise InvalidResultsError(source, "", "nested too deeply to parse") from None
+    return check_document(document, source)
+
+
+def convert_document(obj: Any, source: str | os.PathLike[str] = "results document") -> Document:
+    """A parsed document (a ``dict``) as a checked :class:`Document`."""
+    try:
+        document = msgspec.convert(obj, Document)
+    except msgspec.ValidationError as err:
+        raise schema_error(err, obj, source, root=Document) from None
+    except RecursionError:
+        raise InvalidResultsError(source, "", "nested too deeply") from None
+    return check_document(document, source)
+
+
+def _syntax_problem(message: str, data: bytes) -> str:
+    """msgspec's syntax error with the text at the offending byte (e.g. ``NaN``)."""
+    problem = message.removeprefix("JSON is malformed: ")
+    problem = problem[:1].lower() + problem[1:]
+    at = re.search(r"\(byte (\d+)\)", problem)
+    if at:
+        shown = data[int(at[1]) : int(at[1]) + 12].decode("utf-8", "replace")
+        problem += f" at {printable(json.dumps(shown))}"
+        if shown.startswith(("NaN", "Infinity", "-Infinity")):
+            problem += " (NaN and Infinity are not JSON; the writer stores null)"
+    return f"not valid JSON: {problem}"
+
+
+# ---------------------------------------------------------------------- what types cannot say
+class _Check:
+    """The checks of :func:`check_document` for one file; every failure raises."""
+
+    def __init__(self, source: str | os.PathLike[str]) -> None:
+        self.source = source
+
+    def fail(self, field: str, problem: str) -> NoReturn:
+        raise InvalidResultsError(self.source, field, problem)
+
+    def length(self, value: Sequence[Any], field: str, n: int, *, most: bool = False) -> None:
+        """``n`` items (``most``: at most ``n``)."""
+        if len(value) > n or (not most and len(value) != n):
+            self.fail(
+                field,
+                f"expected an array of {'at most ' if most else ''}{n} items, "
+                f"found {describe(list(value))}",
+            )
+
+    def rows(self, value: list[list[Any]], field: str, n: int | None, columns: int) -> None:
+        if n is not None:
+            self.length(value, field, n)
+        for i, row in enumerate(value):
+            if len(row) != columns:
+                self.length(row, f"{field}[{i}]", columns)
+
+    def table(self, value: dict[str, list[Any]], field: str, n: int, *, most: bool = False) -> None:
+        for key, column in value.items():
+            self.length(column, key_path(field, key), n, most=most)
+
+    def within(self, cells: list[Any], field: str, bounds: list[Any] | None, what: str) -> None:
+        """Every cell of the (nested) array ``cells`` within ``bounds`` (``[lo, hi]``)."""
+        if bounds is None or not cells:
+            return
+        lo = -math.inf if bounds[0] is None else bounds[0]
+        hi = math.inf if bounds[1] is None else bounds[1]
+        values = np.array(cells, dtype=np.float64)
+        outside = np.argwhere((values < lo) | (values > hi))
+        if len(outside):
+            index = tuple(int(i) for i in outside[0])
+            where = field + "".join(f"[{i}]" for i in index)
+            self.fail(
+                where,
+                f"expected a value in [{lo}, {hi}] ({what}), found "
+                f"{describe(float(values[index]))}",
+            )
+
+    def same(self, value: Any, field: str, primary: Any, primary_field: str) -> None:
+        """``value`` (at ``field``) equal to the primary matrix's (at ``primary_field``)."""
+        if value == primary:
+            return
+        path, wanted, found = _first_difference(primary, value)
+        self.fail(
+            field + path,
+            f"expected {describe(wanted)} as {primary_field}{path} (the top level repeats the "
+            f"primary matrix), found {describe(found)}",
+        )
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any]:
+    """The first place where ``b`` differs from ``a``: ``(path, a's value, b's value)``."""
+    if isinstance(a, Struct) and isinstance(b, Struct):
+        a, b = msgspec.structs.asdict(a), msgspec.structs.asdict(b)
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        n = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        return _first_difference(a[n], b[n], f"{path}[{n}]")
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        key = next(k for k in a if a[k] != b[k])
+        sub = key_path(path, key)
+        return _first_difference(a[key], b[key], sub if path or sub[0] == "[" else "." + sub)
+    return path, a, b
+
+
+def check_document(document: Document, source: str | os.PathLike[str]) -> Document:
+    """What a type cannot say: lengths that follow ``T``, ``s`` and ``N``, cells within their
+    matrix's ``bounds``, the top level equal to the primary matrix, and the sections' own
+    rules. Returns ``document``; raises :class:`InvalidResultsError`."""
+    check = _Check(source)
+    T, s = document.num_tasks, document.stages_completed
+    if s > T:
+        check.fail("stages_completed", f"expected an integer in [0, {T}], found integer {s}")
+    check.length(document.task_names, "task_names", T)
+    N = None if document.curves is None else _check_curves(check, document.curves, T)
+    for name, matrix in document.matrices.items():
+        _check_matrix(check, key_path("matrices", name), matrix, T, s, N)
+    primary_name = document.primary_name
+    primary = document.matrices[primary_name]
+    _check_top_level(check, document, primary, key_path("matrices", primary_name))
+    _check_metadata(check, document.metadata, T, primary.bounds)
+    if document.stability is not None:
+        _check_stability(check, document.stability, "stability", T)
+    if document.cost is not None:
+        check.length(document.cost.per_stage, "cost.per_stage", T, most=True)
+        for i, cost in enumerate(document.cost.per_stage):
+            if cost.stage >= T:
+                check.fail(
+                    f"cost.per_stage[{i}].stage",
+                    f"expected an integer in [0, {T - 1}], found integer {cost.stage}",
+                )
+    if document.reference is not None:
+        _check_reference(check, document.reference, T, s, primary.bounds)
+    if document.class_incremental is not None:
+        _check_class_incremental(check, document.class_incremental, T, s)
+    for name, record in (document.files or {}).items():
+        if os.path.basename(name) != name or name in ("", ".", ".."):
+            check.fail("files (a key)", f"expected a file name, found {describe(name)}")
+        if record.stages > T:
+            check.fail(
+                key_path(key_path("files", name), "stages"),
+                f"expected an integer in [0, {T}], found integer {record.stages}",
+            )
+    return document
+
+
+def _check_curves(check: _Check, curves: CurvesSection, T: int) -> int:
+    """``step``, ``stage``, ``full`` of one length ``N`` (returned), stages below ``T``."""
+    N = len(curves.step)
+    check.length(curves.stage, "curves.stage", N)
+    check.length(curves.full, "curves.full", N)
+    check.rows(curves.accuracy, "curves.accuracy", N, T)
+    late = [n for n, stage in enumerate(curves.stage) if stage >= T]
+    if late:
+        check.fail(
+            f"curves.stage[{late[0]}]",
+            f"expected an integer in [0, {T - 1}], found integer {curves.stage[late[0]]}",
+        )
+    if curves.subset is not None:
+        check.length(curves.subset.samples_per_task, "curves.subset.samples_per_task", T)
+    return N
+
+
+def _check_stability(check: _Check, section: StabilitySection, field: str, T: int) -> None:
+    check.length(section.min_acc, f"{field}.min_acc", T, most=True)
+    check.length(section.wc_acc, f"{field}.wc_acc", T, most=True)
+    check.table(section.per_task, f"{field}.per_task", T, most=True)
+
+
+def _check_matrix(
+    check: _Check, field: str, matrix: MatrixSection, T: int, s: int, N: int | None
+) -> None:
+    """One ``matrices`` entry: its shapes and its cells within its bounds."""
+    bounds = matrix.bounds
+    if bounds is not None and None not in bounds and bounds[0] > bounds[1]:  # type: ignore[operator]
+        check.fail(f"{field}.bounds", f"expected lo <= hi, found {bounds}")
+    check.rows(matrix.scores, f"{field}.scores", s, T)
+    check.length(matrix.baseline, f"{field}.baseline", T)
+    check.table(matrix.metrics_per_stage, f"{field}.metrics_per_stage", s)
+    check.table(matrix.per_task, f"{field}.per_task", max(s - 1, 0))
+    what = "the matrix's bounds"
+    check.within(matrix.scores, f"{field}.scores", bounds, what)
+    check.within(matrix.baseline, f"{field}.baseline", bounds, what)
+    if matrix.step_scores is not None:
+        if N is None:
+            check.fail(f"{field}.step_scores", "step curves without a curves section")
+        check.rows(matrix.step_scores, f"{field}.step_scores", N, T)
+        check.within(matrix.step_scores, f"{field}.step_scores", bounds, what)
+    if matrix.stability is not None:
+        _check_stability(check, matrix.stability, f"{field}.stability", T)
+    if matrix.plasticity is not None:
+        plasticity = matrix.plasticity
+        check.length(plasticity.stage_auc, f"{field}.plasticity.stage_auc", T, most=True)
+        if plasticity.auc_forward_transfer_per_task is not None:
+            check.length(
+                plasticity.auc_forward_transfer_per_task,
+                f"{field}.plasticity.auc_forward_transfer_per_task",
+                T,
+                most=True,
+            )
+
+
+def _check_top_level(check: _Check, document: Document, primary: MatrixSection, field: str) -> None:
+    """The top level repeats the primary matrix (and its step rows and stability)."""
+    for key in ("scores", "baseline", "metrics", "metrics_per_stage", "per_task"):
+        check.same(getattr(document, key), key, getattr(primary, key), f"{field}.{key}")
+    if document.curves is not None and primary.step_scores is not None:
+        check.same(
+            document.curves.accuracy, "curves.accuracy", primary.step_scores, f"{field}.step_scores"
+        )
+    if document.stability is not None and primary.stability is not None:
+        check.same(document.stability, "stability", primary.stability, f"{field}.stability")
+
+
+def _check_metadata(
+    check: _Check, metadata: dict[str, Any], T: int, bounds: list[Any] | None
+) -> None:
+    """The labels readers show, ``reference`` (``T`` cells within the primary's bounds), and at
+    most :data:`MAX_DEPTH` levels of nesting."""
+    labels = {
+        key: metadata[key]
+        for key in ("experiment", "method", "seed", "reference")
+        if key in metadata
+    }
+    try:
+        known = msgspec.convert(labels, MetadataLabels)
+    except msgspec.ValidationError as err:
+        raise schema_error(
+            err, labels, check.source, root=MetadataLabels, prefix="metadata"
+        ) from None
+    if known.reference is not None:
+        check.length(known.reference, "metadata.reference", T)
+        check.within(known.reference, "metadata.reference", bounds, "the primary matrix's bounds")
+    stack: list[tuple[Any, str, int]] = [(metadata, "metadata", 2)]
+    while stack:
+        item, path, level = stack.pop()
+        if level > MAX_DEPTH:
+            check.fail(path, f"nested deeper than {MAX_DEPTH} levels of arrays/objects")
+        children = enumerate(item) if isinstance(item, list) else item.items()
+        for key, child in children:
+            if isinstance(child, (list, dict)):
+                stack.append((child, key_path(path, key), level + 1))
+
+
+def _check_reference(
+    check: _Check, reference: ReferenceSection, T: int, s: int, bounds: list[Any] | None
+) -> None:
+    check.length(reference.scores, "reference.scores", T)
+    what = "the primary matrix's bounds"
+    check.within(reference.scores, "reference.scores", bounds, what)
+    if reference.auc is not None:
+        check.length(reference.auc, "reference.auc", T)
+        check.within(reference.auc, "reference.auc", bounds, what)
+    check.length(reference.intransigence_per_task, "reference.intransigence_per_task", s)
+    check.length(reference.fwt_isolated_per_task, "reference.fwt_isolated_per_task", max(s - 1, 0))
+    check.table(reference.per_stage, "reference.per_stage", s)
+
+
+# ---------------------------------------------------------------------- class-incremental
+_CONFUSION_TEXT = re.compile(r"(\d{1,16}:\d{1,16}:\d{1,16})( \d{1,16}:\d{1,16}:\d{1,16})*")
+
+
+def confusion_cells(text: str) -> np.ndarray:
+    """``[n, 3]`` int64 ``(true, predicted, count)`` of one stage's confusion string; a
+    ``ValueError`` for text that is not ``true:predicted:count`` cells."""
+    if not text:
+        return np.zeros((0, 3), dtype=np.int64)
+    if _CONFUSION_TEXT.fullmatch(text) is None:
+        raise ValueError("expected space-separated true:predicted:count cells (decimal integers)")
+    return np.array(text.replace(":", " ").split(), dtype=np.int64).reshape(-1, 3)
+
+
+def _check_class_incremental(
+    check: _Check, section: ClassIncrementalSection, T: int, s: int
+) -> None:
+    """Shapes, the task classes (distinct ids below ``C``, no class in two tasks), and every
+    stage's counts (see :func:`_check_stage_counts`)."""
+    field, C = "class_incremental", section.num_classes
+    if s * C * C > MAX_CONFUSION_CELLS:
+        check.fail(
+            f"{field}.num_classes",
+            f"expected stages * num_classes**2 <= "
+            f"{MAX_CONFUSION_CELLS} (here {s} stages), found integer {C}",
+        )
+    check.length(section.task_classes, f"{field}.task_classes", T)
+    owner = np.full(C, T, dtype=np.int64)  # the task of each class id (T: none)
+    for j, classes in enumerate(section.task_classes):
+        at = f"{field}.task_classes[{j}]"
+        if not classes:
+            check.fail(at, "expected a non-empty array of class ids, found array of 0 items")
+        for k, c in enumerate(classes):
+            if c >= C or owner[c] < T:
+                check.fail(
+                    f"{at}[{k}]",
+                    f"expected a class id below {C} of no other task, found integer {c}",
+                )
+            owner[c] = j
+    for key, n in (("test_samples", C), ("class_order", C), ("class_forgetting", C)):
+        check.length(getattr(section, key), f"{field}.{key}", n)
+    beyond = [k for k, c in enumerate(section.class_order) if c >= C]
+    if beyond:
+        k = beyond[0]
+        check.fail(
+            f"{field}.class_order[{k}]",
+            f"expected a class id below {C}, found integer {section.class_order[k]}",
+        )
+    check.rows(section.per_class_accuracy, f"{field}.per_class_accuracy", s, C)
+    for key in (
+        "new_accuracy",
+        "mean_class_accuracy",
+        "amca_per_stage",
+        "mean_class_forgetting_per_stage",
+    ):
+        check.length(getattr(section, key), f"{field}.{key}", s)
+    for key in ("seen_accuracy", "old_accuracy", "recency_bias"):
+        check.table(getattr(section, key), f"{field}.{key}", s)
+    samples = np.array(section.test_samples, dtype=np.int64)
+    if int(samples.sum()) > _MAX_EXACT_INT:
+        check.fail(f"{field}.test_samples", f"expected at most {_MAX_EXACT_INT} samples in all")
+    check.length(section.confusion.stages, f"{field}.confusion.stages", s)
+    for i, text in enumerate(section.confusion.stages):
+        _check_stage_counts(check, f"{field}.confusion.stages[{i}]", text, i, owner, samples)
+
+
+def _check_stage_counts(
+    check: _Check, field: str, text: str, stage: int, owner: np.ndarray, samples: np.ndarray
+) -> None:
+    """One stage's counts: class ids below ``C``, a true class of a task ``<= stage``, counts
+    ``>= 1``, each cell once, and every seen class's counts adding up to its test samples (an
+    empty string: a stage without counts)."""
+    C = len(owner)
+    try:
+        cells = confusion_cells(text)
+    except ValueError as err:
+        check.fail(field, f"{err}, found {describe(text)}")
+    if not len(cells):
+        return
+    true, pred, count = cells[:, 0], cells[:, 1], cells[:, 2]
+    bad = (true >= C) | (pred >= C) | (count < 1) | (count > _MAX_EXACT_INT)
+    bad |= owner[np.minimum(true, C - 1)] > stage
+    flat = true * C + pred
+    first = np.unique(flat, return_index=True)[1]
+    repeated = np.ones(len(flat), dtype=bool)
+    repeated[first] = False
+    for n in np.flatnonzero(bad | repeated)[:1]:
+        cell = ":".join(map(str, cells[n]))
+        check.fail(
+            f"{field} cell {n}",
+            f"expected class ids below {C} (the true one of a task "
+            f"<= {stage}), a count in [1, 2**53], each cell once, found {describe(cell)}",
+        )
+    totals = np.zeros(C, dtype=np.int64)
+    np.add.at(totals, true, count)
+    seen = owner <= stage
+    wrong = np.flatnonzero(seen & (totals != samples))
+    if len(wrong):
+        c = int(wrong[0])
+        check.fail(
+            field,
+            f"expected the counts of class {c} to add up to its "
+            f"{int(samples[c])} test samples (test_samples[{c}]), found {int(totals[c])}",
+        )
