@@ -38,13 +38,17 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from continual_eval.evaluation import _torchmetrics_adapter as tm
+from continual_eval.evaluation._metric_sync import gathered_states
 from continual_eval.evaluation.errors import EvaluationError, _what
 
 __all__ = [
@@ -492,15 +496,9 @@ def _summed_states(metric: Any) -> tuple[str, ...] | None:
     way (no ``dist_sync_fn`` or ``process_group`` of its own, ``sync_on_compute=True``, no override
     of ``sync``/``_sync_dist``) and holds no child metric. Summing such states in the loop's
     collective is what torchmetrics' own sync does (gather every rank's state, sum)."""
-    from torchmetrics import Metric
-    from torchmetrics.utilities.data import dim_zero_sum
-
-    defaults = getattr(metric, "_defaults", None)
-    reductions = getattr(metric, "_reductions", None)
-    if not isinstance(defaults, dict) or not defaults or not isinstance(reductions, dict):
-        return None
-    cls = type(metric)
-    if any(getattr(cls, m, None) is not getattr(Metric, m) for m in ("sync", "_sync_dist")):
+    defaults = tm.state_defaults(metric)
+    reductions = tm.state_reductions(metric)
+    if not defaults or not tm.default_sync(metric) or len(tm.metrics_in(metric)) > 1:
         return None
     if (
         getattr(metric, "dist_sync_fn", None) is not None
@@ -508,14 +506,35 @@ def _summed_states(metric: Any) -> tuple[str, ...] | None:
         or getattr(metric, "sync_on_compute", True) is not True
     ):
         return None
-    if any(isinstance(m, Metric) for m in metric.modules() if m is not metric):
-        return None
     for name, default in defaults.items():
-        if not isinstance(default, Tensor) or reductions.get(name) is not dim_zero_sum:
+        if not isinstance(default, Tensor) or not tm.is_sum_reduction(reductions.get(name)):
             return None
         if default.dtype == torch.bool or default.is_complex():
             return None
     return tuple(defaults)
+
+
+def _gathers_itself(metric: Any) -> bool:
+    """Whether :class:`MetricScorer` gathers ``metric``'s states across ranks itself (so that a
+    rank without samples takes part in the same collectives): every metric in it keeps the default
+    sync, none has a ``dist_sync_fn`` of its own, and each syncs on compute. A metric with a sync
+    of its own (e.g. torchmetrics' detection mAP) is left to it."""
+    return all(
+        tm.default_sync(m)
+        and getattr(m, "dist_sync_fn", None) is None
+        and getattr(m, "sync_on_compute", True) is True
+        for m in tm.metrics_in(metric)
+    )
+
+
+@contextmanager
+def _quiet_compute_warning(quiet: bool) -> Iterator[None]:
+    """Silence torchmetrics' "compute was called before update" on a rank that saw no sample
+    (its states hold the other ranks' after the gather)."""
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.filterwarnings("ignore", message=r".*was called before the ``update``")
+        yield
 
 
 def _known_batch_additive(metric: Any) -> bool:
@@ -530,14 +549,10 @@ def _known_batch_additive(metric: Any) -> bool:
         from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassStatScores
     except ImportError:  # pragma: no cover - another torchmetrics layout
         return False
-    cls = type(metric)
     if isinstance(metric, MulticlassStatScores):
-        return (
-            cls.update is MulticlassStatScores.update
-            and cls._update_state is MulticlassStatScores._update_state
-        )
+        return tm.own_update_state(metric, MulticlassStatScores)
     if isinstance(metric, MulticlassConfusionMatrix):
-        return cls.update is MulticlassConfusionMatrix.update
+        return type(metric).update is MulticlassConfusionMatrix.update
     return False
 
 
@@ -599,10 +614,12 @@ class MetricScorer:
         self.bounds: tuple[float, float] | None = (0.0, 1.0) if (low, high) == (0, 1) else None
         self._states = _summed_states(self._metric)
         self.count_based = self._states is not None
+        self._state_defaults = tm.state_defaults(self._metric)
+        self._gathers = not self.count_based and _gathers_itself(self._metric)
         if batch_additive is None:
             batch_additive = (
                 self._states is not None
-                and not any(self._metric._defaults[n].is_floating_point() for n in self._states)
+                and not any(self._state_defaults[n].is_floating_point() for n in self._states)
                 and getattr(self._metric, "full_state_update", None) is False
                 and _known_batch_additive(self._metric)
             )
@@ -655,7 +672,7 @@ class MetricScorer:
             return torch.cat([head, bad])
         layout, flat = [], []
         for name in self._states:
-            state, default = getattr(self._metric, name), self._metric._defaults[name]
+            state, default = getattr(self._metric, name), self._state_defaults[name]
             if not isinstance(state, Tensor) or state.shape != default.shape:
                 shown = list(state.shape) if isinstance(state, Tensor) else _what(state)
                 raise EvaluationError(
@@ -677,11 +694,10 @@ class MetricScorer:
         Count-based: ``reduced_counts`` ``[tasks, K]``; each task's summed states are loaded into
         the metric and its compute (without another sync) returns its score."""
         if not self.count_based:
-            value = self._one_number(self._metric.compute(), None)
+            value = self._one_number(self._compute_over_ranks(), None)
             if not bool(torch.isfinite(value)):
                 raise self._not_finite(value, None)
             return value
-        compute = type(self._metric).compute  # not the instance's wrapper: no second sync
         tasks, start = reduced_counts.shape[0], 3
         states = {}  # name -> every task's summed state [tasks, *shape], a copy of its own
         for name, shape, dtype in self._layout:
@@ -692,7 +708,7 @@ class MetricScorer:
         for row in range(tasks):
             for name, state in states.items():
                 setattr(self._metric, name, state[row])
-            values.append(self._one_number(compute(self._metric), row, convert=False))
+            values.append(self._one_number(tm.unwrapped_compute(self._metric), row, convert=False))
         device = values[0].device
         scores = torch.stack([v if v.device == device else v.to(device) for v in values]).double()
         finite = torch.isfinite(scores)
@@ -700,6 +716,22 @@ class MetricScorer:
             row = int((~finite).int().argmax())
             raise self._not_finite(scores[row], row)
         return scores
+
+    def _compute_over_ranks(self) -> Any:
+        """The metric's ``compute`` over every rank's samples of the task just scored: its states
+        gathered by :func:`~continual_eval.evaluation._metric_sync.gathered_states` (the same
+        collectives on every rank, whether it saw samples or not), then computed without another
+        sync. A metric with a sync of its own (:func:`_gathers_itself`) runs it; one process
+        computes locally."""
+        metric = self._metric
+        if not (self._gathers and metric.distributed_available_fn()):
+            return metric.compute()
+        with (
+            gathered_states(metric, self.name, self._device),
+            tm.sync_disabled(metric),
+            _quiet_compute_warning(self._total == 0),
+        ):
+            return metric.compute()
 
     def _one_number(self, value: Any, row: int | None, convert: bool = True) -> Tensor:
         """``value`` as a scalar tensor (float64 with ``convert``), else
