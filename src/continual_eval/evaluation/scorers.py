@@ -39,7 +39,7 @@ from __future__ import annotations
 import inspect
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -178,6 +178,61 @@ def _float_sum_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+_META_OUTPUT = (
+    "the model returned a tensor on the meta device, which holds no values (only shapes): were "
+    "its parameters materialised? A model built under torch.device('meta') needs real weights "
+    "(e.g. to_empty() and a loaded state dict) before it is evaluated"
+)
+
+
+def _refuse_meta(preds: Tensor, target: Tensor) -> None:
+    if preds.is_meta:
+        raise EvaluationError(_META_OUTPUT)
+    if target.is_meta:
+        raise EvaluationError(
+            "the test batch's target is on the meta device, which holds no values (only shapes)"
+        )
+
+
+def input_versions(preds: Tensor, target: Tensor) -> tuple[int, int] | None:
+    """The version counters of ``preds`` and ``target`` (``None`` for inference tensors, which
+    keep none). The one place that reads torch's private ``Tensor._version``, why: it is torch's
+    only record of in-place writes (every in-place op on a tensor or on a view of it bumps the
+    counter it shares; autograd checks saved tensors the same way). Writes that bypass torch's
+    ops (through ``.data``, NumPy or the storage) leave it unchanged."""
+    if preds.is_inference() or target.is_inference():
+        return None
+    return preds._version, target._version
+
+
+def _check_unmodified(
+    who: str, before: tuple[int, int] | None, preds: Tensor, target: Tensor
+) -> None:
+    """Raise naming ``who`` when ``preds`` or ``target`` changed since ``before``."""
+    if before is None:
+        return
+    after = input_versions(preds, target)
+    changed = [
+        n for n, b, a in zip(("preds", "target"), before, after or before, strict=True) if a != b
+    ]
+    if changed:
+        raise EvaluationError(
+            f"{who} modified {' and '.join(changed)} in place; every scorer of the run sees the "
+            "same tensors, so an in-place change would alter the others' scores: compute on a "
+            "copy (e.g. preds = preds.clone()) or use out-of-place operations"
+        )
+
+
+def _private_inputs(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Inputs a user's loss may be given: the tensors themselves when torch counts their
+    in-place writes (checked after the call), else (inference tensors, which count none) copies
+    that do count them, so a write is still detected and never reaches another scorer."""
+    if not (preds.is_inference() or target.is_inference()):
+        return preds, target
+    with torch.inference_mode(False):
+        return preds.clone(), target.clone()
+
+
 class _LabelScorer:
     """Target handling shared by the scorers of class-index targets (accuracy, top-k accuracy,
     cross-entropy): which layout a batch has, and on-device counts of invalid targets.
@@ -220,7 +275,9 @@ class _LabelScorer:
             )
 
     def _check(self, preds: Tensor, target: Tensor) -> str:
-        """The checks that depend only on shapes and dtypes; returns how to score the batch."""
+        """The checks that depend only on shapes, dtypes and the meta device; returns how to
+        score the batch."""
+        _refuse_meta(preds, target)
         problem = _class_dim_problem(preds, target)
         if problem is not None:
             raise EvaluationError(problem)
@@ -254,7 +311,13 @@ class _LabelScorer:
         raise NotImplementedError
 
     def update(self, preds: Tensor, target: Tensor) -> None:
-        signature = (preds.shape[1:], preds.dtype, target.shape[1:], target.dtype)
+        signature = (
+            preds.shape[1:],
+            preds.dtype,
+            target.shape[1:],
+            target.dtype,
+            preds.is_meta or target.is_meta,
+        )
         if signature != self._checked or preds.shape[0] != target.shape[0]:
             self._mode = self._check(preds, target)
             self._checked = signature
@@ -443,10 +506,19 @@ class LossScorer(_LabelScorer):
         if self.loss_fn is None:
             super().update(preds, target)
             return
-        losses = self.loss_fn(preds, target)
+        _refuse_meta(preds, target)
+        given = _private_inputs(preds, target)
+        before = input_versions(*given)
+        losses = self.loss_fn(*given)
+        _check_unmodified(f"loss {self.name}", before, *given)
         if not isinstance(losses, Tensor):
             raise EvaluationError(
                 f"loss {self.name} returned {_what(losses)}, not a tensor of per-sample losses"
+            )
+        if not losses.dtype.is_floating_point:
+            raise EvaluationError(
+                f"loss {self.name} returned a {str(losses.dtype).removeprefix('torch.')} tensor; "
+                "a loss is a real floating-point tensor, one value per sample (or one batch mean)"
             )
         batch = preds.shape[0]
         if losses.ndim == 0:
@@ -637,6 +709,7 @@ class MetricScorer:
         self._classes: list[int] = []  # its class count
 
     def update(self, preds: Tensor, target: Tensor) -> None:
+        _refuse_meta(preds, target)
         problem = _class_dim_problem(preds, target)
         if problem is not None:
             raise EvaluationError(problem)
@@ -650,7 +723,14 @@ class MetricScorer:
             self._ranges.append((low, high))
             self._classes.append(preds.shape[1])
         self._total += target.shape[0]
-        self._metric.update(preds, target)
+        before = input_versions(preds, target)
+        try:
+            self._metric.update(preds, target)
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            raise EvaluationError(
+                f"metric {self.name}: its update raised {type(err).__name__}: {err}"
+            ) from err
+        _check_unmodified(f"metric {self.name}", before, preds, target)
 
     def local_counts(self) -> Tensor:
         """``[0, samples, out_of_range, *states]``: ``out_of_range`` the number of updates (a
@@ -764,6 +844,73 @@ class MetricScorer:
             "samples, such as the recall of a class absent from its test set)",
             row,
         )
+
+
+def checked_update(scorer: Scorer) -> Callable[[Tensor, Tensor], None]:
+    """What the evaluation loop calls to feed ``scorer`` a batch: ``scorer.update`` itself for the
+    package's scorers (they check their inputs, and a user's loss or metric inside them,
+    themselves), else a call that refuses meta tensors, turns an exception of the scorer's into
+    an :class:`EvaluationError` (chained) and raises when the update modified ``preds`` or
+    ``target`` in place (:func:`input_versions`; not detectable on inference tensors)."""
+    if isinstance(scorer, (_LabelScorer, MetricScorer)):
+        return scorer.update
+    update = scorer.update
+
+    def checked(preds: Tensor, target: Tensor) -> None:
+        _refuse_meta(preds, target)
+        before = input_versions(preds, target)
+        try:
+            update(preds, target)
+        except EvaluationError:
+            raise
+        except Exception as err:
+            raise EvaluationError(f"its update raised {type(err).__name__}: {err}") from err
+        _check_unmodified("its update", before, preds, target)
+
+    return checked
+
+
+def scorer_batch_error(
+    scorer: Scorer, err: EvaluationError, first: int, batches: int = 1
+) -> EvaluationError:
+    """``err`` (raised while ``scorer`` scored batch ``first``, or the ``batches`` consecutive
+    batches from ``first`` fed to it together) as a message naming the batch and the scorer."""
+    where = f"batch {first}" if batches <= 1 else f"batches {first}-{first + batches - 1}"
+    out = EvaluationError(f"{where}, scorer {scorer.name!r}: {err}")
+    out.task_row = err.task_row
+    return out
+
+
+def checked_result(
+    scorer: Scorer, reduced_counts: Tensor, task_ids: Sequence[int] | None = None
+) -> Tensor:
+    """``scorer.result(reduced_counts)``, checked: a real (not complex or boolean) tensor off the
+    meta device holding, with ``task_ids`` (a count-based scorer), one score per task ``[tasks]``,
+    else one number (returned as a 0-d tensor). Anything else is an :class:`EvaluationError`
+    naming the scorer (and the tasks)."""
+    value = scorer.result(reduced_counts)
+    want = "one number" if task_ids is None else f"[{len(task_ids)}], one score per task"
+    what = f"scorer {scorer.name!r}: result()"
+    if task_ids is not None:
+        what += f" over the {len(task_ids)} task(s) {list(task_ids)}"
+    if not isinstance(value, Tensor):
+        raise EvaluationError(f"{what} returned {_what(value)}, not a tensor of {want}")
+    if value.is_meta:
+        raise EvaluationError(f"{what} returned a tensor on the meta device (no values)")
+    if value.is_complex() or value.dtype == torch.bool:
+        raise EvaluationError(f"{what} returned a {value.dtype} tensor; scores are real numbers")
+    if task_ids is None:
+        if value.numel() != 1:
+            raise EvaluationError(
+                f"{what} returned a tensor of shape {list(value.shape)}, not {want}"
+            )
+        return value.reshape(())
+    if value.ndim != 1 or value.shape[0] != len(task_ids):
+        raise EvaluationError(
+            f"{what} returned a tensor of shape {list(value.shape)}, not {want} (row k of "
+            "reduced_counts holds the k-th task's counts)"
+        )
+    return value
 
 
 def _row_error(message: str, row: int | None) -> EvaluationError:
