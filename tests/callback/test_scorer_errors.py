@@ -177,7 +177,10 @@ class Protocol:
             "returned a tensor of shape [1], not [2], one score per task",
         ),
         (lambda c: c.double(), "returned a tensor of shape [2, 2], not [2], one score per task"),
-        (lambda c: [0.5, 0.5], "returned a list [float, float], not a tensor of [2], one score per task"),
+        (
+            lambda c: [0.5, 0.5],
+            "returned a list [float, float], not a tensor of [2], one score per task",
+        ),
         (lambda c: c[:, 0] > 0, "returned a torch.bool tensor; scores are real numbers"),
         (
             lambda c: torch.zeros(2, device="meta"),
