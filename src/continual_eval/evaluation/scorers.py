@@ -22,8 +22,9 @@ per-rank sums from :meth:`Scorer.local_counts`, which the loop sums across ranks
 collectives (int64 counts exactly; float sums exactly up to summation order, see
 :func:`~continual_eval.evaluation.evaluate_tasks`). A torchmetrics metric whose states are all
 sum-reduced tensors is count-based too (its states are its local counts, summed with the others in
-one collective for all tasks, exactly as its own sync sums them); any other metric is reduced by
-its own state sync after each task. Scorers hold no state between evaluations
+one collective for all tasks, exactly as its own sync sums them); any other metric's states are
+gathered by :class:`MetricScorer` after each task, with the same collectives on every rank
+(a rank without samples of the task included). Scorers hold no state between evaluations
 (:meth:`Scorer.start` resets them), so a resumed run needs nothing from them.
 
 Speed: a scorer that declares ``batch_additive = True`` may be fed a task's consecutive batches
@@ -96,7 +97,8 @@ class Scorer(Protocol):
 
     Protocol per task: ``start(device)``, then ``set_task(j)`` (optional method: the index of the
     task about to be scored, for a scorer whose scoring depends on it), ``update(preds, target)``
-    for each batch (the tensors every scorer sees; do not modify them in place) or group of
+    for each batch (the tensors every scorer sees: an update that modifies them in place is
+    refused, see :func:`checked_update`) or group of
     batches (``batch_additive``), then ``local_counts()`` and ``result``. A count-based
     :meth:`result` that refuses one task's counts raises :class:`EvaluationError` with
     ``task_row`` set to that task's row, so that the loop names the task.
@@ -452,6 +454,11 @@ class LossScorer(_LabelScorer):
     (float32 on MPS) and summed across ranks by the loop's reduction, so the mean equals a
     per-batch or single-process sum up to float summation order. A non-finite loss sum (a NaN or
     infinite per-sample loss) is reported after the task. A ``loss_fn`` is called once per batch.
+
+    A ``loss_fn``'s output must be a real floating-point tensor (integers, booleans and complex
+    numbers are refused). It never changes what the other scorers see: a call that modifies
+    ``preds`` or ``target`` in place is refused naming the loss (torch's version counters; under
+    inference mode, where tensors keep none, the loss is given copies, one of each per batch).
     """
 
     higher_is_better = False
@@ -644,10 +651,19 @@ class MetricScorer:
     task's summed states into the metric and runs its class's ``compute`` (not the instance's
     wrapper: no second sync, no cache), once per task, after the evaluation. That is torchmetrics'
     own sync (gather, sum), so integer states reduce exactly and float states up to summation
-    order. Any other metric (list
-    or ``cat`` states, ``max``/``min``/``mean`` reductions, a ``dist_sync_fn`` or
-    ``process_group`` of its own, ``sync_on_compute=False``, child metrics, an overridden
-    ``sync``/``_sync_dist``) is reduced by its own sync right after each task, on every rank.
+    order. Any other metric (list or ``cat`` states, ``max``/``min``/``mean`` reductions, a
+    ``process_group`` of its own, child metrics) is reduced right after each task, on every rank:
+    the scorer gathers its states itself (:mod:`~continual_eval.evaluation._metric_sync`: a
+    fixed-size description, then the states padded to one shape: the same collectives on every
+    rank, also on a rank that holds no sample of the task, where torchmetrics' own sync sends a
+    placeholder of another shape), reduces them as torchmetrics does and runs ``compute`` without
+    another sync. A metric with a sync of its own (a ``dist_sync_fn``, an overridden
+    ``sync``/``_sync_dist``) runs it; ``sync_on_compute=False`` is honoured (no sync).
+
+    Errors: an exception of the metric's ``update`` (e.g. a ``num_classes`` that does not fit
+    the output) is an :class:`EvaluationError` naming the metric, chained to the original; an
+    update that modifies ``preds``/``target`` in place is refused where torch counts the writes
+    (not on inference tensors).
 
     Batching (``batch_additive``): ``None`` (default) feeds the metric each task's batches
     concatenated (:data:`BUFFER_BYTES` at a time, see :class:`Scorer`) only when that cannot
