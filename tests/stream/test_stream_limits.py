@@ -369,3 +369,16 @@ def test_json_of_ordinary_rewards_has_an_empty_nonfinite(tmp_path, capsys):
     doc = strict_loads(capsys.readouterr().out)
     assert doc["nonfinite"] == {}
     assert doc["per_regime"]["b/c~d"]["per_configuration_reward"] == pytest.approx(0.35)
+
+
+def test_huge_rewards_with_a_ceiling_for_one_label_only():
+    """Per-regime ceilings leave NaN (absent) ceilings elsewhere; the gap of the bounded label
+    is exact, the others' absent, never NaN from overflow."""
+    result = compute_all_metrics(huge_trace(), ceiling={"a": HUGE})
+    gap = result["per_regime"]["a"]["performance_gap"]
+    # the tail of a's first interval is its last reward, HUGE: a gap of 0 up to the running
+    # sums' rounding (tail means are differences of cumulative sums, ~1e-16 of their size)
+    assert math.isclose(gap, 0.0, abs_tol=1e-15 * sum(map(abs, REWARDS)))
+    assert result["per_regime"]["b"]["performance_gap"] is None
+    first = result["per_trace"][0]["per_interval"][0]
+    assert first["ceiling"] == HUGE and first["settled_ceiling"] == HUGE

@@ -31,10 +31,10 @@ def power_of_two_scale(*arrays: np.ndarray | Sequence[float] | float | None) -> 
     for values in arrays:
         if values is None:
             continue
-        a = np.abs(np.asarray(values, dtype=np.float64))
-        a = a[np.isfinite(a)]
-        if a.size:
-            top = max(top, float(a.max()))
+        a = np.asarray(values, dtype=np.float64).reshape(-1)
+        if a.size:  # fmax/fmin skip NaN; no copy of the array
+            high, low = np.fmax.reduce(a), np.fmin.reduce(a)
+            top = max([top, *(abs(float(v)) for v in (high, low) if math.isfinite(v))])
     if top <= SAFE_MAGNITUDE:
         return 1.0
     return math.ldexp(1.0, math.frexp(top)[1] - math.frexp(SAFE_MAGNITUDE)[1] + 1)

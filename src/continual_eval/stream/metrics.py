@@ -487,13 +487,14 @@ def label_values(
     iv: Intervals,
     per_interval: Mapping[str, np.ndarray],
     *,
-    gamma: float,
+    discounted: np.ndarray,
     reference: np.ndarray | None = None,
     tail_ceilings: np.ndarray | None = None,
     solve_component: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """The fifteen rows per label code (NaN = absent) from rewards ``r`` and the per-interval
-    values; each label's interval values enter as the mean over its intervals that have one."""
+    """The fifteen rows per label code (NaN = absent) from rewards ``r``, their discounted
+    values ``gamma**t * r_t`` and the per-interval values; each label's interval values enter
+    as the mean over its intervals that have one."""
     code = trace.regime_code
     K = len(trace.regime_names)
     absent = np.full(K, np.nan)
@@ -524,7 +525,7 @@ def label_values(
         else _label_nanmean(trace.effective_rank, code, K),
         "settled_reward": _label_mean(per_interval["settled_reward"], iv, K),
         "settled_reward_policy": _label_mean(per_interval["settled_reward_policy"], iv, K),
-        "discounted_return": np.bincount(code, weights=_discounted(r, gamma), minlength=K),
+        "discounted_return": np.bincount(code, weights=discounted, minlength=K),
         "undiscounted_return": np.bincount(code, weights=r, minlength=K),
         "invalid_action_rate": absent
         if trace.invalid_action is None
@@ -538,39 +539,58 @@ def _discounted(r: np.ndarray, gamma: float) -> np.ndarray:
     return np.power(gamma, np.arange(len(r), dtype=np.float64)) * r
 
 
+def _present(values: np.ndarray) -> list[float | None]:
+    """A float column as Python floats, NaN as ``None`` (the absence rule)."""
+    return [None if x != x else x for x in values.tolist()]
+
+
+#: the fields of a ``per_interval`` record after the interval's place, in order; NaN is absent
+#: except in the two that always have a value
+_INTERVAL_FIELDS = (
+    "mean_reward",
+    "adaptation_speed",
+    "recovery_time",
+    "stability_variance",
+    "zero_shot_reward",
+    "settled_reward",
+    "settled_reward_policy",
+    "forgetting",
+    "ceiling",
+    "settled_ceiling",
+)
+
+
 def _interval_records(
     trace: EpisodeTrace, iv: Intervals, values: Mapping[str, np.ndarray]
 ) -> list[dict[str, Any]]:
     """``per_interval``: one JSON-ready record per configuration interval."""
     names, roots = trace.regime_names, trace.roots
-    first_step = trace.step[iv.start].tolist()
-    last_step = trace.step[iv.stop - 1].tolist()
-    optional = (
-        "adaptation_speed",
-        "recovery_time",
-        "stability_variance",
-        "zero_shot_reward",
+    labels = [names[c] for c in iv.code.tolist()]
+    place = zip(
+        labels,
+        trace.step[iv.start].tolist(),
+        trace.step[iv.stop - 1].tolist(),
+        iv.length.tolist(),
+        strict=True,
     )
-    records = []
-    for j in range(len(iv)):
-        label = names[iv.code[j]]
-        record: dict[str, Any] = {
+    columns = [
+        values[k].tolist() if k in ("mean_reward", "settled_reward") else _present(values[k])
+        for k in _INTERVAL_FIELDS
+    ]
+    return [
+        {
             "regime_id": label,
             "regime_origin": roots[label],
-            "first_step": first_step[j],
-            "last_step": last_step[j],
-            "length": int(iv.length[j]),
+            "first_step": first,
+            "last_step": last,
+            "length": length,
             "follows_shift": j > 0,
-            "mean_reward": float(values["mean_reward"][j]),
+            **dict(zip(_INTERVAL_FIELDS, row, strict=True)),
         }
-        record.update({key: _none(values[key][j]) for key in optional})
-        record["settled_reward"] = float(values["settled_reward"][j])
-        record["settled_reward_policy"] = _none(values["settled_reward_policy"][j])
-        record["forgetting"] = _none(values["forgetting"][j])
-        record["ceiling"] = _none(values["ceiling"][j])
-        record["settled_ceiling"] = _none(values["settled_ceiling"][j])
-        records.append(record)
-    return records
+        for j, ((label, first, last, length), row) in enumerate(
+            zip(place, zip(*columns, strict=True), strict=True)
+        )
+    ]
 
 
 def _trace_totals(
@@ -578,7 +598,7 @@ def _trace_totals(
     intervals: int,
     r: np.ndarray,
     scale: float,
-    gamma: float,
+    discounted: np.ndarray,
     reference: np.ndarray | None,
     solve_component: str | None,
 ) -> dict[str, Any]:
@@ -599,7 +619,7 @@ def _trace_totals(
     return {
         "steps": len(r),
         "intervals": intervals,
-        "discounted_return": amount(_discounted(r, gamma).sum()),
+        "discounted_return": amount(discounted.sum()),
         "undiscounted_return": amount(r.sum()),
         "regret": None if reference is None else amount((reference - r).sum()),
         "invalid_action_rate": inv_all,
@@ -653,12 +673,13 @@ def trace_metrics(
     per_iv["settled_ceiling"] = (
         np.full(len(iv), np.nan) if tail_ceilings is None else down(tail_ceilings)
     )
+    discounted = _discounted(r, params["gamma"])
     columns = label_values(
         trace,
         r,
         iv,
         per_iv,
-        gamma=params["gamma"],
+        discounted=discounted,
         reference=down(reference),
         tail_ceilings=down(tail_ceilings),
         solve_component=solve_component,
@@ -673,7 +694,7 @@ def trace_metrics(
         "per_regime": per_regime,
         "per_interval": _interval_records(trace, iv, per_iv),
         "totals": _trace_totals(
-            trace, len(iv), r, scale, params["gamma"], down(reference), solve_component
+            trace, len(iv), r, scale, discounted, down(reference), solve_component
         ),
     }
 
