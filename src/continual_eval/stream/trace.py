@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -723,7 +724,7 @@ def read_jsonl(
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     _check_cap("max_line_bytes", max_line_bytes)
     _check_cap("max_file_bytes", max_file_bytes)
-    if isinstance(source, (str, Path)):
+    if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as fh:
             return _read_lines(fh, source, block_size, max_line_bytes, max_file_bytes)
     if not callable(getattr(source, "read", None)):
