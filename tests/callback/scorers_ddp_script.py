@@ -1,10 +1,14 @@
 """Standalone DDP run for test_scorers.py: every built-in scorer kind in one evaluation on 2 CPU
 processes (gloo), on test sets of odd sizes sharded without padding.
 
-Usage: python scorers_ddp_script.py OUT_DIR. Lightning re-launches this script for rank 1. At
-``on_fit_start`` a callback evaluates the (seeded, untrained) model with :func:`make_scorers` on
-its rank's shards and the loop's sum reduction; every rank saves what it got. The test module
-imports :func:`make_problem` and :func:`make_scorers` to compute the single-process reference.
+Usage: python scorers_ddp_script.py OUT_DIR [tiny]. Lightning re-launches this script for rank
+1. At ``on_fit_start`` a callback evaluates the (seeded, untrained) model with
+:func:`make_scorers` on its rank's shards and the loop's sum reduction; every rank saves what it
+got. With ``tiny`` the test sets hold 1 and 3 samples (:data:`TINY_SIZES`: rank 1 holds no sample
+of the first task) and the scorers include the list-state torchmetrics metrics (AUROC, average
+precision), which torchmetrics' own sync cannot gather from a rank that holds none. The test
+module imports :func:`make_problem` and :func:`make_scorers` to compute the single-process
+reference.
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ from continual_eval.evaluation import evaluate_tasks, shard_dataloader
 NUM_FEATURES = 6
 NUM_CLASSES = 7
 TEST_SIZES = (37, 29, 41)  # odd: a padded shard would count a sample twice
+#: world_size - 1 = 1 sample (rank 1 holds none of it) and 3 (shards of 2 and 1)
+TINY_SIZES = (1, 3)
 BATCH = 8
 
 
-def make_problem(seed: int = 0) -> tuple[nn.Module, list[tuple[Tensor, Tensor]]]:
+def make_problem(
+    seed: int = 0, sizes: tuple[int, ...] = TEST_SIZES
+) -> tuple[nn.Module, list[tuple[Tensor, Tensor]]]:
     """A seeded linear classifier over ``NUM_CLASSES`` classes and one test set per size."""
     g = torch.Generator().manual_seed(seed)
     net = nn.Linear(NUM_FEATURES, NUM_CLASSES)
@@ -40,7 +48,7 @@ def make_problem(seed: int = 0) -> tuple[nn.Module, list[tuple[Tensor, Tensor]]]
             torch.randn(n, NUM_FEATURES, generator=g),
             torch.randint(0, NUM_CLASSES, (n,), generator=g),
         )
-        for n in TEST_SIZES
+        for n in sizes
     ]
     return net, tests
 
@@ -102,12 +110,25 @@ class MedianConfidence(Metric):
         return dim_zero_cat(self.top).median()
 
 
-def make_scorers() -> list:
+def make_scorers(tiny: bool = False) -> list:
     """Accuracy, cross-entropy, top-5, a torchmetrics F1 (sum-reduced integer states: count-based,
     fed concatenated batches), a per-sample loss callable, a batch-mean loss callable, a user's
-    protocol object and a list-state metric (reduced by its own sync)."""
-    from torchmetrics.classification import MulticlassF1Score
+    protocol object and a list-state metric (gathered across ranks by the scorer). ``tiny`` adds
+    torchmetrics' list-state AUROC and average precision (``thresholds=None``: every sample's
+    scores kept) and the binned AUROC (``thresholds=5``: a sum-reduced state, count-based)."""
+    from torchmetrics.classification import (
+        MulticlassAUROC,
+        MulticlassAveragePrecision,
+        MulticlassF1Score,
+    )
 
+    extra = []
+    if tiny:
+        extra = [
+            MulticlassAUROC(num_classes=NUM_CLASSES),
+            MulticlassAveragePrecision(num_classes=NUM_CLASSES),
+            MulticlassAUROC(num_classes=NUM_CLASSES, thresholds=5),
+        ]
     return [
         "accuracy",
         "cross_entropy",
@@ -117,12 +138,13 @@ def make_scorers() -> list:
         nn.functional.nll_loss,  # a scalar batch mean (of -preds[n, y_n])
         Confidence(),
         MedianConfidence(),
+        *extra,
     ]
 
 
 class Probe(pl.Callback):
-    def __init__(self, out: Path, tests: list[tuple[Tensor, Tensor]]) -> None:
-        self.out, self.tests = out, tests
+    def __init__(self, out: Path, tests: list[tuple[Tensor, Tensor]], tiny: bool) -> None:
+        self.out, self.tests, self.tiny = out, tests, tiny
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         rank, world = trainer.global_rank, trainer.world_size
@@ -131,7 +153,7 @@ class Probe(pl.Callback):
             pl_module,
             sharded,
             range(len(sharded)),
-            scorers=make_scorers(),
+            scorers=make_scorers(self.tiny),
             all_reduce=partial(trainer.strategy.reduce, reduce_op="sum"),
             rank=rank,
             world_size=world,
@@ -164,16 +186,16 @@ class Wrapped(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def main(out: Path) -> None:
+def main(out: Path, tiny: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    net, tests = make_problem()
+    net, tests = make_problem(sizes=TINY_SIZES if tiny else TEST_SIZES)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp",
         max_epochs=1,
         limit_train_batches=1,
-        callbacks=[Probe(out, tests)],
+        callbacks=[Probe(out, tests, tiny)],
         default_root_dir=str(out),
         logger=False,
         enable_progress_bar=False,
@@ -184,4 +206,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), tiny=sys.argv[2:] == ["tiny"])

@@ -13,6 +13,7 @@ import torch
 from scorers_ddp_script import (
     BATCH,
     NUM_CLASSES,
+    TINY_SIZES,
     Confidence,
     MedianConfidence,
     brier,
@@ -387,6 +388,37 @@ def test_ddp_two_processes_every_scorer_equals_single_process(tmp_path):
             # batch), so they may differ by a few float32 ulps: observed ~1e-8 relative
             torch.testing.assert_close(ddp, one, **FLOAT_TOL, msg=name)
         assert_matches(name, ddp, expected[name])
+
+
+@pytest.mark.slow
+def test_ddp_shards_of_zero_and_one_sample_every_scorer_equals_single_process(tmp_path):
+    """Issue 19 item 3: test sets of 1 and 3 samples on 2 ranks (rank 1 holds no sample of the
+    first), every scorer kind plus the list-state AUROC and average precision, which
+    torchmetrics' own sync cannot gather from an empty rank (gloo: "Received data size doesn't
+    match"): every rank finishes with the numbers one process computes."""
+    proc = run_script(HERE / "scorers_ddp_script.py", tmp_path, "tiny", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert rank0["shard_sizes"] == [1, 2] and rank1["shard_sizes"] == [0, 1]
+    for a, b in zip(rank0["scores"], rank1["scores"], strict=True):
+        assert torch.equal(a, b)  # every rank holds the same numbers
+    net, tests = make_problem(sizes=TINY_SIZES)
+    single = evaluate_tasks(net, loaders(tests), range(2), scorers=make_scorers(tiny=True))
+    assert rank0["names"] == single.scorer_names
+    assert rank0["names"][-3:] == (
+        "MulticlassAUROC",
+        "MulticlassAveragePrecision",
+        "MulticlassAUROC",
+    )
+    assert rank0["total"].tolist() == list(TINY_SIZES)
+    for name, ddp, one in zip(
+        rank0["names"], rank0["scores"], single.scores_by_scorer, strict=True
+    ):
+        assert torch.isfinite(ddp).all(), name
+        if name in EXACT or name == "MulticlassF1Score":
+            assert torch.equal(ddp, one), name
+        else:  # float sums and curves over the same samples in another order
+            torch.testing.assert_close(ddp, one, **FLOAT_TOL, msg=name)
 
 
 # ------------------------------------------------- batches fed concatenated (batch_additive)

@@ -28,7 +28,10 @@ from continual_eval.evaluation.scorers import (
     AccuracyScorer,
     MetricScorer,
     Scorer,
+    checked_result,
+    checked_update,
     make_scorer,
+    scorer_batch_error,
 )
 from continual_eval.evaluation.step import BatchStep, _step_pair, default_batch_step
 
@@ -158,6 +161,9 @@ class _TaskFeed:
     def __init__(self, scorers: Sequence[Scorer], watch: _OutputWatch) -> None:
         self.each = [s for s in scorers if getattr(s, "batch_additive", False) is not True]
         self.grouped = [s for s in scorers if getattr(s, "batch_additive", False) is True]
+        # (scorer, its checked update): errors name the scorer and the batch (scorers.py)
+        self._each = [(s, checked_update(s)) for s in self.each]
+        self._grouped = [(s, checked_update(s)) for s in self.grouped]
         self.watch = watch
         self._preds: list[Tensor] = []
         self._targets: list[Tensor] = []
@@ -169,8 +175,11 @@ class _TaskFeed:
     def add(self, preds: Tensor, target: Tensor, batch_index: int) -> None:
         if not self.grouped:
             self.watch.update(preds, target, batch_index)
-        for s in self.each:
-            s.update(preds, target)
+        for s, update in self._each:
+            try:
+                update(preds, target)
+            except EvaluationError as err:
+                raise scorer_batch_error(s, err, batch_index) from err
         if not self.grouped:
             return
         key = _group_key(preds, target)
@@ -206,8 +215,11 @@ class _TaskFeed:
 
     def _feed(self, preds: Tensor, target: Tensor, first: int, sizes: Sequence[int]) -> None:
         self.watch.update(preds, target, first, sizes)
-        for s in self.grouped:
-            s.update(preds, target)
+        for s, update in self._grouped:
+            try:
+                update(preds, target)
+            except EvaluationError as err:
+                raise scorer_batch_error(s, err, first, max(len(sizes), 1)) from err
 
 
 def _batch_sources(
@@ -520,7 +532,7 @@ def evaluate_tasks(
             try:
                 synced.append(
                     [
-                        None if s.count_based else s.result(counts.part(i)[0])
+                        None if s.count_based else checked_result(s, counts.part(i)[0])
                         for i, s in enumerate(scorer_list)
                     ]
                 )
@@ -544,7 +556,7 @@ def evaluate_tasks(
             scores = torch.zeros(0, dtype=torch.float64)
         elif s.count_based:
             try:
-                scores = s.result(part(i))
+                scores = checked_result(s, part(i), task_ids)
             except EvaluationError as err:
                 if err.task_row is None or not 0 <= err.task_row < len(task_ids):
                     raise

@@ -22,8 +22,9 @@ per-rank sums from :meth:`Scorer.local_counts`, which the loop sums across ranks
 collectives (int64 counts exactly; float sums exactly up to summation order, see
 :func:`~continual_eval.evaluation.evaluate_tasks`). A torchmetrics metric whose states are all
 sum-reduced tensors is count-based too (its states are its local counts, summed with the others in
-one collective for all tasks, exactly as its own sync sums them); any other metric is reduced by
-its own state sync after each task. Scorers hold no state between evaluations
+one collective for all tasks, exactly as its own sync sums them); any other metric's states are
+gathered by :class:`MetricScorer` after each task, with the same collectives on every rank
+(a rank without samples of the task included). Scorers hold no state between evaluations
 (:meth:`Scorer.start` resets them), so a resumed run needs nothing from them.
 
 Speed: a scorer that declares ``batch_additive = True`` may be fed a task's consecutive batches
@@ -38,13 +39,17 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from continual_eval.evaluation import _torchmetrics_adapter as tm
+from continual_eval.evaluation._metric_sync import gathered_states
 from continual_eval.evaluation.errors import EvaluationError, _what
 
 __all__ = [
@@ -92,7 +97,8 @@ class Scorer(Protocol):
 
     Protocol per task: ``start(device)``, then ``set_task(j)`` (optional method: the index of the
     task about to be scored, for a scorer whose scoring depends on it), ``update(preds, target)``
-    for each batch (the tensors every scorer sees; do not modify them in place) or group of
+    for each batch (the tensors every scorer sees: an update that modifies them in place is
+    refused, see :func:`checked_update`) or group of
     batches (``batch_additive``), then ``local_counts()`` and ``result``. A count-based
     :meth:`result` that refuses one task's counts raises :class:`EvaluationError` with
     ``task_row`` set to that task's row, so that the loop names the task.
@@ -174,6 +180,61 @@ def _float_sum_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+_META_OUTPUT = (
+    "the model returned a tensor on the meta device, which holds no values (only shapes): were "
+    "its parameters materialised? A model built under torch.device('meta') needs real weights "
+    "(e.g. to_empty() and a loaded state dict) before it is evaluated"
+)
+
+
+def _refuse_meta(preds: Tensor, target: Tensor) -> None:
+    if preds.is_meta:
+        raise EvaluationError(_META_OUTPUT)
+    if target.is_meta:
+        raise EvaluationError(
+            "the test batch's target is on the meta device, which holds no values (only shapes)"
+        )
+
+
+def input_versions(preds: Tensor, target: Tensor) -> tuple[int, int] | None:
+    """The version counters of ``preds`` and ``target`` (``None`` for inference tensors, which
+    keep none). The one place that reads torch's private ``Tensor._version``, why: it is torch's
+    only record of in-place writes (every in-place op on a tensor or on a view of it bumps the
+    counter it shares; autograd checks saved tensors the same way). Writes that bypass torch's
+    ops (through ``.data``, NumPy or the storage) leave it unchanged."""
+    if preds.is_inference() or target.is_inference():
+        return None
+    return preds._version, target._version
+
+
+def _check_unmodified(
+    who: str, before: tuple[int, int] | None, preds: Tensor, target: Tensor
+) -> None:
+    """Raise naming ``who`` when ``preds`` or ``target`` changed since ``before``."""
+    if before is None:
+        return
+    after = input_versions(preds, target)
+    changed = [
+        n for n, b, a in zip(("preds", "target"), before, after or before, strict=True) if a != b
+    ]
+    if changed:
+        raise EvaluationError(
+            f"{who} modified {' and '.join(changed)} in place; every scorer of the run sees the "
+            "same tensors, so an in-place change would alter the others' scores: compute on a "
+            "copy (e.g. preds = preds.clone()) or use out-of-place operations"
+        )
+
+
+def _private_inputs(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Inputs a user's loss may be given: the tensors themselves when torch counts their
+    in-place writes (checked after the call), else (inference tensors, which count none) copies
+    that do count them, so a write is still detected and never reaches another scorer."""
+    if not (preds.is_inference() or target.is_inference()):
+        return preds, target
+    with torch.inference_mode(False):
+        return preds.clone(), target.clone()
+
+
 class _LabelScorer:
     """Target handling shared by the scorers of class-index targets (accuracy, top-k accuracy,
     cross-entropy): which layout a batch has, and on-device counts of invalid targets.
@@ -216,7 +277,9 @@ class _LabelScorer:
             )
 
     def _check(self, preds: Tensor, target: Tensor) -> str:
-        """The checks that depend only on shapes and dtypes; returns how to score the batch."""
+        """The checks that depend only on shapes, dtypes and the meta device; returns how to
+        score the batch."""
+        _refuse_meta(preds, target)
         problem = _class_dim_problem(preds, target)
         if problem is not None:
             raise EvaluationError(problem)
@@ -250,7 +313,13 @@ class _LabelScorer:
         raise NotImplementedError
 
     def update(self, preds: Tensor, target: Tensor) -> None:
-        signature = (preds.shape[1:], preds.dtype, target.shape[1:], target.dtype)
+        signature = (
+            preds.shape[1:],
+            preds.dtype,
+            target.shape[1:],
+            target.dtype,
+            preds.is_meta or target.is_meta,
+        )
         if signature != self._checked or preds.shape[0] != target.shape[0]:
             self._mode = self._check(preds, target)
             self._checked = signature
@@ -385,6 +454,11 @@ class LossScorer(_LabelScorer):
     (float32 on MPS) and summed across ranks by the loop's reduction, so the mean equals a
     per-batch or single-process sum up to float summation order. A non-finite loss sum (a NaN or
     infinite per-sample loss) is reported after the task. A ``loss_fn`` is called once per batch.
+
+    A ``loss_fn``'s output must be a real floating-point tensor (integers, booleans and complex
+    numbers are refused). It never changes what the other scorers see: a call that modifies
+    ``preds`` or ``target`` in place is refused naming the loss (torch's version counters; under
+    inference mode, where tensors keep none, the loss is given copies, one of each per batch).
     """
 
     higher_is_better = False
@@ -439,10 +513,19 @@ class LossScorer(_LabelScorer):
         if self.loss_fn is None:
             super().update(preds, target)
             return
-        losses = self.loss_fn(preds, target)
+        _refuse_meta(preds, target)
+        given = _private_inputs(preds, target)
+        before = input_versions(*given)
+        losses = self.loss_fn(*given)
+        _check_unmodified(f"loss {self.name}", before, *given)
         if not isinstance(losses, Tensor):
             raise EvaluationError(
                 f"loss {self.name} returned {_what(losses)}, not a tensor of per-sample losses"
+            )
+        if not losses.dtype.is_floating_point:
+            raise EvaluationError(
+                f"loss {self.name} returned a {str(losses.dtype).removeprefix('torch.')} tensor; "
+                "a loss is a real floating-point tensor, one value per sample (or one batch mean)"
             )
         batch = preds.shape[0]
         if losses.ndim == 0:
@@ -492,15 +575,9 @@ def _summed_states(metric: Any) -> tuple[str, ...] | None:
     way (no ``dist_sync_fn`` or ``process_group`` of its own, ``sync_on_compute=True``, no override
     of ``sync``/``_sync_dist``) and holds no child metric. Summing such states in the loop's
     collective is what torchmetrics' own sync does (gather every rank's state, sum)."""
-    from torchmetrics import Metric
-    from torchmetrics.utilities.data import dim_zero_sum
-
-    defaults = getattr(metric, "_defaults", None)
-    reductions = getattr(metric, "_reductions", None)
-    if not isinstance(defaults, dict) or not defaults or not isinstance(reductions, dict):
-        return None
-    cls = type(metric)
-    if any(getattr(cls, m, None) is not getattr(Metric, m) for m in ("sync", "_sync_dist")):
+    defaults = tm.state_defaults(metric)
+    reductions = tm.state_reductions(metric)
+    if not defaults or not tm.default_sync(metric) or len(tm.metrics_in(metric)) > 1:
         return None
     if (
         getattr(metric, "dist_sync_fn", None) is not None
@@ -508,14 +585,35 @@ def _summed_states(metric: Any) -> tuple[str, ...] | None:
         or getattr(metric, "sync_on_compute", True) is not True
     ):
         return None
-    if any(isinstance(m, Metric) for m in metric.modules() if m is not metric):
-        return None
     for name, default in defaults.items():
-        if not isinstance(default, Tensor) or reductions.get(name) is not dim_zero_sum:
+        if not isinstance(default, Tensor) or not tm.is_sum_reduction(reductions.get(name)):
             return None
         if default.dtype == torch.bool or default.is_complex():
             return None
     return tuple(defaults)
+
+
+def _gathers_itself(metric: Any) -> bool:
+    """Whether :class:`MetricScorer` gathers ``metric``'s states across ranks itself (so that a
+    rank without samples takes part in the same collectives): every metric in it keeps the default
+    sync, none has a ``dist_sync_fn`` of its own, and each syncs on compute. A metric with a sync
+    of its own (e.g. torchmetrics' detection mAP) is left to it."""
+    return all(
+        tm.default_sync(m)
+        and getattr(m, "dist_sync_fn", None) is None
+        and getattr(m, "sync_on_compute", True) is True
+        for m in tm.metrics_in(metric)
+    )
+
+
+@contextmanager
+def _quiet_compute_warning(quiet: bool) -> Iterator[None]:
+    """Silence torchmetrics' "compute was called before update" on a rank that saw no sample
+    (its states hold the other ranks' after the gather)."""
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.filterwarnings("ignore", message=r".*was called before the ``update``")
+        yield
 
 
 def _known_batch_additive(metric: Any) -> bool:
@@ -530,14 +628,10 @@ def _known_batch_additive(metric: Any) -> bool:
         from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassStatScores
     except ImportError:  # pragma: no cover - another torchmetrics layout
         return False
-    cls = type(metric)
     if isinstance(metric, MulticlassStatScores):
-        return (
-            cls.update is MulticlassStatScores.update
-            and cls._update_state is MulticlassStatScores._update_state
-        )
+        return tm.own_update_state(metric, MulticlassStatScores)
     if isinstance(metric, MulticlassConfusionMatrix):
-        return cls.update is MulticlassConfusionMatrix.update
+        return type(metric).update is MulticlassConfusionMatrix.update
     return False
 
 
@@ -557,10 +651,19 @@ class MetricScorer:
     task's summed states into the metric and runs its class's ``compute`` (not the instance's
     wrapper: no second sync, no cache), once per task, after the evaluation. That is torchmetrics'
     own sync (gather, sum), so integer states reduce exactly and float states up to summation
-    order. Any other metric (list
-    or ``cat`` states, ``max``/``min``/``mean`` reductions, a ``dist_sync_fn`` or
-    ``process_group`` of its own, ``sync_on_compute=False``, child metrics, an overridden
-    ``sync``/``_sync_dist``) is reduced by its own sync right after each task, on every rank.
+    order. Any other metric (list or ``cat`` states, ``max``/``min``/``mean`` reductions, a
+    ``process_group`` of its own, child metrics) is reduced right after each task, on every rank:
+    the scorer gathers its states itself (:mod:`~continual_eval.evaluation._metric_sync`: a
+    fixed-size description, then the states padded to one shape: the same collectives on every
+    rank, also on a rank that holds no sample of the task, where torchmetrics' own sync sends a
+    placeholder of another shape), reduces them as torchmetrics does and runs ``compute`` without
+    another sync. A metric with a sync of its own (a ``dist_sync_fn``, an overridden
+    ``sync``/``_sync_dist``) runs it; ``sync_on_compute=False`` is honoured (no sync).
+
+    Errors: an exception of the metric's ``update`` (e.g. a ``num_classes`` that does not fit
+    the output) is an :class:`EvaluationError` naming the metric, chained to the original; an
+    update that modifies ``preds``/``target`` in place is refused where torch counts the writes
+    (not on inference tensors).
 
     Batching (``batch_additive``): ``None`` (default) feeds the metric each task's batches
     concatenated (:data:`BUFFER_BYTES` at a time, see :class:`Scorer`) only when that cannot
@@ -599,10 +702,12 @@ class MetricScorer:
         self.bounds: tuple[float, float] | None = (0.0, 1.0) if (low, high) == (0, 1) else None
         self._states = _summed_states(self._metric)
         self.count_based = self._states is not None
+        self._state_defaults = tm.state_defaults(self._metric)
+        self._gathers = not self.count_based and _gathers_itself(self._metric)
         if batch_additive is None:
             batch_additive = (
                 self._states is not None
-                and not any(self._metric._defaults[n].is_floating_point() for n in self._states)
+                and not any(self._state_defaults[n].is_floating_point() for n in self._states)
                 and getattr(self._metric, "full_state_update", None) is False
                 and _known_batch_additive(self._metric)
             )
@@ -620,6 +725,7 @@ class MetricScorer:
         self._classes: list[int] = []  # its class count
 
     def update(self, preds: Tensor, target: Tensor) -> None:
+        _refuse_meta(preds, target)
         problem = _class_dim_problem(preds, target)
         if problem is not None:
             raise EvaluationError(problem)
@@ -633,7 +739,14 @@ class MetricScorer:
             self._ranges.append((low, high))
             self._classes.append(preds.shape[1])
         self._total += target.shape[0]
-        self._metric.update(preds, target)
+        before = input_versions(preds, target)
+        try:
+            self._metric.update(preds, target)
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            raise EvaluationError(
+                f"metric {self.name}: its update raised {type(err).__name__}: {err}"
+            ) from err
+        _check_unmodified(f"metric {self.name}", before, preds, target)
 
     def local_counts(self) -> Tensor:
         """``[0, samples, out_of_range, *states]``: ``out_of_range`` the number of updates (a
@@ -655,7 +768,7 @@ class MetricScorer:
             return torch.cat([head, bad])
         layout, flat = [], []
         for name in self._states:
-            state, default = getattr(self._metric, name), self._metric._defaults[name]
+            state, default = getattr(self._metric, name), self._state_defaults[name]
             if not isinstance(state, Tensor) or state.shape != default.shape:
                 shown = list(state.shape) if isinstance(state, Tensor) else _what(state)
                 raise EvaluationError(
@@ -677,11 +790,10 @@ class MetricScorer:
         Count-based: ``reduced_counts`` ``[tasks, K]``; each task's summed states are loaded into
         the metric and its compute (without another sync) returns its score."""
         if not self.count_based:
-            value = self._one_number(self._metric.compute(), None)
+            value = self._one_number(self._compute_over_ranks(), None)
             if not bool(torch.isfinite(value)):
                 raise self._not_finite(value, None)
             return value
-        compute = type(self._metric).compute  # not the instance's wrapper: no second sync
         tasks, start = reduced_counts.shape[0], 3
         states = {}  # name -> every task's summed state [tasks, *shape], a copy of its own
         for name, shape, dtype in self._layout:
@@ -692,7 +804,7 @@ class MetricScorer:
         for row in range(tasks):
             for name, state in states.items():
                 setattr(self._metric, name, state[row])
-            values.append(self._one_number(compute(self._metric), row, convert=False))
+            values.append(self._one_number(tm.unwrapped_compute(self._metric), row, convert=False))
         device = values[0].device
         scores = torch.stack([v if v.device == device else v.to(device) for v in values]).double()
         finite = torch.isfinite(scores)
@@ -700,6 +812,22 @@ class MetricScorer:
             row = int((~finite).int().argmax())
             raise self._not_finite(scores[row], row)
         return scores
+
+    def _compute_over_ranks(self) -> Any:
+        """The metric's ``compute`` over every rank's samples of the task just scored: its states
+        gathered by :func:`~continual_eval.evaluation._metric_sync.gathered_states` (the same
+        collectives on every rank, whether it saw samples or not), then computed without another
+        sync. A metric with a sync of its own (:func:`_gathers_itself`) runs it; one process
+        computes locally."""
+        metric = self._metric
+        if not (self._gathers and metric.distributed_available_fn()):
+            return metric.compute()
+        with (
+            gathered_states(metric, self.name, self._device),
+            tm.sync_disabled(metric),
+            _quiet_compute_warning(self._total == 0),
+        ):
+            return metric.compute()
 
     def _one_number(self, value: Any, row: int | None, convert: bool = True) -> Tensor:
         """``value`` as a scalar tensor (float64 with ``convert``), else
@@ -732,6 +860,73 @@ class MetricScorer:
             "samples, such as the recall of a class absent from its test set)",
             row,
         )
+
+
+def checked_update(scorer: Scorer) -> Callable[[Tensor, Tensor], None]:
+    """What the evaluation loop calls to feed ``scorer`` a batch: ``scorer.update`` itself for the
+    package's scorers (they check their inputs, and a user's loss or metric inside them,
+    themselves), else a call that refuses meta tensors, turns an exception of the scorer's into
+    an :class:`EvaluationError` (chained) and raises when the update modified ``preds`` or
+    ``target`` in place (:func:`input_versions`; not detectable on inference tensors)."""
+    if isinstance(scorer, (_LabelScorer, MetricScorer)):
+        return scorer.update
+    update = scorer.update
+
+    def checked(preds: Tensor, target: Tensor) -> None:
+        _refuse_meta(preds, target)
+        before = input_versions(preds, target)
+        try:
+            update(preds, target)
+        except EvaluationError:
+            raise
+        except Exception as err:
+            raise EvaluationError(f"its update raised {type(err).__name__}: {err}") from err
+        _check_unmodified("its update", before, preds, target)
+
+    return checked
+
+
+def scorer_batch_error(
+    scorer: Scorer, err: EvaluationError, first: int, batches: int = 1
+) -> EvaluationError:
+    """``err`` (raised while ``scorer`` scored batch ``first``, or the ``batches`` consecutive
+    batches from ``first`` fed to it together) as a message naming the batch and the scorer."""
+    where = f"batch {first}" if batches <= 1 else f"batches {first}-{first + batches - 1}"
+    out = EvaluationError(f"{where}, scorer {scorer.name!r}: {err}")
+    out.task_row = err.task_row
+    return out
+
+
+def checked_result(
+    scorer: Scorer, reduced_counts: Tensor, task_ids: Sequence[int] | None = None
+) -> Tensor:
+    """``scorer.result(reduced_counts)``, checked: a real (not complex or boolean) tensor off the
+    meta device holding, with ``task_ids`` (a count-based scorer), one score per task ``[tasks]``,
+    else one number (returned as a 0-d tensor). Anything else is an :class:`EvaluationError`
+    naming the scorer (and the tasks)."""
+    value = scorer.result(reduced_counts)
+    want = "one number" if task_ids is None else f"[{len(task_ids)}], one score per task"
+    what = f"scorer {scorer.name!r}: result()"
+    if task_ids is not None:
+        what += f" over the {len(task_ids)} task(s) {list(task_ids)}"
+    if not isinstance(value, Tensor):
+        raise EvaluationError(f"{what} returned {_what(value)}, not a tensor of {want}")
+    if value.is_meta:
+        raise EvaluationError(f"{what} returned a tensor on the meta device (no values)")
+    if value.is_complex() or value.dtype == torch.bool:
+        raise EvaluationError(f"{what} returned a {value.dtype} tensor; scores are real numbers")
+    if task_ids is None:
+        if value.numel() != 1:
+            raise EvaluationError(
+                f"{what} returned a tensor of shape {list(value.shape)}, not {want}"
+            )
+        return value.reshape(())
+    if value.ndim != 1 or value.shape[0] != len(task_ids):
+        raise EvaluationError(
+            f"{what} returned a tensor of shape {list(value.shape)}, not {want} (row k of "
+            "reduced_counts holds the k-th task's counts)"
+        )
+    return value
 
 
 def _row_error(message: str, row: int | None) -> EvaluationError:

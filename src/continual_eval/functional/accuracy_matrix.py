@@ -47,10 +47,13 @@ Conventions where the literature disagrees (written for ``higher_is_better=True`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from continual_eval.functional._overflow import all_finite, first_bad, overflow_error, rescaled
 from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_direction,
@@ -101,9 +104,72 @@ def _zero(scores: Tensor) -> Tensor:
     return torch.zeros((), dtype=scores.dtype, device=scores.device)
 
 
-def _mean_or_zero(values: Tensor, like: Tensor) -> Tensor:
-    """Equal-weight mean; zero (not NaN) when there is nothing to average (T = 1)."""
-    return values.mean() if values.numel() else _zero(like)
+def _mean(values: Tensor, validate: bool = False) -> Tensor:
+    """Equal-weight mean; with ``validate``, ``sum(v / n)`` where the sum of finite values
+    overflows although their mean does not (see :mod:`~continual_eval.functional._overflow`)."""
+    mean = values.mean()
+    if validate and not all_finite(mean) and all_finite(values):
+        mean = (values / values.numel()).sum()
+    return mean
+
+
+def _mean_or_zero(values: Tensor, like: Tensor, validate: bool = False) -> Tensor:
+    """Equal-weight mean (:func:`_mean`); zero (not NaN) when there is nothing to average
+    (T = 1)."""
+    return _mean(values, validate) if values.numel() else _zero(like)
+
+
+def _cell(name: str, tensor: Tensor, *index: int) -> tuple[str, Tensor]:
+    return f"{name}[{', '.join(map(str, index))}]", tensor[index]
+
+
+def _check_per_task(
+    metric: str,
+    values: Tensor,
+    cells: Callable[[int], list[tuple[str, Tensor]]],
+    first_task: int = 0,
+) -> None:
+    """Raise :func:`overflow_error` for the first task whose value is not finite (the inputs
+    were validated finite, so a difference of them overflowed); entry ``k`` is task
+    ``first_task + k``, whose inputs ``cells(k)`` names."""
+    if not all_finite(values):
+        (k,) = first_bad(values)
+        raise overflow_error(metric, f"task {first_task + k}", cells(k))
+
+
+def _bwt_cells(scores: Tensor) -> Callable[[int], list[tuple[str, Tensor]]]:
+    last = scores.shape[0] - 1
+    return lambda j: [_cell("scores", scores, last, j), _cell("scores", scores, j, j)]
+
+
+def _fwt_cells(
+    scores: Tensor, baseline: Tensor, convention: str
+) -> Callable[[int], list[tuple[str, Tensor]]]:
+    def cells(k: int) -> list[tuple[str, Tensor]]:
+        j = k + 1
+        before = (j - 1, j) if convention == "gem" else (j, j)
+        return [_cell("scores", scores, *before), _cell("baseline", baseline, j)]
+
+    return cells
+
+
+def _forgetting_cells(
+    scores: Tensor, convention: str, higher_is_better: bool
+) -> Callable[[int], list[tuple[str, Tensor]]]:
+    last = scores.shape[0] - 1
+
+    def cells(j: int) -> list[tuple[str, Tensor]]:
+        column = scores[j : (last if convention == "chaudhry" else last + 1), j]
+        best = j + int(column.argmax() if higher_is_better else column.argmin())
+        return [_cell("scores", scores, best, j), _cell("scores", scores, last, j)]
+
+    return cells
+
+
+def _intransigence_cells(
+    scores: Tensor, reference: Tensor
+) -> Callable[[int], list[tuple[str, Tensor]]]:
+    return lambda j: [_cell("reference", reference, j), _cell("scores", scores, j, j)]
 
 
 def backward_transfer_per_task(
@@ -121,7 +187,10 @@ def backward_transfer_per_task(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return gain(scores[-1, :-1], scores.diagonal()[:-1], higher_is_better)
+    out = gain(scores[-1, :-1], scores.diagonal()[:-1], higher_is_better)
+    if validate:
+        _check_per_task("backward transfer", out, _bwt_cells(scores))
+    return out
 
 
 def forward_transfer_per_task(
@@ -149,7 +218,10 @@ def forward_transfer_per_task(
         check_scores(scores, bounds=bounds)
         check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
     before = scores.diagonal(offset=1) if convention == "gem" else scores.diagonal()[1:]
-    return gain(before, baseline[1:], higher_is_better)
+    out = gain(before, baseline[1:], higher_is_better)
+    if validate:
+        _check_per_task("forward transfer", out, _fwt_cells(scores, baseline, convention), 1)
+    return out
 
 
 def forgetting_per_task(
@@ -178,7 +250,10 @@ def forgetting_per_task(
     if convention == "chaudhry":
         history = history[:-1]  # peaks strictly before the final stage
     best = history.amax(dim=0)[:-1]  # of the oriented scores: -min R for lower-is-better
-    return best - scores[-1, :-1] if higher_is_better else best + scores[-1, :-1]
+    out = best - scores[-1, :-1] if higher_is_better else best + scores[-1, :-1]
+    if validate:
+        _check_per_task("forgetting", out, _forgetting_cells(scores, convention, higher_is_better))
+    return out
 
 
 def intransigence_per_task(
@@ -199,7 +274,10 @@ def intransigence_per_task(
     if validate:
         check_scores(scores, bounds=bounds)
         check_vector("reference", reference, scores, skip_first=False, bounds=bounds)
-    return gain(reference, scores.diagonal(), higher_is_better)
+    out = gain(reference, scores.diagonal(), higher_is_better)
+    if validate:
+        _check_per_task("intransigence", out, _intransigence_cells(scores, reference))
+    return out
 
 
 def average_accuracy(
@@ -214,7 +292,7 @@ def average_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return scores[-1].mean()
+    return _mean(scores[-1], validate)
 
 
 def backward_transfer(
@@ -229,7 +307,7 @@ def backward_transfer(
     per_task = backward_transfer_per_task(
         scores, higher_is_better=higher_is_better, bounds=bounds, validate=validate
     )
-    return _mean_or_zero(per_task, scores)
+    return _mean_or_zero(per_task, scores, validate)
 
 
 def forward_transfer(
@@ -251,7 +329,7 @@ def forward_transfer(
         bounds=bounds,
         validate=validate,
     )
-    return _mean_or_zero(per_task, scores)
+    return _mean_or_zero(per_task, scores, validate)
 
 
 def forgetting(
@@ -270,7 +348,7 @@ def forgetting(
         bounds=bounds,
         validate=validate,
     )
-    return _mean_or_zero(per_task, scores)
+    return _mean_or_zero(per_task, scores, validate)
 
 
 def learning_accuracy(
@@ -285,7 +363,7 @@ def learning_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return scores.diagonal().mean()
+    return _mean(scores.diagonal(), validate)
 
 
 def average_incremental_accuracy(
@@ -301,6 +379,13 @@ def average_incremental_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
+    value = _incremental_mean(scores)
+    if validate and not all_finite(value):  # row sums overflowed: the mean itself is finite
+        value = rescaled(_incremental_mean, scores, terms=scores.shape[0])
+    return value
+
+
+def _incremental_mean(scores: Tensor) -> Tensor:
     T = scores.shape[0]
     # tril selects: NaN above the diagonal never enters
     seen_sums = torch.tril(scores, out=scratch_for(scores)).sum(dim=1)
@@ -318,9 +403,10 @@ def intransigence(
 ) -> Tensor:
     r"""Intransigence ``= (1/T) sum_j (reference[j] - R[j, j])`` (Chaudhry et al., 2018;
     ``R[j, j] - reference[j]`` for lower-is-better)."""
-    return intransigence_per_task(
+    per_task = intransigence_per_task(
         scores, reference, higher_is_better=higher_is_better, bounds=bounds, validate=validate
-    ).mean()
+    )
+    return _mean(per_task, validate)
 
 
 def continual_metrics(
@@ -380,15 +466,28 @@ def continual_metrics(
             "fwt": zero.clone(),
             "forgetting": zero.clone(),
         }
-    hib = higher_is_better
-    per_task = forgetting_per_task(
-        scores, convention=forgetting, higher_is_better=hib, bounds=bounds, validate=False
-    )
+    result = _gem_metrics(scores, baseline, forgetting, higher_is_better, bounds, False)
+    if validate and not all_finite(*result.values()):
+        # an overflow: each metric again with its own checks, which name the cells of a
+        # difference beyond the dtype or recompute a mean whose sum overflowed
+        result = _gem_metrics(scores, baseline, forgetting, higher_is_better, bounds, True)
+    return result
+
+
+def _gem_metrics(
+    scores: Tensor,
+    baseline: Tensor,
+    convention: str,
+    hib: bool,
+    bounds: Bounds,
+    validate: bool,
+) -> dict[str, Tensor]:
+    """ACC, BWT, FWT and forgetting of checked inputs (``validate``: the overflow checks)."""
+    options: dict[str, Any] = {"higher_is_better": hib, "bounds": bounds}
+    per_task = forgetting_per_task(scores, convention=convention, **options, validate=validate)
     return {
-        "acc": average_accuracy(scores, higher_is_better=hib, bounds=bounds, validate=False),
-        "bwt": backward_transfer(scores, higher_is_better=hib, bounds=bounds, validate=False),
-        "fwt": forward_transfer(
-            scores, baseline, higher_is_better=hib, bounds=bounds, validate=False
-        ),
-        "forgetting": _mean_or_zero(per_task, scores),
+        "acc": _mean(scores[-1], validate),
+        "bwt": backward_transfer(scores, **options, validate=validate),
+        "fwt": forward_transfer(scores, baseline, **options, validate=validate),
+        "forgetting": _mean_or_zero(per_task, scores, validate),
     }

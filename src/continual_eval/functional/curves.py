@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from continual_eval.functional._overflow import all_finite, first_bad, overflow_error, rescaled
 from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_forgetting_convention,
@@ -31,7 +32,11 @@ from continual_eval.functional._workspace import (
 )
 from continual_eval.functional.accuracy_matrix import (
     Bounds,
+    _cell,
     _check_options,
+    _check_per_task,
+    _intransigence_cells,
+    _mean,
     gain,
     trained_history,
 )
@@ -141,7 +146,59 @@ def continual_metrics_curve(
     if validate:
         check_scores(scores, bounds=bounds)
         check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
-    return _curves(scores, baseline, forgetting, higher_is_better)[0]
+    return _checked_curves(scores, baseline, forgetting, higher_is_better, validate)[0]
+
+
+def _checked_curves(
+    scores: Tensor, baseline: Tensor, forgetting: str, higher_is_better: bool, validate: bool
+) -> tuple[dict[str, Tensor], Tensor]:
+    """:func:`_curves`; with ``validate``, a non-finite value of finite inputs is explained: a
+    term (a difference of two cells) beyond the dtype raises naming its stage, task and cells,
+    and otherwise (a row sum overflowed) the curves are recomputed from rescaled inputs
+    (:mod:`~continual_eval.functional._overflow`)."""
+    curve, final = _curves(scores, baseline, forgetting, higher_is_better)
+    if not validate or all_finite(*curve.values(), final):
+        return curve, final
+    _check_terms(scores, baseline, forgetting, higher_is_better)
+
+    def compute(r: Tensor, b: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        return _curves(r, b, forgetting, higher_is_better)
+
+    out: tuple[dict[str, Tensor], Tensor] = rescaled(
+        compute, scores, baseline, terms=scores.shape[0]
+    )
+    return out
+
+
+def _check_terms(scores: Tensor, baseline: Tensor, forgetting: str, higher_is_better: bool) -> None:
+    """Raise naming the first term of a curve (BWT ``R[s,j] - R[j,j]``, FWT ``R[j-1,j] - b[j]``,
+    forgetting ``P[s,j] - R[s,j]``, signed by the direction) whose difference is not finite."""
+    T = scores.shape[0]
+    old = triangle_masks(T, scores.device).old  # j < s
+    diag = scores.diagonal()
+    bwt = gain(scores, diag.unsqueeze(0).expand(T, T), higher_is_better).masked_fill(~old, 0.0)
+    peak = running_peak(scores, higher_is_better=higher_is_better)
+    if forgetting == "chaudhry":  # the peak before stage s
+        peak = torch.cat([peak[:1], peak[:-1]])
+    drop = gain(peak, scores, higher_is_better).masked_fill(~old, 0.0)
+    for metric, terms in (("backward transfer", bwt), ("forgetting", drop)):
+        if not all_finite(terms):
+            s, j = first_bad(terms)
+            if metric == "backward transfer":
+                cells = [_cell("scores", scores, s, j), _cell("scores", scores, j, j)]
+            else:
+                last = s - 1 if forgetting == "chaudhry" else s
+                column = scores[j : last + 1, j]
+                best = j + int(column.argmax() if higher_is_better else column.argmin())
+                cells = [_cell("scores", scores, best, j), _cell("scores", scores, s, j)]
+            raise overflow_error(metric, f"stage {s}, task {j}", cells)
+    fwt = gain(scores.diagonal(offset=1), baseline[1:], higher_is_better)
+    _check_per_task(
+        "forward transfer",
+        fwt,
+        lambda k: [_cell("scores", scores, k, k + 1), _cell("baseline", baseline, k + 1)],
+        1,
+    )
 
 
 def _curves(
@@ -217,7 +274,9 @@ def all_continual_metrics(
         check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
         if reference is not None:
             check_vector("reference", reference, scores, skip_first=False, bounds=bounds)
-    curve, forgetting_per_task = _curves(scores, baseline, forgetting, higher_is_better)
+    curve, forgetting_per_task = _checked_curves(
+        scores, baseline, forgetting, higher_is_better, validate
+    )
     diag = scores.diagonal()
     per_task = {
         "bwt": gain(scores[-1, :-1], diag[:-1], higher_is_better),
@@ -227,7 +286,10 @@ def all_continual_metrics(
     result: dict[str, Any] = {key: values[-1] for key, values in curve.items()}
     if reference is not None:
         per_task["intransigence"] = gain(reference, diag, higher_is_better)
-        result["intransigence"] = per_task["intransigence"].mean()
+        if validate:
+            cells = _intransigence_cells(scores, reference)
+            _check_per_task("intransigence", per_task["intransigence"], cells)
+        result["intransigence"] = _mean(per_task["intransigence"], validate)
     result["curve"] = curve
     result["per_task"] = per_task
     return result

@@ -9,10 +9,10 @@ many seeds a value rests on, and one value has no spread (``None``), not a zero 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from continual_eval.stream._floats import mean, sample_std
 from continual_eval.stream.metrics import METRIC_NAMES
 
 __all__ = ["aggregate_seeds", "mean_and_spread", "relative_adaptation_advantage"]
@@ -33,16 +33,16 @@ def mean_and_spread(values: Sequence[float | None]) -> dict[str, Any]:
     """``{"mean", "spread", "n"}`` over the values that are not ``None``.
 
     ``spread`` is the sample standard deviation; ``None`` when fewer than two values are present.
+    Neither overflows where its true value is representable (seeds near ``±1.7e308``); a value
+    that is not finite makes the mean ``±inf``/NaN and the spread NaN.
     """
     present = [float(v) for v in values if v is not None]
     n = len(present)
     if n == 0:
         return {"mean": None, "spread": None, "n": 0}
-    mean = math.fsum(present) / n
-    spread = None
-    if n >= 2:
-        spread = math.sqrt(math.fsum((v - mean) ** 2 for v in present) / (n - 1))
-    return {"mean": mean, "spread": spread, "n": n}
+    center = mean(present)
+    spread = sample_std(present, center) if n >= 2 else None
+    return {"mean": center, "spread": spread, "n": n}
 
 
 def _check_comparable(results: Sequence[Mapping[str, Any]]) -> None:

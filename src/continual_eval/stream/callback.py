@@ -46,7 +46,6 @@ not zero), the table goes to TensorBoard as markdown text, and loggers with a ``
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +59,7 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from continual_eval.results.files import replace_atomically
+from continual_eval.stream.json_output import json_text
 from continual_eval.stream.metrics import compute_all_metrics, effective_rank
 from continual_eval.stream.rewards import RewardSpec, UpperBound
 from continual_eval.stream.table import format_markdown, format_table
@@ -760,7 +760,7 @@ class RewardStreamCallback(pl.Callback):
             if log_dir:
                 out = Path(log_dir)
                 replace_atomically(out / "stream_table.txt", _write_text(table + "\n"))
-                text = json.dumps(self.result, indent=2, allow_nan=False) + "\n"
+                text = json_text(self.result) + "\n"
                 replace_atomically(out / "stream_metrics.json", _write_text(text))
                 if self.save_trace:
                     self._write_traces(out, distributed)

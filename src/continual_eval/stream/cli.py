@@ -14,18 +14,29 @@ field, with exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from continual_eval.stream.aggregate import aggregate_seeds
+from continual_eval.stream.json_output import json_text
 from continual_eval.stream.metrics import compute_all_metrics
 from continual_eval.stream.rewards import data_relative_upper_bound, read_ceiling_file
-from continual_eval.stream.table import format_seed_table, format_table
-from continual_eval.stream.trace import EpisodeTrace, read_jsonl
+from continual_eval.stream.table import (
+    DEFAULT_LABEL_WIDTH,
+    format_seed_table,
+    format_table,
+    shown_label,
+)
+from continual_eval.stream.trace import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_LINE_BYTES,
+    EpisodeTrace,
+    read_jsonl,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -115,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace files (format below); several files are traces of one run, scored together "
         "(see --per-seed)",
     )
+    _add_metric_options(p)
+    _add_reference_options(p)
+    _add_input_limits(p)
+    _add_output_options(p)
+    return p
+
+
+def _add_metric_options(p: argparse.ArgumentParser) -> None:
+    """The anchor and the parameters of the fifteen rows."""
     p.add_argument(
         "--anchor",
         choices=("segment", "ceiling"),
@@ -174,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="discount in (0, 1] of the discounted return, sum of G**t * r_t over the whole "
         "trace (default 0.99; 1 = undiscounted)",
     )
+
+
+def _add_reference_options(p: argparse.ArgumentParser) -> None:
+    """What the traces are compared with, and which components mean what."""
     p.add_argument(
         "--ceiling",
         type=ceiling_arg,
@@ -206,15 +230,66 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="component whose positive value counts a step as solved (solve rate); default none",
     )
+
+
+def byte_count(text: str) -> int:
+    """An argparse ``type=``: a number of bytes >= 1, optionally with a binary suffix
+    (``K``/``KiB`` = 1024, ``M``/``MiB``, ``G``/``GiB``)."""
+    match = _BYTES.fullmatch(text.strip())
+    value = int(match["n"]) * 1024 ** _SUFFIXES[match["unit"].lower()] if match else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes >= 1 (suffixes K, M, G: powers of 1024), got {text!r}"
+        )
+    return value
+
+
+_BYTES = re.compile(r"(?P<n>[0-9]{1,15})\s*(?P<unit>|[kKmMgG](?:i?[bB])?|[bB])")
+_SUFFIXES = {"": 0, "b": 0, "k": 1, "kb": 1, "kib": 1, "m": 2, "mb": 2, "mib": 2}
+_SUFFIXES.update({"g": 3, "gb": 3, "gib": 3})
+
+
+def _add_input_limits(p: argparse.ArgumentParser) -> None:
+    """Caps on what a trace file may hold, so that no input makes the reader grow unbounded."""
+    p.add_argument(
+        "--max-line-bytes",
+        type=byte_count,
+        default=DEFAULT_MAX_LINE_BYTES,
+        metavar="N",
+        help="longest trace line read, in bytes (suffixes K, M, G); a longer line is an error "
+        "naming the file and line (default 1M)",
+    )
+    p.add_argument(
+        "--max-file-bytes",
+        type=byte_count,
+        default=DEFAULT_MAX_FILE_BYTES,
+        metavar="N",
+        help="most bytes read from one trace or reference file (suffixes K, M, G); reading stops "
+        "with an error past it, so /dev/zero, a FIFO or an endless stream cannot exhaust memory "
+        "(default 2G)",
+    )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--per-seed",
         action="store_true",
         help="each trace file is one seed: cells show mean ± spread across the files",
     )
     p.add_argument(
-        "--json", action="store_true", help="print the result as JSON instead of the table"
+        "--json",
+        action="store_true",
+        help="print the result as JSON instead of the table (full labels; a number that is not "
+        'finite is null and listed in "nonfinite" by its JSON pointer)',
     )
-    return p
+    p.add_argument(
+        "--label-width",
+        type=positive_int,
+        default=DEFAULT_LABEL_WIDTH,
+        metavar="N",
+        help="widest regime label in the table, in characters; longer labels are cut in the "
+        f"middle, unprintable characters escaped (default {DEFAULT_LABEL_WIDTH})",
+    )
 
 
 def _ceiling(value: float | str | Path | None, traces: list[EpisodeTrace]) -> Any:
@@ -225,52 +300,65 @@ def _ceiling(value: float | str | Path | None, traces: list[EpisodeTrace]) -> An
     return value
 
 
+def _read_traces(
+    args: argparse.Namespace,
+) -> tuple[list[EpisodeTrace], list[EpisodeTrace] | None]:
+    """The trace files and the reference files (one per trace), read under the caps."""
+    caps = {"max_line_bytes": args.max_line_bytes, "max_file_bytes": args.max_file_bytes}
+    traces = [read_jsonl(p, **caps) for p in args.traces]
+    if args.reference is None:
+        return traces, None
+    if len(args.reference) != len(traces):
+        raise ValueError(f"{len(args.reference)} reference file(s) for {len(traces)} trace file(s)")
+    return traces, [read_jsonl(p, **caps) for p in args.reference]
+
+
+def _score(args: argparse.Namespace) -> tuple[Any, str]:
+    """The result (the JSON document) and its table."""
+    traces, refs = _read_traces(args)
+    ends = None
+    if args.episode_end_components:
+        ends = [s.strip() for s in args.episode_end_components.split(",") if s.strip()]
+    kwargs: dict[str, Any] = {
+        "anchor": args.anchor,
+        "alpha": args.alpha,
+        "eps": args.eps,
+        "recovery_floor": args.floor,
+        "tail_fraction": args.tail_fraction,
+        "zero_shot_window": args.zero_shot_window,
+        "gamma": args.gamma,
+        "ceiling": _ceiling(args.ceiling, traces),
+        "episode_end_components": ends,
+        "solve_component": args.solve_component,
+    }
+    if not args.per_seed:
+        out = compute_all_metrics(traces, reference=refs, **kwargs)
+        return out, format_table(out, label_width=args.label_width)
+    per_seed = [
+        compute_all_metrics([tr], reference=None if refs is None else [refs[i]], **kwargs)
+        for i, tr in enumerate(traces)
+    ]
+    agg = aggregate_seeds(per_seed)
+    return {**agg, "per_seed": per_seed}, format_seed_table(agg, label_width=args.label_width)
+
+
+#: the longest error line printed (a message quoting a huge label is cut)
+MAX_ERROR_CHARS = 2000
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``continual-eval stream``; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        traces = [read_jsonl(p) for p in args.traces]
-        refs = None
-        if args.reference is not None:
-            if len(args.reference) != len(traces):
-                raise ValueError(
-                    f"{len(args.reference)} reference file(s) for {len(traces)} trace file(s)"
-                )
-            refs = [read_jsonl(p) for p in args.reference]
-        ends = None
-        if args.episode_end_components:
-            ends = [s.strip() for s in args.episode_end_components.split(",") if s.strip()]
-        kwargs: dict[str, Any] = {
-            "anchor": args.anchor,
-            "alpha": args.alpha,
-            "eps": args.eps,
-            "recovery_floor": args.floor,
-            "tail_fraction": args.tail_fraction,
-            "zero_shot_window": args.zero_shot_window,
-            "gamma": args.gamma,
-            "ceiling": _ceiling(args.ceiling, traces),
-            "episode_end_components": ends,
-            "solve_component": args.solve_component,
-        }
-        if args.per_seed:
-            per_seed = [
-                compute_all_metrics([tr], reference=None if refs is None else [refs[i]], **kwargs)
-                for i, tr in enumerate(traces)
-            ]
-            agg = aggregate_seeds(per_seed)
-            out: Any = {**agg, "per_seed": per_seed}
-            text = format_seed_table(agg)
-        else:
-            out = compute_all_metrics(traces, reference=refs, **kwargs)
-            text = format_table(out)
+        out, text = _score(args)
+        if args.json:
+            text = json_text(out)
     except (OSError, ValueError) as err:
-        print(f"continual-eval stream: error: {err}", file=sys.stderr)
+        message = shown_label(str(err), MAX_ERROR_CHARS)
+        print(f"continual-eval stream: error: {message}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(out, indent=2, allow_nan=False))
-    else:
-        print(text)
+    print(text)
     return 0
 
 

@@ -29,13 +29,19 @@ from typing import Any, Literal
 
 import numpy as np
 
+from continual_eval.stream._floats import mean, power_of_two_scale, unscale
 from continual_eval.stream.intervals import (
     Intervals,
     configuration_intervals,
     running_means,
     tail_lengths,
 )
-from continual_eval.stream.rewards import RewardSpec, UpperBound, analytic_upper_bound
+from continual_eval.stream.rewards import (
+    RewardSpec,
+    UpperBound,
+    analytic_upper_bound,
+    window_ceilings,
+)
 from continual_eval.stream.trace import EpisodeTrace
 
 __all__ = [
@@ -44,7 +50,10 @@ __all__ = [
     "compute_all_metrics",
     "effective_rank",
     "forgetting",
+    "interval_ceilings",
+    "interval_values",
     "interval_variance",
+    "label_values",
     "pooled_variance",
     "recovery_time",
     "tail_means",
@@ -323,6 +332,301 @@ def _bound_record(single: UpperBound | None, per_label: dict[str, UpperBound] | 
 
 
 # --------------------------------------------------------------------------- one trace
+#: how many reward units each metric carries (a variance two, a step count none): the power of
+#: the reward scale it is multiplied back by (see :mod:`continual_eval.stream._floats`)
+REWARD_DEGREE: dict[str, int] = {
+    "per_configuration_reward": 1,
+    "adaptation_speed": 0,
+    "recovery_time": 0,
+    "forgetting": 1,
+    "stability_variance": 2,
+    "performance_gap": 1,
+    "zero_shot_reward": 1,
+    "regret": 1,
+    "effective_rank": 0,
+    "settled_reward": 1,
+    "settled_reward_policy": 1,
+    "discounted_return": 1,
+    "undiscounted_return": 1,
+    "invalid_action_rate": 0,
+    "solve_rate": 0,
+    # per-interval values that are not rows
+    "mean_reward": 1,
+    "ceiling": 1,
+    "settled_ceiling": 1,
+}
+
+
+def interval_ceilings(
+    trace: EpisodeTrace,
+    iv: Intervals,
+    tail_fraction: float,
+    bound: UpperBound | None = None,
+    bounds_per_label: Mapping[str, UpperBound] | None = None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Per interval, ``R_ub(|T|, e_T)`` (the ceiling anchor's ``A``) and ``R_ub(n_tail,
+    e_tail)`` (the performance gap's), ``R_ub(L, e) = ((L - e) p + e f) / L`` for ``L`` steps
+    holding ``e`` episode ends; NaN for a label without a bound; ``(None, None)`` without any."""
+    if bound is None and bounds_per_label is None:
+        return None, None
+    per_label = [
+        bound if bounds_per_label is None else bounds_per_label.get(name)
+        for name in trace.regime_names
+    ]
+    nan = math.nan
+    p = np.array([nan if b is None else b.per_step for b in per_label], dtype=np.float64)
+    f = np.array([nan if b is None else b.final_step for b in per_label], dtype=np.float64)
+    n = len(trace)
+    ends = trace.episode_end if trace.episode_end is not None else np.zeros(n, dtype=bool)
+    ends_csum = np.concatenate(([0], np.cumsum(ends, dtype=np.int64)))
+    n_tail = tail_lengths(iv.length, tail_fraction)
+    ends_whole = ends_csum[iv.stop] - ends_csum[iv.start]
+    ends_tail = ends_csum[iv.stop] - ends_csum[iv.stop - n_tail]
+    p, f = p[iv.code], f[iv.code]
+    return window_ceilings(p, f, iv.length, ends_whole), window_ceilings(p, f, n_tail, ends_tail)
+
+
+def _check_ceiling_anchor(
+    anchor: str, ceilings: np.ndarray | None, iv: Intervals, names: Any
+) -> None:
+    """The ceiling anchor needs a ceiling for every interval."""
+    if anchor != "ceiling":
+        return
+    if ceilings is None or np.isnan(ceilings).all():
+        raise ValueError(
+            "anchor='ceiling' needs a ceiling: pass a RewardSpec, an UpperBound or a number"
+        )
+    if np.isnan(ceilings).any():
+        missing = sorted({names[c] for c in iv.code[np.isnan(ceilings)]})
+        raise ValueError(f"anchor='ceiling' but no ceiling given for regime label(s) {missing}")
+
+
+def _excluded_steps(trace: EpisodeTrace, components: Sequence[str] | None) -> np.ndarray | None:
+    """Steps on which a named episode-end component paid (``!= 0``); ``None`` when none named."""
+    if not components:
+        return None
+    trace.check_components(components)
+    excluded = np.zeros(len(trace), dtype=bool)
+    for name in components:
+        col = trace.components[name]
+        excluded |= ~np.isnan(col) & (col != 0.0)
+    return excluded
+
+
+def _root_codes(trace: EpisodeTrace) -> np.ndarray:
+    """Per label code, the index of its regime identity (root origin), in order of appearance."""
+    roots = trace.roots
+    names = trace.regime_names
+    index = {root: i for i, root in enumerate(dict.fromkeys(roots[nm] for nm in names))}
+    return np.array([index[roots[nm]] for nm in names], dtype=np.int64)
+
+
+def interval_values(
+    r: np.ndarray,
+    iv: Intervals,
+    params: Mapping[str, Any],
+    *,
+    root_code: np.ndarray,
+    ceilings: np.ndarray | None = None,
+    excluded: np.ndarray | None = None,
+    floor_scale: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """Every per-interval value of rewards ``r`` (NaN = absent), keyed as in ``per_interval``.
+
+    ``root_code[k]``: the regime identity of label code ``k`` (forgetting pairs encounters of
+    one identity). ``floor_scale``: the factor rewards were divided by; the recovery floor and
+    an absolute (ceiling-anchor) ``eps`` are reward amounts and are divided by it too.
+    """
+    length = iv.length
+    csum = np.concatenate(([0.0], np.cumsum(r, dtype=np.float64)))
+    iv_mean = (csum[iv.stop] - csum[iv.start]) / length
+    eps = params["eps"]
+    if params["anchor"] == "ceiling" and eps is not None:
+        eps = eps / floor_scale
+    tail_fraction = params["tail_fraction"]
+    window = np.minimum(length, params["zero_shot_window"])
+    shifted = np.arange(len(iv)) > 0
+    if excluded is not None:
+        keep = ~excluded
+        mean_for_forgetting = _masked_interval_mean(r, keep, iv)
+        n_tail = tail_lengths(length, tail_fraction)
+        in_tail = np.arange(len(r)) >= np.repeat(iv.stop - n_tail, length)
+        settled_policy = _masked_interval_mean(r, in_tail & keep, iv)
+    else:
+        mean_for_forgetting = iv_mean
+        settled_policy = np.full(len(iv), np.nan)
+    nan = np.full(len(iv), np.nan)
+    return {
+        "mean_reward": iv_mean,
+        "adaptation_speed": adaptation_speed(
+            r, iv, anchor=params["anchor"], alpha=params["alpha"], ceilings=ceilings
+        ),
+        "recovery_time": recovery_time(
+            r,
+            iv,
+            anchor=params["anchor"],
+            eps=eps,
+            floor=params["recovery_floor"] / floor_scale,
+            tail_fraction=tail_fraction,
+            ceilings=ceilings,
+        ),
+        "stability_variance": interval_variance(r, iv),
+        "zero_shot_reward": np.where(
+            shifted, (csum[iv.start + window] - csum[iv.start]) / window, np.nan
+        ),
+        "settled_reward": tail_means(r, iv, tail_fraction),
+        "settled_reward_policy": settled_policy,
+        "forgetting": forgetting(mean_for_forgetting, root_code[iv.code]),
+        "ceiling": nan if ceilings is None else ceilings,
+    }
+
+
+def label_values(
+    trace: EpisodeTrace,
+    r: np.ndarray,
+    iv: Intervals,
+    per_interval: Mapping[str, np.ndarray],
+    *,
+    discounted: np.ndarray,
+    reference: np.ndarray | None = None,
+    tail_ceilings: np.ndarray | None = None,
+    solve_component: str | None = None,
+) -> dict[str, np.ndarray]:
+    """The fifteen rows per label code (NaN = absent) from rewards ``r``, their discounted
+    values ``gamma**t * r_t`` and the per-interval values; each label's interval values enter
+    as the mean over its intervals that have one."""
+    code = trace.regime_code
+    K = len(trace.regime_names)
+    absent = np.full(K, np.nan)
+    count = np.bincount(code, minlength=K).astype(np.float64)
+    first_iv = np.full(K, -1, dtype=np.int64)
+    first_iv[iv.code[::-1]] = np.arange(len(iv))[::-1]
+    solve = absent
+    if solve_component is not None:
+        col = trace.components[solve_component]
+        solve = _label_nanmean(
+            np.where(np.isnan(col), np.nan, (col > 0).astype(np.float64)), code, K
+        )
+    return {
+        "per_configuration_reward": np.bincount(code, weights=r, minlength=K) / count,
+        "adaptation_speed": _label_mean(per_interval["adaptation_speed"], iv, K),
+        "recovery_time": _label_mean(per_interval["recovery_time"], iv, K),
+        "forgetting": per_interval["forgetting"][first_iv],
+        "stability_variance": pooled_variance(r, code, K),
+        "performance_gap": absent
+        if tail_ceilings is None
+        else tail_ceilings[first_iv] - per_interval["settled_reward"][first_iv],
+        "zero_shot_reward": _label_mean(per_interval["zero_shot_reward"], iv, K),
+        "regret": absent
+        if reference is None
+        else np.bincount(code, weights=reference - r, minlength=K),
+        "effective_rank": absent
+        if trace.effective_rank is None
+        else _label_nanmean(trace.effective_rank, code, K),
+        "settled_reward": _label_mean(per_interval["settled_reward"], iv, K),
+        "settled_reward_policy": _label_mean(per_interval["settled_reward_policy"], iv, K),
+        "discounted_return": np.bincount(code, weights=discounted, minlength=K),
+        "undiscounted_return": np.bincount(code, weights=r, minlength=K),
+        "invalid_action_rate": absent
+        if trace.invalid_action is None
+        else _label_nanmean(trace.invalid_action, code, K),
+        "solve_rate": solve,
+    }
+
+
+def _discounted(r: np.ndarray, gamma: float) -> np.ndarray:
+    """``gamma**t * r_t``, ``t`` the position in the trace."""
+    return np.power(gamma, np.arange(len(r), dtype=np.float64)) * r
+
+
+def _present(values: np.ndarray) -> list[float | None]:
+    """A float column as Python floats, NaN as ``None`` (the absence rule)."""
+    return [None if x != x else x for x in values.tolist()]
+
+
+#: the fields of a ``per_interval`` record after the interval's place, in order; NaN is absent
+#: except in the two that always have a value
+_INTERVAL_FIELDS = (
+    "mean_reward",
+    "adaptation_speed",
+    "recovery_time",
+    "stability_variance",
+    "zero_shot_reward",
+    "settled_reward",
+    "settled_reward_policy",
+    "forgetting",
+    "ceiling",
+    "settled_ceiling",
+)
+
+
+def _interval_records(
+    trace: EpisodeTrace, iv: Intervals, values: Mapping[str, np.ndarray]
+) -> list[dict[str, Any]]:
+    """``per_interval``: one JSON-ready record per configuration interval."""
+    names, roots = trace.regime_names, trace.roots
+    labels = [names[c] for c in iv.code.tolist()]
+    place = zip(
+        labels,
+        trace.step[iv.start].tolist(),
+        trace.step[iv.stop - 1].tolist(),
+        iv.length.tolist(),
+        strict=True,
+    )
+    columns = [
+        values[k].tolist() if k in ("mean_reward", "settled_reward") else _present(values[k])
+        for k in _INTERVAL_FIELDS
+    ]
+    return [
+        {
+            "regime_id": label,
+            "regime_origin": roots[label],
+            "first_step": first,
+            "last_step": last,
+            "length": length,
+            "follows_shift": j > 0,
+            **dict(zip(_INTERVAL_FIELDS, row, strict=True)),
+        }
+        for j, ((label, first, last, length), row) in enumerate(
+            zip(place, zip(*columns, strict=True), strict=True)
+        )
+    ]
+
+
+def _trace_totals(
+    trace: EpisodeTrace,
+    intervals: int,
+    r: np.ndarray,
+    scale: float,
+    discounted: np.ndarray,
+    reference: np.ndarray | None,
+    solve_component: str | None,
+) -> dict[str, Any]:
+    """``totals``: the whole trace's returns, regret and rates (rewards ``r`` divided by
+    ``scale``, multiplied back here)."""
+    inv_all = None
+    if trace.invalid_action is not None and not np.isnan(trace.invalid_action).all():
+        inv_all = float(np.nanmean(trace.invalid_action))
+    solve_all = None
+    if solve_component is not None:
+        col = trace.components[solve_component]
+        if not np.isnan(col).all():
+            solve_all = float(np.nanmean(np.where(np.isnan(col), np.nan, col > 0)))
+
+    def amount(x: Any) -> float:
+        return float(unscale(np.float64(x), scale, 1))
+
+    return {
+        "steps": len(r),
+        "intervals": intervals,
+        "discounted_return": amount(discounted.sum()),
+        "undiscounted_return": amount(r.sum()),
+        "regret": None if reference is None else amount((reference - r).sum()),
+        "invalid_action_rate": inv_all,
+        "solve_rate": solve_all,
+    }
+
+
 def trace_metrics(
     trace: EpisodeTrace,
     *,
@@ -337,193 +641,72 @@ def trace_metrics(
 
     ``params`` is the dict :func:`compute_all_metrics` records (anchor, alpha, eps, ...). With a
     ceiling, each interval records ``ceiling = R_ub(|T|, e_T)`` (the ceiling anchor's ``A``) and
-    ``settled_ceiling = R_ub(n_tail, e_tail)`` (the performance gap's), where
-    ``R_ub(L, e) = ((L - e) * p + e * f) / L`` for ``L`` steps holding ``e`` episode ends.
+    ``settled_ceiling = R_ub(n_tail, e_tail)`` (the performance gap's), see
+    :func:`interval_ceilings`. Rewards of huge magnitude are scored divided by a power of two and
+    each value multiplied back (:mod:`continual_eval.stream._floats`): a value is ``±inf`` only
+    when its true value is beyond float64, never NaN (which would read as absent).
     """
-    r = trace.reward
-    code = trace.regime_code
-    names = trace.regime_names
-    K = len(names)
-    n = len(r)
-    iv = configuration_intervals(code)
-    length = iv.length
-    anchor = params["anchor"]
-
-    # Ceilings per interval, when any ceiling is known: R_ub(L, e) = ((L - e) p + e f) / L of the
-    # interval's mean (L steps, e episode ends; the anchors' A) and of its tail's mean (the gap's).
-    ceil_iv: np.ndarray | None = None
-    tail_ceil_iv: np.ndarray | None = None
-    if bound is not None or bounds_per_label is not None:
-        ends = trace.episode_end if trace.episode_end is not None else np.zeros(n, dtype=bool)
-        ends_csum = np.concatenate(([0], np.cumsum(ends, dtype=np.int64)))
-        n_tail_iv = tail_lengths(length, params["tail_fraction"])
-        ends_iv = ends_csum[iv.stop] - ends_csum[iv.start]
-        ends_tail_iv = ends_csum[iv.stop] - ends_csum[iv.stop - n_tail_iv]
-        ceil_iv = np.full(len(iv), np.nan)
-        tail_ceil_iv = np.full(len(iv), np.nan)
-        for j in range(len(iv)):
-            label = names[iv.code[j]]
-            b = bound if bounds_per_label is None else bounds_per_label.get(label)
-            if b is not None:
-                ceil_iv[j] = b.for_interval(int(length[j]), episode_ends=int(ends_iv[j]))
-                tail_ceil_iv[j] = b.for_interval(
-                    int(n_tail_iv[j]), episode_ends=int(ends_tail_iv[j])
-                )
-    if anchor == "ceiling" and (ceil_iv is None or np.isnan(ceil_iv).all()):
-        raise ValueError(
-            "anchor='ceiling' needs a ceiling: pass a RewardSpec, an UpperBound or a number"
-        )
-    if anchor == "ceiling" and np.isnan(ceil_iv).any():
-        missing = sorted({names[c] for c in iv.code[np.isnan(ceil_iv)]})
-        raise ValueError(f"anchor='ceiling' but no ceiling given for regime label(s) {missing}")
-
-    # Steps that carried an episode-end payout (only when such components are named).
-    excluded: np.ndarray | None = None
-    if episode_end_components:
-        trace.check_components(episode_end_components)
-        excluded = np.zeros(n, dtype=bool)
-        for name in episode_end_components:
-            col = trace.components[name]
-            excluded |= ~np.isnan(col) & (col != 0.0)
+    iv = configuration_intervals(trace.regime_code)
+    ceilings, tail_ceilings = interval_ceilings(
+        trace, iv, params["tail_fraction"], bound, bounds_per_label
+    )
+    _check_ceiling_anchor(params["anchor"], ceilings, iv, trace.regime_names)
+    excluded = _excluded_steps(trace, episode_end_components)
     if solve_component is not None:
         trace.check_components([solve_component])
+    scale = power_of_two_scale(trace.reward, reference, ceilings, tail_ceilings)
 
-    csum = np.concatenate(([0.0], np.cumsum(r, dtype=np.float64)))
-    iv_mean = (csum[iv.stop] - csum[iv.start]) / length
-    shifted = np.arange(len(iv)) > 0
+    def down(x: np.ndarray | None) -> np.ndarray | None:
+        return x if x is None or scale == 1.0 else x / scale
 
-    adapt = adaptation_speed(r, iv, anchor=anchor, alpha=params["alpha"], ceilings=ceil_iv)
-    recover = recovery_time(
+    r = down(trace.reward)
+    assert r is not None
+    per_iv = interval_values(
         r,
         iv,
-        anchor=anchor,
-        eps=params["eps"],
-        floor=params["recovery_floor"],
-        tail_fraction=params["tail_fraction"],
-        ceilings=ceil_iv,
+        params,
+        root_code=_root_codes(trace),
+        ceilings=down(ceilings),
+        excluded=excluded,
+        floor_scale=scale,
     )
-    var_iv = interval_variance(r, iv)
-    tail_iv = tail_means(r, iv, params["tail_fraction"])
-    window = np.minimum(length, params["zero_shot_window"])
-    zero_shot_iv = np.where(shifted, (csum[iv.start + window] - csum[iv.start]) / window, np.nan)
-
-    if excluded is not None:
-        keep = ~excluded
-        mean_for_forgetting = _masked_interval_mean(r, keep, iv)
-        n_tail = tail_lengths(length, params["tail_fraction"])
-        in_tail = np.arange(n) >= np.repeat(iv.stop - n_tail, length)
-        settled_policy_iv = _masked_interval_mean(r, in_tail & keep, iv)
-    else:
-        mean_for_forgetting = iv_mean
-        settled_policy_iv = np.full(len(iv), np.nan)
-
-    roots = trace.roots
-    root_index = {root: i for i, root in enumerate(dict.fromkeys(roots[nm] for nm in names))}
-    label_root = np.array([root_index[roots[nm]] for nm in names], dtype=np.int64)
-    forget_iv = forgetting(mean_for_forgetting, label_root[iv.code])
-
-    count = np.bincount(code, minlength=K).astype(np.float64)
-    J = np.bincount(code, weights=r, minlength=K) / count
-    var_pooled = pooled_variance(r, code, K)
-    disc_w = np.power(params["gamma"], np.arange(n, dtype=np.float64)) * r
-    disc = np.bincount(code, weights=disc_w, minlength=K)
-    undisc = np.bincount(code, weights=r, minlength=K)
-    regret = (
-        np.bincount(code, weights=reference - r, minlength=K)
-        if reference is not None
-        else np.full(K, np.nan)
+    per_iv["settled_ceiling"] = (
+        np.full(len(iv), np.nan) if tail_ceilings is None else down(tail_ceilings)
     )
-    rank = (
-        _label_nanmean(trace.effective_rank, code, K)
-        if trace.effective_rank is not None
-        else np.full(K, np.nan)
+    discounted = _discounted(r, params["gamma"])
+    columns = label_values(
+        trace,
+        r,
+        iv,
+        per_iv,
+        discounted=discounted,
+        reference=down(reference),
+        tail_ceilings=down(tail_ceilings),
+        solve_component=solve_component,
     )
-    invalid = (
-        _label_nanmean(trace.invalid_action, code, K)
-        if trace.invalid_action is not None
-        else np.full(K, np.nan)
-    )
-    if solve_component is not None:
-        col = trace.components[solve_component]
-        solved = np.where(np.isnan(col), np.nan, (col > 0).astype(np.float64))
-        solve = _label_nanmean(solved, code, K)
-    else:
-        solve = np.full(K, np.nan)
-
-    # Per-label values from per-interval ones.
-    first_iv = np.full(K, -1, dtype=np.int64)
-    first_iv[iv.code[::-1]] = np.arange(len(iv))[::-1]
-    gap = (
-        tail_ceil_iv[first_iv] - tail_iv[first_iv]
-        if tail_ceil_iv is not None
-        else np.full(K, np.nan)
-    )
-    columns = {
-        "per_configuration_reward": J,
-        "adaptation_speed": _label_mean(adapt, iv, K),
-        "recovery_time": _label_mean(recover, iv, K),
-        "forgetting": forget_iv[first_iv],
-        "stability_variance": var_pooled,
-        "performance_gap": gap,
-        "zero_shot_reward": _label_mean(zero_shot_iv, iv, K),
-        "regret": regret,
-        "effective_rank": rank,
-        "settled_reward": _label_mean(tail_iv, iv, K),
-        "settled_reward_policy": _label_mean(settled_policy_iv, iv, K),
-        "discounted_return": disc,
-        "undiscounted_return": undisc,
-        "invalid_action_rate": invalid,
-        "solve_rate": solve,
+    columns = {m: unscale(v, scale, REWARD_DEGREE[m]) for m, v in columns.items()}
+    per_iv = {k: unscale(v, scale, REWARD_DEGREE.get(k, 0)) for k, v in per_iv.items()}
+    names = trace.regime_names
+    per_regime = {
+        names[k]: {m: _none(columns[m][k]) for m in METRIC_NAMES} for k in range(len(names))
     }
-    per_regime = {names[k]: {m: _none(columns[m][k]) for m in METRIC_NAMES} for k in range(K)}
-    per_interval = [
-        {
-            "regime_id": names[iv.code[j]],
-            "regime_origin": roots[names[iv.code[j]]],
-            "first_step": int(trace.step[iv.start[j]]),
-            "last_step": int(trace.step[iv.stop[j] - 1]),
-            "length": int(length[j]),
-            "follows_shift": bool(shifted[j]),
-            "mean_reward": float(iv_mean[j]),
-            "adaptation_speed": _none(adapt[j]),
-            "recovery_time": _none(recover[j]),
-            "stability_variance": _none(var_iv[j]),
-            "zero_shot_reward": _none(zero_shot_iv[j]),
-            "settled_reward": float(tail_iv[j]),
-            "settled_reward_policy": _none(settled_policy_iv[j]),
-            "forgetting": _none(forget_iv[j]),
-            "ceiling": None if ceil_iv is None else _none(ceil_iv[j]),
-            "settled_ceiling": None if tail_ceil_iv is None else _none(tail_ceil_iv[j]),
-        }
-        for j in range(len(iv))
-    ]
-    inv_all = None
-    if trace.invalid_action is not None and not np.isnan(trace.invalid_action).all():
-        inv_all = float(np.nanmean(trace.invalid_action))
-    solve_all = None
-    if solve_component is not None:
-        col = trace.components[solve_component]
-        if not np.isnan(col).all():
-            solve_all = float(np.nanmean(np.where(np.isnan(col), np.nan, col > 0)))
-    totals = {
-        "steps": n,
-        "intervals": len(iv),
-        "discounted_return": float(disc_w.sum()),
-        "undiscounted_return": float(r.sum()),
-        "regret": None if reference is None else float((reference - r).sum()),
-        "invalid_action_rate": inv_all,
-        "solve_rate": solve_all,
+    return {
+        "per_regime": per_regime,
+        "per_interval": _interval_records(trace, iv, per_iv),
+        "totals": _trace_totals(
+            trace, len(iv), r, scale, discounted, down(reference), solve_component
+        ),
     }
-    return {"per_regime": per_regime, "per_interval": per_interval, "totals": totals}
 
 
 # --------------------------------------------------------------------------- all traces
 def _mean_present(values: Sequence[float | None]) -> tuple[float | None, int]:
-    """Mean of the values that are not ``None``, and how many there were."""
+    """Mean of the values that are not ``None``, and how many there were (a sum that overflows
+    does not make a representable mean ``inf``)."""
     present = [v for v in values if v is not None]
     if not present:
         return None, 0
-    return float(math.fsum(present) / len(present)), len(present)
+    return float(mean(present)), len(present)
 
 
 def _reference_array(ref: Any, trace: EpisodeTrace, index: int) -> np.ndarray:
@@ -584,32 +767,69 @@ def compute_all_metrics(
     params["solve_component"] = solve_component
     params["regret_reference"] = reference is not None
     single, per_label = _resolve_ceiling(ceiling)
-    if reference is not None:
-        single_ref = isinstance(reference, EpisodeTrace) or (
-            len(reference) > 0
-            and not isinstance(reference[0], EpisodeTrace)
-            and np.ndim(reference[0]) == 0
+    references = _references(reference, traces)
+    per_trace = [
+        trace_metrics(
+            tr,
+            params=params,
+            bound=single,
+            bounds_per_label=per_label,
+            reference=references[i],
+            episode_end_components=episode_end_components,
+            solve_component=solve_component,
         )
-        if single_ref:
-            reference = [reference]
-        if len(reference) != len(traces):
-            raise ValueError(f"{len(reference)} reference trajectories for {len(traces)} traces")
-    per_trace = []
+        for i, tr in enumerate(traces)
+    ]
+    origins: dict[str, str] = {}
+    for tr in traces:
+        origins.update(tr.roots)
+    return {
+        **_across_traces(per_trace),
+        "per_trace": per_trace,
+        "params": params,
+        "bound": _bound_record(single, per_label),
+        "origins": origins,
+        "n_traces": len(traces),
+    }
+
+
+def _references(reference: Sequence[Any] | None, traces: list[Any]) -> list[np.ndarray | None]:
+    """One validated reference reward array per trace (``None`` each without a reference);
+    checks that every trace is an :class:`EpisodeTrace`."""
     for i, tr in enumerate(traces):
         if not isinstance(tr, EpisodeTrace):
             raise TypeError(f"trace {i} is a {type(tr).__name__}, not an EpisodeTrace")
-        ref = None if reference is None else _reference_array(reference[i], tr, i)
-        per_trace.append(
-            trace_metrics(
-                tr,
-                params=params,
-                bound=single,
-                bounds_per_label=per_label,
-                reference=ref,
-                episode_end_components=episode_end_components,
-                solve_component=solve_component,
-            )
-        )
+    if reference is None:
+        return [None] * len(traces)
+    single_ref = isinstance(reference, EpisodeTrace) or (
+        len(reference) > 0
+        and not isinstance(reference[0], EpisodeTrace)
+        and np.ndim(reference[0]) == 0
+    )
+    if single_ref:
+        reference = [reference]
+    if len(reference) != len(traces):
+        raise ValueError(f"{len(reference)} reference trajectories for {len(traces)} traces")
+    return [
+        _reference_array(ref, tr, i)
+        for i, (ref, tr) in enumerate(zip(reference, traces, strict=True))
+    ]
+
+
+#: the whole-trace values averaged across traces
+_TOTAL_KEYS = (
+    "discounted_return",
+    "undiscounted_return",
+    "regret",
+    "invalid_action_rate",
+    "solve_rate",
+)
+
+
+def _across_traces(per_trace: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stage 1 (each label's values across traces: ``per_regime``, counts ``n``), stage 2
+    (across labels: ``overall``, ``overall_n``) and the totals' means (``totals``,
+    ``totals_n``); absences dropped."""
     labels = list(dict.fromkeys(lb for pt in per_trace for lb in pt["per_regime"]))
     per_regime: dict[str, dict[str, float | None]] = {}
     counts: dict[str, dict[str, int]] = {}
@@ -622,17 +842,8 @@ def compute_all_metrics(
     for m in METRIC_NAMES:
         overall[m], overall_n[m] = _mean_present([per_regime[lb][m] for lb in labels])
     totals, totals_n = {}, {}
-    for key in (
-        "discounted_return",
-        "undiscounted_return",
-        "regret",
-        "invalid_action_rate",
-        "solve_rate",
-    ):
+    for key in _TOTAL_KEYS:
         totals[key], totals_n[key] = _mean_present([pt["totals"][key] for pt in per_trace])
-    origins: dict[str, str] = {}
-    for tr in traces:
-        origins.update(tr.roots)
     return {
         "per_regime": per_regime,
         "n": counts,
@@ -640,9 +851,4 @@ def compute_all_metrics(
         "overall_n": overall_n,
         "totals": totals,
         "totals_n": totals_n,
-        "per_trace": per_trace,
-        "params": params,
-        "bound": _bound_record(single, per_label),
-        "origins": origins,
-        "n_traces": len(traces),
     }

@@ -36,7 +36,10 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from continual_eval.stream.trace import schema_error_message
+from continual_eval.stream.trace import read_capped_bytes, schema_error_message
+
+#: the most bytes a reward spec or ceiling file may hold (a few hundred is typical)
+MAX_SPEC_BYTES = 1 << 20
 
 __all__ = [
     "RewardComponent",
@@ -46,6 +49,7 @@ __all__ = [
     "data_relative_upper_bound",
     "numeric_upper_bound",
     "read_ceiling_file",
+    "window_ceilings",
 ]
 
 Pays = Literal["per_step", "episode_end"]
@@ -195,9 +199,9 @@ class RewardSpec:
     @classmethod
     def from_json(cls, path: str | Path) -> RewardSpec:
         """Read a specification from a JSON file; errors name the file and the field."""
+        data = read_capped_bytes(path, MAX_SPEC_BYTES, "a reward spec")
         try:
-            with open(path, "rb") as fh:
-                record = msgspec.json.decode(fh.read(), type=_SpecRecord)
+            record = msgspec.json.decode(data, type=_SpecRecord)
             return cls._from_records(record.components, record.name)
         except msgspec.DecodeError as err:
             raise ValueError(f"{path}: {schema_error_message(err, 'a reward spec')}") from None
@@ -217,6 +221,30 @@ class RewardSpec:
             except ValueError as err:
                 raise ValueError(f"components[{i}]: {err}") from None
         return cls(components=tuple(comps), name=name)
+
+
+def window_ceilings(
+    per_step: float | np.ndarray,
+    final_step: float | np.ndarray,
+    length: int | np.ndarray,
+    ends: int | np.ndarray,
+) -> np.ndarray:
+    """``R_ub(L, e) = ((L - e) * p + e * f) / L`` elementwise (``p`` where ``e = 0``).
+
+    Where the products overflow float64 (``|p|`` or ``|f|`` near ``1.8e308``) the same mean is
+    taken as ``(L - e) / L * p + e / L * f``, which stays finite; elsewhere the first form, so
+    ordinary bounds are unchanged to the bit.
+    """
+    p = np.asarray(per_step, dtype=np.float64)
+    f = np.asarray(final_step, dtype=np.float64)
+    length = np.asarray(length, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = ((length - ends) * p + ends * f) / length
+        overflowed = np.isinf(mean) & np.isfinite(p) & np.isfinite(f)
+        if overflowed.any():
+            mean = np.where(overflowed, (length - ends) / length * p + ends / length * f, mean)
+    return np.where(ends == 0, p, mean)
 
 
 @dataclass(frozen=True)
@@ -255,9 +283,7 @@ class UpperBound:
                     f"episode_ends must be an integer in [0, {length}] for an interval of "
                     f"{length} step(s), got {episode_ends!r}"
                 )
-        if ends == 0:
-            return float(self.per_step)
-        return ((length - ends) * self.per_step + ends * self.final_step) / length
+        return float(window_ceilings(self.per_step, self.final_step, length, ends))
 
     @classmethod
     def explicit(cls, value: float) -> UpperBound:
@@ -280,9 +306,9 @@ def read_ceiling_file(path: str | Path) -> RewardSpec | UpperBound:
     """A ceiling from a JSON file: a reward specification (``{"components": [...]}``, bounded
     analytically later) or a bound ``{"per_step": p, "final_step": f, "derivation": d}`` (``f``
     defaults to ``p``, ``d`` to ``"explicit"``). Errors name the file and the field."""
+    data = read_capped_bytes(path, MAX_SPEC_BYTES, "a ceiling file")
     try:
-        with open(path, "rb") as fh:
-            rec = msgspec.json.decode(fh.read(), type=_CeilingRecord)
+        rec = msgspec.json.decode(data, type=_CeilingRecord)
     except msgspec.DecodeError as err:
         raise ValueError(f"{path}: {schema_error_message(err, 'a ceiling file')}") from None
     is_spec = rec.components is not msgspec.UNSET

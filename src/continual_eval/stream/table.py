@@ -1,7 +1,17 @@
-"""Plain-text and markdown tables of stream metrics; ``--`` marks an absent value."""
+"""Plain-text and markdown tables of stream metrics; ``--`` marks an absent value.
+
+Regime labels and ceiling derivations come from trace and ceiling files, so they are shown, never
+passed through: a character that is not printable (a control character such as the ESC that
+starts an ANSI escape sequence, a line break, a bidi override) is written as its Python escape
+(``\\x1b``, ``\\n``, ``\\u202e``), and a label longer than ``label_width`` characters is cut in
+the middle (``first…last``). The JSON output (``--json``, ``stream_metrics.json``) keeps every
+full name. A number that is not finite prints as ``inf``, ``-inf`` or ``nan``.
+"""
 
 from __future__ import annotations
 
+import math
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -9,14 +19,68 @@ from continual_eval.stream.metrics import METRIC_NAMES
 
 __all__ = [
     "ABSENT",
+    "DEFAULT_LABEL_WIDTH",
     "ROW_TITLES",
     "format_markdown",
     "format_seed_table",
     "format_table",
     "format_value",
+    "shown_label",
 ]
 
 ABSENT = "--"
+#: the widest a regime label is shown in a table, in characters (after escaping)
+DEFAULT_LABEL_WIDTH = 32
+_ELLIPSIS = "\u2026"
+#: Unicode categories written as escapes: control, format (bidi overrides, zero-width), surrogate,
+#: private-use, unassigned, line and paragraph separators
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+#: characters that are markup inside a GFM table cell
+_MARKDOWN_SPECIAL = frozenset("\\`*_[]|<>&#~$")
+
+
+def _shown_char(ch: str) -> str:
+    if ch.isprintable() or unicodedata.category(ch) not in _HIDDEN:
+        return ch
+    return ch.encode("unicode_escape").decode("ascii")
+
+
+def shown_label(label: str, width: int = DEFAULT_LABEL_WIDTH) -> str:
+    """``label`` as a table shows it: unprintable characters as Python escapes (``\\x1b``), at
+    most ``width`` characters, a longer label cut in the middle around ``…``. Reads at most
+    ``2 * width`` characters of ``label``, however long it is."""
+    if width < 1:
+        raise ValueError(f"label width must be >= 1, got {width}")
+    if len(label) <= width and label.isprintable():
+        return label
+    if len(label) <= 2 * width:
+        pieces = [_shown_char(ch) for ch in label]
+        if sum(map(len, pieces)) <= width:
+            return "".join(pieces)
+    else:
+        pieces = [_shown_char(ch) for ch in (*label[:width], *label[-width:])]
+    budget = width - 1
+    head_budget, tail_budget = (budget + 1) // 2, budget // 2
+    head, used = [], 0
+    for piece in pieces:
+        if used + len(piece) > head_budget:
+            break
+        head.append(piece)
+        used += len(piece)
+    tail: list[str] = []
+    used = 0
+    for piece in reversed(pieces[len(head) :]):
+        if used + len(piece) > tail_budget:
+            break
+        tail.append(piece)
+        used += len(piece)
+    return "".join(head) + _ELLIPSIS + "".join(reversed(tail))
+
+
+def _markdown_label(label: str, width: int) -> str:
+    """A label inside a markdown table cell: shown (escaped, cut), markup characters escaped."""
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in shown_label(label, width))
+
 
 #: Printed title of each of the fifteen rows.
 ROW_TITLES: dict[str, str] = {
@@ -41,9 +105,12 @@ _STEP_COUNTS = {"adaptation_speed", "recovery_time"}
 
 
 def format_value(metric: str, value: float | None) -> str:
-    """``--`` for ``None``; step counts as integers when whole; ``+.4f`` for forgetting."""
+    """``--`` for ``None``; step counts as integers when whole; ``+.4f`` for forgetting;
+    ``inf``/``-inf``/``nan`` for a number that is not finite."""
     if value is None:
         return ABSENT
+    if not math.isfinite(value):
+        return str(float(value))
     if metric in _STEP_COUNTS:
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
     if metric == "forgetting":
@@ -51,8 +118,9 @@ def format_value(metric: str, value: float | None) -> str:
     return f"{value:.4f}"
 
 
-def describe_params(result: Mapping[str, Any]) -> str:
-    """One line naming the anchor, every parameter and the bound's derivation."""
+def describe_params(result: Mapping[str, Any], width: int = DEFAULT_LABEL_WIDTH) -> str:
+    """One line naming the anchor, every parameter and the bound's derivation (a derivation read
+    from a ceiling file is shown like a label)."""
     p = result["params"]
     parts = [f"anchor={p['anchor']}", f"alpha={p['alpha']}"]
     parts.append(f"eps={p['eps']}" if p["eps"] is not None else "eps=0.5*|R_ub|")
@@ -69,7 +137,7 @@ def describe_params(result: Mapping[str, Any]) -> str:
     if bound is None:
         parts.append("ceiling=none")
     elif "derivation" in bound:
-        parts.append(f"ceiling={bound['derivation']}")
+        parts.append(f"ceiling={shown_label(str(bound['derivation']), width)}")
     else:
         parts.append("ceiling=per-regime")
     return "  ".join(parts)
@@ -87,10 +155,10 @@ def _grid(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _metric_grid(result: Mapping[str, Any], cell: Callable[[str, Any], str]) -> str:
+def _metric_grid(result: Mapping[str, Any], cell: Callable[[str, Any], str], width: int) -> str:
     """One row per metric, one column per regime; ``cell(metric, value)`` formats a value."""
     labels = list(result["per_regime"])
-    header = ["metric", *labels]
+    header = ["metric", *(shown_label(lb, width) for lb in labels)]
     rows = [
         [ROW_TITLES[m], *(cell(m, result["per_regime"][lb][m]) for lb in labels)]
         for m in METRIC_NAMES
@@ -98,9 +166,11 @@ def _metric_grid(result: Mapping[str, Any], cell: Callable[[str, Any], str]) -> 
     return _grid(header, rows)
 
 
-def format_table(result: Mapping[str, Any]) -> str:
-    """The fifteen-row table of a :func:`compute_all_metrics` result, one column per regime."""
-    return f"{describe_params(result)}\n{_metric_grid(result, format_value)}"
+def format_table(result: Mapping[str, Any], *, label_width: int = DEFAULT_LABEL_WIDTH) -> str:
+    """The fifteen-row table of a :func:`compute_all_metrics` result, one column per regime
+    (labels shown by :func:`shown_label`, at most ``label_width`` characters)."""
+    grid = _metric_grid(result, format_value, label_width)
+    return f"{describe_params(result, label_width)}\n{grid}"
 
 
 def _seed_cell(metric: str, cell: Mapping[str, Any]) -> str:
@@ -108,23 +178,28 @@ def _seed_cell(metric: str, cell: Mapping[str, Any]) -> str:
         return ABSENT
     out = format_value(metric, cell["mean"])
     if cell["spread"] is not None:
-        out += f" ± {cell['spread']:.4f}"
+        spread = cell["spread"]
+        out += f" ± {spread:.4f}" if math.isfinite(spread) else f" ± {float(spread)}"
     return f"{out} (n={cell['n']})"
 
 
-def format_seed_table(aggregate: Mapping[str, Any]) -> str:
+def format_seed_table(
+    aggregate: Mapping[str, Any], *, label_width: int = DEFAULT_LABEL_WIDTH
+) -> str:
     """The fifteen-row table of an :func:`aggregate_seeds` result: ``mean ± spread (n=...)``."""
-    grid = _metric_grid(aggregate, _seed_cell)
-    return f"{describe_params(aggregate)}  seeds={aggregate['n_seeds']}\n{grid}"
+    grid = _metric_grid(aggregate, _seed_cell, label_width)
+    return f"{describe_params(aggregate, label_width)}  seeds={aggregate['n_seeds']}\n{grid}"
 
 
-def format_markdown(result: Mapping[str, Any]) -> str:
-    """The fifteen-row table as a markdown table (for TensorBoard text and reports)."""
+def format_markdown(result: Mapping[str, Any], *, label_width: int = DEFAULT_LABEL_WIDTH) -> str:
+    """The fifteen-row table as a markdown table (for TensorBoard text and reports); labels
+    shown by :func:`shown_label`, their markup characters escaped."""
     labels = list(result["per_regime"])
+    params = describe_params(result, label_width).replace("`", "'")
     lines = [
-        f"`{describe_params(result)}`",
+        f"`{params}`",
         "",
-        "| metric | " + " | ".join(labels) + " |",
+        "| metric | " + " | ".join(_markdown_label(lb, label_width) for lb in labels) + " |",
         "|---|" + "---:|" * len(labels),
     ]
     for m in METRIC_NAMES:

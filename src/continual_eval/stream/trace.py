@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,15 @@ from typing import IO, Annotated, Any
 import msgspec
 import numpy as np
 
-__all__ = ["EpisodeStep", "EpisodeTrace", "StepRecord", "read_jsonl", "write_jsonl"]
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_LINE_BYTES",
+    "EpisodeStep",
+    "EpisodeTrace",
+    "StepRecord",
+    "read_jsonl",
+    "write_jsonl",
+]
 
 _INT64 = np.iinfo(np.int64)
 
@@ -185,6 +194,22 @@ class EpisodeStep:
         )
 
 
+def _optional_column(what: str, values: Any, step: np.ndarray) -> np.ndarray:
+    """A per-step float column (NaN: not recorded) of as many values as steps; an infinite value
+    (or an ``invalid_action`` other than 0/1) is an error naming the step."""
+    arr = np.asarray(values, dtype=np.float64).reshape(-1)
+    if len(arr) != len(step):
+        raise ValueError(f"{what} has {len(arr)} values for {len(step)} steps")
+    if what == "invalid_action":
+        bad = np.flatnonzero(~np.isnan(arr) & (arr != 0.0) & (arr != 1.0))
+    else:
+        bad = np.flatnonzero(np.isinf(arr))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{what} at step {int(step[i])} is {arr[i]!r}")
+    return arr
+
+
 def _resolve_origins(names: Sequence[str], declared: Mapping[str, str]) -> dict[str, str]:
     """Map every label to its root origin, following alias chains; reject unknown origins/cycles."""
     present = set(names)
@@ -274,32 +299,15 @@ class EpisodeTrace:
             if label not in names:
                 raise ValueError(f"origin declared for regime label {label!r}, which never occurs")
         roots = _resolve_origins(names, origin_of)
-        components = {}
-        for name, col in (cols.get("components") or {}).items():
-            arr = np.asarray(col, dtype=np.float64).reshape(-1)
-            if len(arr) != n:
-                raise ValueError(f"component {name!r} has {len(arr)} values for {n} steps")
-            bad = np.flatnonzero(np.isinf(arr))
-            if bad.size:
-                i = int(bad[0])
-                raise ValueError(f"component {name!r} at step {int(step[i])} is {arr[i]!r}")
-            components[str(name)] = arr
-        optional = {}
+        components = {
+            str(name): _optional_column(f"component {name!r}", col, step)
+            for name, col in (cols.get("components") or {}).items()
+        }
+        optional: dict[str, np.ndarray | None] = {}
         for key in ("invalid_action", "effective_rank"):
             col = cols.get(key)
-            if col is not None:
-                arr = np.asarray(col, dtype=np.float64).reshape(-1)
-                if len(arr) != n:
-                    raise ValueError(f"{key} has {len(arr)} values for {n} steps")
-                bad = np.flatnonzero(np.isinf(arr))
-                if key == "invalid_action":
-                    bad = np.flatnonzero(~np.isnan(arr) & (arr != 0.0) & (arr != 1.0))
-                if bad.size:
-                    i = int(bad[0])
-                    raise ValueError(f"{key} at step {int(step[i])} is {arr[i]!r}")
-                optional[key] = None if np.isnan(arr).all() else arr
-            else:
-                optional[key] = None
+            arr = None if col is None else _optional_column(key, col, step)
+            optional[key] = None if arr is None or np.isnan(arr).all() else arr
         end = cols.get("episode_end")
         end_arr = None if end is None else np.asarray(end, dtype=bool).reshape(-1)
         if end_arr is not None and len(end_arr) != n:
@@ -472,16 +480,49 @@ def _columns_from_steps(steps: list[EpisodeStep]) -> dict[str, Any]:
     }
 
 
-def _blocks(fh: IO[bytes], block_size: int) -> Iterator[bytes]:
-    """Whole lines, about ``block_size`` bytes at a time (the last may lack its newline)."""
+class _LineTooLongError(Exception):
+    """Raised by :func:`_blocks`: the line being read is longer than the line cap."""
+
+
+class _FileTooLargeError(Exception):
+    """Raised by :func:`_blocks`: the source holds more bytes than the file cap."""
+
+
+def _blocks(
+    fh: IO[bytes], block_size: int, max_line_bytes: int | None, max_file_bytes: int | None
+) -> Iterator[bytes]:
+    """Whole lines, about ``block_size`` bytes at a time (the last may lack its newline).
+
+    Never holds more than ``block_size`` bytes plus one unfinished line, which may grow to
+    ``max_line_bytes`` before :class:`_LineTooLongError` is raised; never reads more than
+    ``max_file_bytes + 1`` bytes (then :class:`_FileTooLargeError`). Both are raised when the lines
+    before the offending one have been consumed, so the reader's line count names it.
+    """
     pending: list[bytes] = []
-    while data := fh.read(block_size):
+    pending_bytes = 0
+    left = math.inf if max_file_bytes is None else max_file_bytes + 1
+    line_cap = math.inf if max_line_bytes is None else max_line_bytes
+    while data := fh.read(int(min(block_size, left))):
+        if not isinstance(data, bytes):
+            raise TypeError(
+                "a trace source must yield bytes (open it in binary mode), got "
+                f"{type(data).__name__}"
+            )
+        left -= len(data)
+        if left <= 0:
+            raise _FileTooLargeError
         cut = data.rfind(b"\n") + 1
         if cut == 0:
             pending.append(data)
+            pending_bytes += len(data)
+            if pending_bytes > line_cap:
+                raise _LineTooLongError
             continue
         yield b"".join([*pending, data[:cut]]) if pending else data[:cut]
         pending = [data[cut:]] if cut < len(data) else []
+        pending_bytes = len(data) - cut
+        if pending_bytes > line_cap:
+            raise _LineTooLongError
     if pending:
         yield b"".join(pending)
 
@@ -489,8 +530,9 @@ def _blocks(fh: IO[bytes], block_size: int) -> Iterator[bytes]:
 class _ColumnReader:
     """Decodes JSON-lines blocks into column arrays; keeps no per-line Python objects."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, max_line_bytes: int | None = None) -> None:
         self.path = path
+        self.max_line_bytes = max_line_bytes
         self.n = 0
         self.next_line = 1  # the number of the first line of the next block
         self.names: dict[str, int] = {}
@@ -507,6 +549,14 @@ class _ColumnReader:
 
     def error(self, line: int, message: str) -> ValueError:
         return ValueError(f"{self.path}:{line}: {message}")
+
+    def line_too_long(self, line: int) -> ValueError:
+        return self.error(
+            line,
+            f"line longer than {self.max_line_bytes} bytes, the limit max_line_bytes "
+            "(--max-line-bytes); a trace record is one JSON object per line, usually under a "
+            "kilobyte: is this a trace file? Raise the limit if its lines really are this long",
+        )
 
     def decode_skipping_blanks(
         self, raw_lines: list[bytes], first_line: int
@@ -529,6 +579,10 @@ class _ColumnReader:
         """Decode one block of whole lines, exactly one JSON object per non-blank line."""
         raw_lines = (block[:-1] if block.endswith(b"\n") else block).split(b"\n")
         first_line = self.next_line
+        cap = self.max_line_bytes
+        if cap is not None and len(block) > cap and max(map(len, raw_lines)) > cap:
+            longest = next(i for i, raw in enumerate(raw_lines) if len(raw) > cap)
+            raise self.line_too_long(first_line + longest)
         self.next_line += len(raw_lines)
         try:  # the fast path: no blank lines, no errors
             recs = list(map(_STEP_DECODER.decode, raw_lines))
@@ -635,19 +689,85 @@ class _ColumnReader:
             raise ValueError(f"{self.path}: {err}") from None
 
 
-def read_jsonl(path: str | Path, *, block_size: int = 1 << 22) -> EpisodeTrace:
-    """Read one trace from a JSON-lines file (one :class:`StepRecord` per line; blank lines skip).
+#: default cap on one trace line, in bytes (newline excluded): a step record is usually under a
+#: kilobyte, components included
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+#: default cap on a trace file, in bytes: about 30 million steps of 70 bytes (columns of ~25
+#: bytes a step: ~0.75 GB)
+DEFAULT_MAX_FILE_BYTES = 1 << 31
 
-    The file is decoded ``block_size`` bytes at a time straight into columns, so memory is the
-    columns plus one block. Every error names ``file:line`` and the field.
+
+def _check_cap(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be an integer >= 1 or None (no limit), got {value!r}")
+
+
+def read_jsonl(
+    source: str | Path | IO[bytes],
+    *,
+    block_size: int = 1 << 22,
+    max_line_bytes: int | None = DEFAULT_MAX_LINE_BYTES,
+    max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES,
+) -> EpisodeTrace:
+    """Read one trace from JSON lines (one :class:`StepRecord` per line; blank lines skip).
+
+    ``source``: a path (a regular file, a FIFO, a device) or a binary file object (anything with
+    ``read(n) -> bytes``). It is decoded ``block_size`` bytes at a time straight into columns,
+    so memory is the columns plus one block. Reading stops with a ``ValueError`` naming the limit
+    at the first line longer than ``max_line_bytes`` (newline excluded) and once more than
+    ``max_file_bytes`` bytes arrive, so an endless or hostile source (``/dev/zero``, a 300 MB
+    line, a stream that never ends) costs at most about ``block_size + max_line_bytes`` bytes
+    beyond the columns of the ``max_file_bytes`` read; ``None`` lifts a limit. Every error names
+    ``file:line`` and the field.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    reader = _ColumnReader(path)
-    with open(path, "rb") as fh:
-        for block in _blocks(fh, block_size):
+    _check_cap("max_line_bytes", max_line_bytes)
+    _check_cap("max_file_bytes", max_file_bytes)
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as fh:
+            return _read_lines(fh, source, block_size, max_line_bytes, max_file_bytes)
+    if not callable(getattr(source, "read", None)):
+        raise TypeError(f"read_jsonl needs a path or a binary file object, got {source!r}")
+    name = getattr(source, "name", None)
+    return _read_lines(
+        source,
+        name if isinstance(name, (str, Path)) else "<stream>",
+        block_size,
+        max_line_bytes,
+        max_file_bytes,
+    )
+
+
+def _read_lines(
+    fh: IO[bytes],
+    path: str | Path,
+    block_size: int,
+    max_line_bytes: int | None,
+    max_file_bytes: int | None,
+) -> EpisodeTrace:
+    reader = _ColumnReader(path, max_line_bytes)
+    try:
+        for block in _blocks(fh, block_size, max_line_bytes, max_file_bytes):
             reader.add(block)
+    except _LineTooLongError:
+        raise reader.line_too_long(reader.next_line) from None
+    except _FileTooLargeError:
+        raise ValueError(
+            f"{path}: more than {max_file_bytes} bytes, the limit max_file_bytes "
+            "(--max-file-bytes); raise it to read a longer trace"
+        ) from None
     return reader.finish()
+
+
+def read_capped_bytes(path: str | Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of a small file (a ceiling file, a reward spec): a ``ValueError`` naming the
+    limit once more than ``max_bytes`` arrive (so ``/dev/zero`` or a FIFO costs at most that)."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: more than {max_bytes} bytes, the limit for {what}")
+    return data
 
 
 def write_jsonl(trace: EpisodeTrace | Iterable[EpisodeStep], path: str | Path) -> Path:
