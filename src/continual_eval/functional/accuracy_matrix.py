@@ -42,6 +42,12 @@ Conventions where the literature disagrees (written for ``higher_is_better=True`
 * FWT ``convention="gem"`` (default; Lopez-Paz & Ranzato, 2017): ``R[j-1,j] - b[j]`` with ``b``
   the untrained baseline; ``convention="isolated"``: ``R[j,j] - b[j]`` with ``b`` the accuracy of
   a model trained on task ``j`` alone.
+
+Batches. With ``validate=False`` every function but :func:`continual_metrics` also takes a stack
+of matrices ``[..., T, T]`` (``baseline`` and ``reference`` ``[..., T]``) and returns the metric
+of each, ``[...]`` (per task: ``[..., T-1]``): the paired bootstrap of
+:mod:`~continual_eval.functional.intervals` scores thousands of resampled matrices in one call.
+Validation checks a single ``[T, T]`` matrix.
 """
 
 from __future__ import annotations
@@ -78,11 +84,11 @@ def trained_history(
     fill; always so for a negated loss). Written into ``out`` when given."""
     if not higher_is_better:
         history = torch.neg(scores, out=out)
-        untrained = triangle_masks(scores.shape[0], scores.device).untrained
+        untrained = triangle_masks(scores.shape[-1], scores.device).untrained
         return history.masked_fill_(untrained, -math.inf)
     history = torch.tril(scores, out=out)
     if not bool(history.amin() >= 0):  # only unvalidated, negative scores take this path
-        history.masked_fill_(triangle_masks(scores.shape[0], scores.device).untrained, -math.inf)
+        history.masked_fill_(triangle_masks(scores.shape[-1], scores.device).untrained, -math.inf)
     return history
 
 
@@ -92,18 +98,25 @@ def gain(value: Tensor, reference: Tensor, higher_is_better: bool) -> Tensor:
     return value - reference if higher_is_better else reference - value
 
 
+def _diagonal(scores: Tensor, offset: int = 0) -> Tensor:
+    """The diagonal ``R[j, j + offset]`` of the last two dimensions (leading dimensions kept)."""
+    return scores.diagonal(offset=offset, dim1=-2, dim2=-1)
+
+
 def _check_options(higher_is_better: bool, bounds: Bounds) -> Bounds:
     check_direction(higher_is_better)
     return resolve_bounds(bounds)
 
 
 def _zero(scores: Tensor) -> Tensor:
-    return torch.zeros((), dtype=scores.dtype, device=scores.device)
+    """Zero of ``scores``' dtype and device, with its leading (batch) dimensions."""
+    return torch.zeros(scores.shape[:-2], dtype=scores.dtype, device=scores.device)
 
 
 def _mean_or_zero(values: Tensor, like: Tensor) -> Tensor:
-    """Equal-weight mean; zero (not NaN) when there is nothing to average (T = 1)."""
-    return values.mean() if values.numel() else _zero(like)
+    """Equal-weight mean over the last dimension; zero (not NaN) when there is nothing to
+    average (T = 1)."""
+    return values.mean(dim=-1) if values.shape[-1] else _zero(like)
 
 
 def backward_transfer_per_task(
@@ -121,7 +134,7 @@ def backward_transfer_per_task(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return gain(scores[-1, :-1], scores.diagonal()[:-1], higher_is_better)
+    return gain(scores[..., -1, :-1], _diagonal(scores)[..., :-1], higher_is_better)
 
 
 def forward_transfer_per_task(
@@ -148,8 +161,8 @@ def forward_transfer_per_task(
     if validate:
         check_scores(scores, bounds=bounds)
         check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
-    before = scores.diagonal(offset=1) if convention == "gem" else scores.diagonal()[1:]
-    return gain(before, baseline[1:], higher_is_better)
+    before = _diagonal(scores, 1) if convention == "gem" else _diagonal(scores)[..., 1:]
+    return gain(before, baseline[..., 1:], higher_is_better)
 
 
 def forgetting_per_task(
@@ -172,13 +185,14 @@ def forgetting_per_task(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    if scores.shape[0] == 1:
-        return scores.new_empty(0)
+    if scores.shape[-1] == 1:
+        return scores.new_empty((*scores.shape[:-2], 0))
     history = trained_history(scores, higher_is_better=higher_is_better, out=scratch_for(scores))
     if convention == "chaudhry":
-        history = history[:-1]  # peaks strictly before the final stage
-    best = history.amax(dim=0)[:-1]  # of the oriented scores: -min R for lower-is-better
-    return best - scores[-1, :-1] if higher_is_better else best + scores[-1, :-1]
+        history = history[..., :-1, :]  # peaks strictly before the final stage
+    best = history.amax(dim=-2)[..., :-1]  # of the oriented scores: -min R for lower-is-better
+    final = scores[..., -1, :-1]
+    return best - final if higher_is_better else best + final
 
 
 def intransigence_per_task(
@@ -199,7 +213,7 @@ def intransigence_per_task(
     if validate:
         check_scores(scores, bounds=bounds)
         check_vector("reference", reference, scores, skip_first=False, bounds=bounds)
-    return gain(reference, scores.diagonal(), higher_is_better)
+    return gain(reference, _diagonal(scores), higher_is_better)
 
 
 def average_accuracy(
@@ -214,7 +228,7 @@ def average_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return scores[-1].mean()
+    return scores[..., -1, :].mean(dim=-1)
 
 
 def backward_transfer(
@@ -285,7 +299,7 @@ def learning_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return scores.diagonal().mean()
+    return _diagonal(scores).mean(dim=-1)
 
 
 def average_incremental_accuracy(
@@ -301,11 +315,11 @@ def average_incremental_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    T = scores.shape[0]
+    T = scores.shape[-1]
     # tril selects: NaN above the diagonal never enters
-    seen_sums = torch.tril(scores, out=scratch_for(scores)).sum(dim=1)
+    seen_sums = torch.tril(scores, out=scratch_for(scores)).sum(dim=-1)
     seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)
-    return (seen_sums / seen).mean()
+    return (seen_sums / seen).mean(dim=-1)
 
 
 def intransigence(
@@ -320,7 +334,7 @@ def intransigence(
     ``R[j, j] - reference[j]`` for lower-is-better)."""
     return intransigence_per_task(
         scores, reference, higher_is_better=higher_is_better, bounds=bounds, validate=validate
-    ).mean()
+    ).mean(dim=-1)
 
 
 def continual_metrics(
