@@ -240,7 +240,7 @@ def test_the_popcount_path_equals_the_weight_matrix_path_and_packed_bits():
 def test_draws_do_not_depend_on_the_block_size(monkeypatch: pytest.MonkeyPatch, weights: str):
     items = _random_items([3, 40, 90], 3, 0.5, 8)  # 3 items: many redraws
     first = iv.paired_bootstrap(items, resamples=300, seed=2, weights=weights).to_dict()
-    monkeypatch.setattr(iv, "_BLOCK_CELLS", 7)
+    monkeypatch.setattr(iv, "_BLOCK_CELLS", 3000)  # blocks of 250 (11 multinomial) resamples
     assert iv.paired_bootstrap(items, resamples=300, seed=2, weights=weights).to_dict() == first
     other = iv.paired_bootstrap(items, resamples=300, seed=3, weights=weights).to_dict()
     assert other["metrics"] != first["metrics"]

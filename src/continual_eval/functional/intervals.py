@@ -63,9 +63,9 @@ from __future__ import annotations
 import math
 import numbers
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -104,6 +104,7 @@ __all__ = [
     "resample_weights",
     "student_t_interval",
     "t_quantile",
+    "unpack_bits",
     "wilson_interval",
 ]
 
@@ -131,6 +132,14 @@ def pack_bits(values: Tensor) -> PackedBits:
         raise TypeError(f"pack_bits takes a bool tensor, got {_describe(values)}")
     packed = np.packbits(values.detach().cpu().numpy(), axis=-1, bitorder="little")
     return PackedBits(torch.from_numpy(packed), int(values.shape[-1]))
+
+
+def unpack_bits(packed: PackedBits) -> Tensor:
+    """The ``bool`` tensor ``[..., n]`` of :class:`PackedBits` (the inverse of
+    :func:`pack_bits`)."""
+    bits = packed.bits.detach().cpu().numpy()
+    values = np.unpackbits(bits, axis=-1, count=int(packed.num_items), bitorder="little")
+    return torch.from_numpy(values.astype(bool))
 
 
 # ---------------------------------------------------------------------------- quantiles
@@ -201,7 +210,8 @@ def student_t_interval(
     level = (1 + _check_confidence(confidence)) / 2
     mean, std = torch.as_tensor(mean).to(torch.float64), torch.as_tensor(std).to(torch.float64)
     n = torch.as_tensor(count).to(torch.float64).expand_as(mean)
-    quantiles = {int(k): t_quantile(level, int(k) - 1) for k in n.unique().tolist() if k >= 2}
+    sizes = {int(k) for k in n.reshape(-1).tolist()}
+    quantiles = {k: t_quantile(level, k - 1) for k in sizes if k >= 2}
     t = torch.tensor(
         [quantiles.get(int(k), math.nan) for k in n.reshape(-1).tolist()], dtype=torch.float64
     )
@@ -251,7 +261,8 @@ class _Layout:
     @property
     def word_start(self) -> np.ndarray:
         """The first word of each stratum."""
-        return np.cumsum(self.task_words) - self.task_words
+        words = self.task_words
+        return np.asarray(np.cumsum(words) - words, dtype=np.int64)
 
     @property
     def total_words(self) -> int:
@@ -358,14 +369,14 @@ def _layout(
         if n == 0:
             raise ValueError(f"items[{j}] has no items: task {j}'s test set is empty")
         if not binary:
-            _check_finite("items", j, rows, max(j - 1, 0), batch, single=False)  # type: ignore[arg-type]
+            _check_finite("items", j, cast(Tensor, rows), max(j - 1, 0), batch, single=False)
         parts, kinds = [rows], kinds | {binary}
         for name, vectors in extra:
             row, m, row_binary, _ = _entry(name, vectors[j], j, None, batch)
             if m != n:
                 raise ValueError(f"{name}[{j}] has {m} items, items[{j}] has {n}: the same items")
             if not row_binary:
-                _check_finite(name, j, row, 0, batch, single=True)  # type: ignore[arg-type]
+                _check_finite(name, j, cast(Tensor, row), 0, batch, single=True)
             parts.append(row)
             kinds |= {row_binary}
         tasks.append(parts)
@@ -384,7 +395,7 @@ def _layout(
     if kinds == {True}:
         blocks = []  # per task: [K, R, padded bytes]
         for parts, n in zip(tasks, sizes, strict=True):
-            stacked = np.concatenate(parts, axis=1)  # type: ignore[arg-type]  # [R, K, bytes]
+            stacked = np.concatenate(cast(list[np.ndarray], parts), axis=1)  # [R, K, bytes]
             padded = np.zeros((*stacked.shape[:2], -(-n // _WORD) * 8), dtype=np.uint8)
             padded[..., : stacked.shape[2]] = stacked
             padded[..., :] &= _valid_bytes(n)  # PackedBits may carry bits past num_items
@@ -395,10 +406,11 @@ def _layout(
     n_max = max(sizes)
     values = torch.zeros(runs, num_tasks, n_max, num_tasks + len(extra), dtype=torch.float64)
     for j, (parts, n) in enumerate(zip(tasks, sizes, strict=True)):
-        stacked = torch.cat(parts, dim=1)  # type: ignore[arg-type]  # [R, K, n]
+        rows_of_task = torch.cat(cast(list[Tensor], parts), dim=1)  # [R, K, n]
         # rows no metric reads may hold NaN: zeroed, so that weight x value stays finite
         # (their cells are set to NaN after the sums)
-        values[:, j, :n] = torch.nan_to_num(stacked.transpose(1, 2), nan=0.0, posinf=0, neginf=0)
+        finite = torch.nan_to_num(rows_of_task.transpose(1, 2), nan=0.0, posinf=0, neginf=0)
+        values[:, j, :n] = finite
     flat = values.reshape(runs * num_tasks, n_max, -1)
     return _Layout(num_tasks, batch, strata, baseline_row, reference_row, False, values=flat)
 
@@ -414,7 +426,7 @@ def _popcount(words: np.ndarray) -> np.ndarray:
     if count is not None:
         return count(words)  # type: ignore[no-any-return]
     by_byte = _BYTE_POPCOUNT[np.ascontiguousarray(words).view(np.uint8)]
-    return by_byte.reshape(*words.shape, 8).sum(axis=-1, dtype=np.uint8)
+    return np.asarray(by_byte.reshape(*words.shape, 8).sum(axis=-1, dtype=np.uint8))
 
 
 def _valid_bytes(n: int) -> np.ndarray:
@@ -453,7 +465,7 @@ def _segment_sum(counts: np.ndarray, layout: _Layout) -> np.ndarray:
     width = int(words[0])  # equal test-set sizes: strided adds, far faster than a reduction
     split = counts.reshape(*counts.shape[:-1], len(words), width)  # over a short last axis
     if width > 64:
-        return split.sum(axis=-1)
+        return np.asarray(split.sum(axis=-1))
     total = split[..., 0].astype(np.uint16)  # at most 64 * 64 bits per stratum
     for k in range(1, width):
         total += split[..., k]
@@ -657,13 +669,13 @@ def _binary_values(layout: _Layout) -> Tensor:
     return by_stratum.permute(1, 2, 0).contiguous()
 
 
-def _resampled_means(layout: _Layout, resamples: int, seed: int, weights: str) -> Tensor:
-    """``[resamples, K, S]``: every row's resampled mean per stratum, one resample per stratum
-    shared by all of its rows (the pairing)."""
+def _resampled_blocks(
+    layout: _Layout, resamples: int, seed: int, weights: str
+) -> Iterator[tuple[int, Tensor]]:
+    """``(first resample, means [rows, K, S])`` block by block: every row's resampled mean per
+    stratum, one resample per stratum shared by all of its rows (the pairing)."""
     draws = _Draws(layout, seed, weights)
     step = _block_rows(layout, weights)
-    strata = len(layout.num_items)
-    out = torch.empty(resamples, layout.num_rows, strata, dtype=torch.float64)
     popcount = layout.binary and weights == "double_or_nothing"
     # 0/1 items under integer weights: every sum is an integer below 2^24, exact in float32
     # (about three times faster matrix products); other items are summed in float64
@@ -681,14 +693,13 @@ def _resampled_means(layout: _Layout, resamples: int, seed: int, weights: str) -
             both = np.bitwise_and(kept[:, None, :], layout.words[None])  # [rows, K, W]
             hits = _segment_sum(_popcount(both), layout)
             total = _segment_sum(_popcount(kept), layout)
-            out[begin : begin + rows] = torch.from_numpy(hits / total[:, None, :])
+            yield begin, torch.from_numpy(hits / total[:, None, :])
             continue
         w = draws.weights(rows, dtype)  # [S, rows, n_max]
         assert values is not None
         sums = torch.bmm(w, values).double()  # [S, rows, K]
-        total = w.sum(dim=2, keepdim=True).double()
-        out[begin : begin + rows] = (sums / total).permute(1, 2, 0)
-    return out
+        weight = w.sum(dim=2, keepdim=True).double()
+        yield begin, (sums / weight).permute(1, 2, 0)
 
 
 # ---------------------------------------------------------------------------- paired bootstrap
@@ -799,20 +810,37 @@ def _metric_family(
     return means, per_task
 
 
-def _percentiles(samples: dict[str, Tensor], confidence: float) -> dict[str, tuple[Tensor, Tensor]]:
-    """The percentile interval ends of each ``[B, ...]`` sample, in one ``numpy.quantile`` (over
-    a contiguous ``[values, B]`` copy that it may reorder in place)."""
-    first = next(iter(samples.values()))
-    flat = torch.cat([s.reshape(first.shape[0], -1).T for s in samples.values()])
-    alpha = 1 - confidence
-    quantiles = [alpha / 2, 1 - alpha / 2]
-    ends = np.quantile(flat.contiguous().numpy(), quantiles, axis=1, overwrite_input=True)
-    out, begin, ends_t = {}, 0, torch.from_numpy(ends)
-    for key, s in samples.items():
-        size = math.prod(s.shape[1:])
-        low, high = (ends_t[k, begin : begin + size].reshape(s.shape[1:]) for k in (0, 1))
-        out[key], begin = (low, high), begin + size
-    return out
+class _Samples:
+    """The resampled statistics, written block by block into one ``[values, B]`` buffer (each
+    statistic's values contiguous, as ``numpy.quantile`` along the last axis wants them)."""
+
+    def __init__(self, resamples: int) -> None:
+        self.resamples = resamples
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.buffer: np.ndarray | None = None
+
+    def write(self, begin: int, block: dict[str, Tensor]) -> None:
+        rows = next(iter(block.values())).shape[0]
+        if self.buffer is None:
+            self.shapes = {key: tuple(v.shape[1:]) for key, v in block.items()}
+            size = sum(math.prod(shape) for shape in self.shapes.values())
+            self.buffer = np.empty((size, self.resamples), dtype=np.float64)
+        flat = torch.cat([v.reshape(rows, -1) for v in block.values()], dim=1)
+        self.buffer[:, begin : begin + rows] = flat.numpy().T
+
+    def percentiles(self, confidence: float) -> dict[str, tuple[Tensor, Tensor]]:
+        """Each statistic's ``(1-c)/2`` and ``(1+c)/2`` quantiles (``numpy.quantile``, linear;
+        the buffer is reordered in place)."""
+        assert self.buffer is not None
+        alpha = 1 - confidence
+        ends = np.quantile(self.buffer, [alpha / 2, 1 - alpha / 2], axis=1, overwrite_input=True)
+        out, begin, ends_t = {}, 0, torch.from_numpy(ends)
+        for key, shape in self.shapes.items():
+            size = math.prod(shape)
+            low, high = (ends_t[k, begin : begin + size].reshape(shape) for k in (0, 1))
+            out[key], begin = (low, high), begin + size
+        self.buffer = None
+        return out
 
 
 def paired_bootstrap(
@@ -871,15 +899,19 @@ def paired_bootstrap(
 
     table, _ = _cell_table(layout, 0.5)  # [R, K, T]; the estimates: means over all items
     estimate_means, estimate_per_task = _metric_family(*split(table.estimate), **family)
-    sampled = _by_run(_resampled_means(layout, int(resamples), int(seed), weights), layout)
-    scores, base, ref = split(sampled)  # [B, R, T, T], [B, R, T]
-    means, per_task = _metric_family(scores, base, ref, **family)
-    samples = {f"metric:{k}": v for k, v in means.items()}
-    samples |= {f"task:{k}": v for k, v in per_task.items()}
     read = ~unread
-    samples["cells"] = scores[..., read]  # [B, R, read cells]
-    samples |= {name: v for name, v in (("baseline", base), ("reference", ref)) if v is not None}
-    ends = _percentiles(samples, float(confidence))
+    samples = _Samples(int(resamples))
+    for begin, block in _resampled_blocks(layout, int(resamples), int(seed), weights):
+        scores, base, ref = split(_by_run(block, layout))  # [rows, R, T, T], [rows, R, T]
+        means, per_task = _metric_family(scores, base, ref, **family)
+        statistics = {f"metric:{k}": v for k, v in means.items()}
+        statistics |= {f"task:{k}": v for k, v in per_task.items()}
+        statistics["cells"] = scores[..., read]  # [rows, R, read cells]
+        for name, values in (("baseline", base), ("reference", ref)):
+            if values is not None:
+                statistics[name] = values
+        samples.write(begin, statistics)
+    ends = samples.percentiles(float(confidence))
 
     def result(estimate: Tensor, key: str) -> IntervalTensors:
         low, high = ends[key]
