@@ -60,6 +60,7 @@ inconsistent at ties; Andrews, Econometrica 2000): read a forgetting interval ne
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import statistics
@@ -148,6 +149,7 @@ def normal_quantile(probability: float) -> float:
     return statistics.NormalDist().inv_cdf(probability)
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(probability: float, df: int | float) -> float:
     """``t_{probability, df}``, the Student-t quantile (``scipy.stats.t.ppf``; scipy comes with
     the ``plot`` and ``experiments`` extras and is imported only here, when a t interval is
