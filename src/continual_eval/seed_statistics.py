@@ -148,7 +148,7 @@ class PairedDifference:
 
     summary: SeedSummary
     """statistics of ``d_s = A_s - B_s`` over the shared seeds (``summary.n == n_shared``)"""
-    seeds: tuple[Hashable, ...]
+    seeds: tuple[Any, ...]
     """the shared seeds, ascending"""
     a_better: int
     """shared seeds where A is better (higher if ``higher_is_better``, else lower)"""
@@ -156,9 +156,9 @@ class PairedDifference:
     """shared seeds where B is better"""
     ties: int
     """shared seeds where the values are equal"""
-    only_a: tuple[Hashable, ...]
+    only_a: tuple[Any, ...]
     """seeds with a value for A only"""
-    only_b: tuple[Hashable, ...]
+    only_b: tuple[Any, ...]
     """seeds with a value for B only"""
     higher_is_better: bool
 
@@ -391,7 +391,7 @@ def _summary(
     )
 
 
-def _labelled(by_seed: Mapping[Hashable, float | None], owner: str) -> dict[Hashable, float | None]:
+def _labelled(by_seed: Mapping[Any, float | None], owner: str) -> dict[Any, float | None]:
     """``{seed: finite float or None}`` in seed order; bad seeds and values refused by name."""
     seeds = _check_seed_types(by_seed, owner)
     return {
@@ -401,7 +401,7 @@ def _labelled(by_seed: Mapping[Hashable, float | None], owner: str) -> dict[Hash
 
 
 def summarize_runs(
-    runs: Mapping[str, Mapping[Hashable, float | None]],
+    runs: Mapping[str, Mapping[Any, float | None]],
     *,
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
@@ -427,8 +427,8 @@ def summarize_runs(
 
 
 def paired_difference(
-    a: Mapping[Hashable, float | None],
-    b: Mapping[Hashable, float | None],
+    a: Mapping[Any, float | None],
+    b: Mapping[Any, float | None],
     *,
     higher_is_better: bool = True,
     confidence: float = DEFAULT_CONFIDENCE,
@@ -449,7 +449,7 @@ def paired_difference(
     _check_seed_types([*a, *b], "the pair (A, B)")
     left = {s: v for s, v in _labelled(a, "method A").items() if v is not None}
     right = {s: v for s, v in _labelled(b, "method B").items() if v is not None}
-    shared = sorted(set(left) & set(right))  # type: ignore[type-var]
+    shared = sorted(set(left) & set(right))
     x = np.asarray([left[s] for s in shared], dtype=np.float64)
     y = np.asarray([right[s] for s in shared], dtype=np.float64)
     better, worse = (x > y, x < y) if higher_is_better else (x < y, x > y)
@@ -463,14 +463,14 @@ def paired_difference(
         a_better=int(better.sum()),
         b_better=int(worse.sum()),
         ties=int((x == y).sum()),
-        only_a=tuple(sorted(set(left) - set(right))),  # type: ignore[type-var]
-        only_b=tuple(sorted(set(right) - set(left))),  # type: ignore[type-var]
+        only_a=tuple(sorted(set(left) - set(right))),
+        only_b=tuple(sorted(set(right) - set(left))),
         higher_is_better=higher_is_better,
     )
 
 
 def pairwise_differences(
-    runs: Mapping[str, Mapping[Hashable, float | None]],
+    runs: Mapping[str, Mapping[Any, float | None]],
     *,
     higher_is_better: bool = True,
     confidence: float = DEFAULT_CONFIDENCE,
