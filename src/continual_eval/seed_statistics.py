@@ -55,7 +55,6 @@ sequence is one task):
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -496,16 +495,6 @@ def pairwise_differences(
 
 
 # ---------------------------------------------------------------------------- rliable aggregates
-def _scipy_stats() -> Any:
-    try:
-        return importlib.import_module("scipy.stats")  # lazily: an extra, and untyped
-    except ImportError as err:  # pragma: no cover - scipy comes with the plot/experiments extras
-        raise ImportError(
-            "the interquartile mean and the fall-back intervals need scipy: "
-            "pip install 'continual-eval[plot]'"
-        ) from err
-
-
 def _score_matrix(scores: object, name: str) -> tuple[np.ndarray, int]:
     """``scores`` as finite float64 ``[runs, tasks]`` and the count of absent runs (``None``
     entries, 1-D scores only)."""
@@ -517,11 +506,13 @@ def _score_matrix(scores: object, name: str) -> tuple[np.ndarray, int]:
         matrix = np.asarray(scores, dtype=object)
         if matrix.ndim != 2:
             raise ValueError(f"{name} must be [runs] or [runs, tasks], got ragged rows")
-        values = np.empty(matrix.shape, dtype=np.float64)
-        for (i, j), value in np.ndenumerate(matrix):
-            if value is None:
+        values = matrix.astype(np.float64)  # None becomes NaN
+        bad = np.argwhere(~np.isfinite(values))
+        if bad.size:
+            i, j = bad[0]
+            if matrix[i, j] is None:
                 raise ValueError(f"{name}[{i}, {j}] is None: [runs, tasks] scores must be complete")
-            values[i, j] = _number(value, f"{name}[{i}, {j}]")
+            _number(values[i, j], f"{name}[{i}, {j}]")  # raises, naming the cell
         return values, 0
     present, absent = _values(list(scores), name)  # type: ignore[call-overload]
     return np.asarray(present, dtype=np.float64).reshape(-1, 1), absent

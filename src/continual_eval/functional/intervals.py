@@ -76,6 +76,7 @@ from continual_eval.functional._validation import (
     check_direction,
     check_forgetting_convention,
 )
+from continual_eval.functional._workspace import used_cells
 from continual_eval.functional.accuracy_matrix import (
     FWT_CONVENTIONS,
     average_accuracy,
@@ -279,7 +280,6 @@ def _entry(
     where = f"{name}[{task}]"
     trailing = 1 if rows is None else 2
     want = "[..., n_j]" if rows is None else f"[..., T, n_j] with T = {rows}"
-    packed = isinstance(entry, PackedBits)
     tensor = entry.bits if isinstance(entry, PackedBits) else entry
     if not isinstance(tensor, Tensor):
         raise TypeError(f"{where} must be a tensor or PackedBits, got {type(entry).__name__}")
@@ -315,7 +315,6 @@ def _entry(
             f"{where} must be bool (0/1 scores), floating (other scores) or PackedBits, "
             f"got {tensor.dtype}"
         )
-    del packed
     return values.to(torch.float64), n, False, here
 
 
@@ -455,8 +454,7 @@ class CellIntervals:
 
 def _unread(num_tasks: int) -> Tensor:
     """``[T, T]`` mask of the cells no metric reads: ``j > i + 1``."""
-    i = torch.arange(num_tasks).unsqueeze(1)
-    return torch.arange(num_tasks).unsqueeze(0) > i + 1
+    return ~used_cells(num_tasks)
 
 
 def _segment_sum(counts: np.ndarray, layout: _Layout) -> np.ndarray:
