@@ -387,7 +387,13 @@ def summarise(
     for method, members in groups.items():
         values = {key: [row.get(key) for row in per_group[method]] for key in keys}
         stats = {
-            key: summarize(values[key], confidence=confidence, resamples=resamples, seed=seed)
+            key: summarize(
+                values[key],
+                confidence=confidence,
+                resamples=resamples,
+                seed=seed,
+                name=f"method {method!r}, {key}",  # named in an error (non-finite, overflow)
+            )
             for key in keys
         }
         mean = {key: stats[key].mean for key in keys}

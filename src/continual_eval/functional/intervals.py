@@ -430,8 +430,9 @@ def _popcount(words: np.ndarray) -> np.ndarray:
     return np.asarray(by_byte.reshape(*words.shape, 8).sum(axis=-1, dtype=np.uint8))
 
 
+@functools.lru_cache(maxsize=64)
 def _valid_bytes(n: int) -> np.ndarray:
-    """``uint8`` bytes of whole 64-bit words with the first ``n`` bits set."""
+    """``uint8`` bytes of whole 64-bit words with the first ``n`` bits set (shared: read only)."""
     nbytes = -(-n // _WORD) * 8
     return np.packbits(np.arange(nbytes * 8) < n, bitorder="little")
 
