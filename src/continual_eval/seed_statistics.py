@@ -722,7 +722,8 @@ def brunner_munzel_interval(
     internal midrank and ``df`` Welch-Satterthwaite's; over several tasks the mean of ``p`` with
     ``se = sqrt(sum se_m^2) / M`` and Satterthwaite's ``df`` (tasks independent). Clipped to
     ``[0, 1]``; ``None`` with fewer than 2 runs on a side or when every ``S^2`` is 0 (no
-    overlap: the variance estimate is 0 and the interval undefined)."""
+    overlap: the variance estimate is 0 and the interval undefined). Approximate for few runs:
+    with 6 runs each it covers about 93% at nominal 95% (``tests/test_seed_statistics.py``)."""
     _check_options(confidence, 1, 0)
     a = _oriented(x, "x", _direction(higher_is_better))
     b = _oriented(y, "y", higher_is_better)
