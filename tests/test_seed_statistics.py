@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -90,7 +92,7 @@ def test_bootstrap_is_reproducible_and_order_free(monkeypatch: pytest.MonkeyPatc
 
 
 def test_summarize_and_the_small_n_cases():
-    s = ss.summarize([0.5, 0.7, None, math.nan, 0.6], resamples=500, seed=3)
+    s = ss.summarize([0.5, 0.7, None, None, 0.6], resamples=500, seed=3)
     assert (s.n, s.n_absent) == (3, 2)
     assert s.mean == pytest.approx(0.6)
     assert s.std == pytest.approx(0.1)  # ddof = 1
@@ -187,3 +189,272 @@ def test_options_are_checked():
         ss.bootstrap_interval([0.1, 0.2], seed=-1)
     with pytest.raises(ValueError, match="finite"):
         ss.summarize([0.1, math.inf])
+
+
+# ---------------------------------------------------------------------------- hostile input
+HOSTILE = '=HYPERLINK("x")|*bold*_[a](b)<i>'
+
+
+def test_markdown_escapes_method_names():
+    from continual_eval._markdown import escape_markdown
+
+    summaries = {HOSTILE: ss.summarize([0.5, 0.7], resamples=100)}
+    row = ss.summary_markdown(summaries, digits=2).splitlines()[2]
+    assert row.startswith(f"| {escape_markdown(HOSTILE)} | 2 |")
+    assert HOSTILE not in row
+    diffs = ss.pairwise_differences({HOSTILE: {0: 0.5, 1: 0.7}, "b|c": {0: 0.3, 1: 0.2}})
+    line = ss.paired_markdown(diffs, digits=3).splitlines()[2]
+    assert line.startswith(f"| {escape_markdown(HOSTILE)} - {escape_markdown('b|c')} | 2 |")
+    # every row keeps its column count: no unescaped | in a name
+    for text in (row, line):
+        assert len(re.findall(r"(?<!\\)\|", text)) == text.count("|") - text.count("\\|")
+
+
+def test_csv_neutralises_formula_names():
+    summaries = {HOSTILE: ss.summarize([0.5, 0.7], resamples=100), "-x": ss.summarize([0.1])}
+    rows = list(csv.DictReader(io.StringIO(ss.summary_csv(summaries))))
+    assert [r["method"] for r in rows] == ["'" + HOSTILE, "'-x"]
+    assert float(rows[0]["mean"]) == pytest.approx(0.6)  # numbers unchanged
+    diffs = ss.pairwise_differences({"@a": {0: 0.5, 1: 0.7}, "+b": {0: 0.3, 1: 0.2}})
+    prow = next(csv.DictReader(io.StringIO(ss.paired_csv(diffs))))
+    assert (prow["method_a"], prow["method_b"]) == ("'@a", "'+b")
+
+
+def test_mixed_seed_label_types_are_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"method 'ewc' mixes seed label types: 0 \(int\), '1' \(str\)"
+    ):
+        ss.summarize_runs({"ewc": {0: 0.5, "1": 0.6}})
+    with pytest.raises(ValueError, match=r"mixes seed label types: 0 \(int\), '0' \(str\)"):
+        ss.paired_difference({0: 0.5, 1: 0.4}, {"0": 0.3})
+    with pytest.raises(ValueError, match=r"mixes seed label types"):
+        ss.pairwise_differences({"a": {0: 0.5}, "b": {"0": 0.3}})
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_values_are_refused_by_name(bad: float):
+    with pytest.raises(ValueError, match=rf"values\[1\] is {bad!r}"):
+        ss.summarize([0.5, bad, 0.7])
+    with pytest.raises(ValueError, match=rf"method 'ewc', seed 3: the value is {bad!r}"):
+        ss.summarize_runs({"ewc": {1: 0.5, 3: bad}})
+    with pytest.raises(ValueError, match=rf"method B, seed 2: the value is {bad!r}"):
+        ss.paired_difference({2: 0.5, 4: 0.1}, {2: bad, 4: 0.2})
+    with pytest.raises(ValueError, match=r"values\[0\] is"):
+        ss.t_interval([bad, 1.0])
+    with pytest.raises(ValueError, match=r"values\[0\] is"):
+        ss.bootstrap_interval([bad, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("values", "what"),
+    [
+        ([1e308, 1e308], "mean"),  # the sum overflows
+        ([1.5e308, 1.5e308, -1.5e308], "mean"),
+        ([-1e308, 1e308], "standard deviation"),  # the squared deviations overflow
+    ],
+)
+def test_overflow_is_refused_by_name(values: list[float], what: str):
+    with np.errstate(all="ignore"):
+        with pytest.raises(ValueError, match=rf"the {what} of values overflows"):
+            ss.summarize(values, resamples=50)
+        with pytest.raises(ValueError, match=rf"method 'm': the {what} of its values overflows"):
+            ss.summarize_runs({"m": dict(enumerate(values))}, resamples=50)
+
+
+# ---------------------------------------------------------------------------- small samples
+def test_caveat_below_ten_runs_names_the_fallback():
+    three = ss.summarize([0.70, 0.75, 0.81], resamples=200)
+    assert three.caveat is not None and "only 3 runs" in three.caveat
+    assert "Student-t interval" in three.caveat
+    assert ss.summarize(list(np.linspace(0, 1, 10)), resamples=200).caveat is None
+    assert ss.summarize([0.5]).caveat == "1 run: no spread, so no interval of the mean"
+    table = ss.summary_markdown({"a|b": three}, caveats=True).splitlines()
+    assert table[-1].startswith("- a\\|b: only 3 runs") and table[-2] == ""
+    assert ss.summary_markdown({"a": three}).count("\n") == 2  # no notes unless asked
+
+
+def test_small_sample_coverage_by_simulation():
+    """2000 simulated 3-run samples of N(0, 1) (seeded): the percentile bootstrap covers the
+    mean far less often than 95% (its interval cannot leave [min, max]); the Student-t
+    fall-back covers it at its nominal level (exact for normal data; Monte Carlo SE 0.5)."""
+    rng = np.random.default_rng(0)
+    t_cover = boot_cover = 0
+    for k in range(2000):
+        s = ss.summarize(rng.standard_normal(3).tolist(), resamples=200, seed=k)
+        assert s.t_interval is not None and s.bootstrap_interval is not None
+        t_cover += s.t_interval.low <= 0 <= s.t_interval.high
+        boot_cover += s.bootstrap_interval.low <= 0 <= s.bootstrap_interval.high
+    assert 0.935 <= t_cover / 2000 <= 0.965
+    assert boot_cover / 2000 < 0.85
+
+
+# ---------------------------------------------------------------------------- rliable aggregates
+def test_interquartile_mean_by_hand_and_against_scipy():
+    assert ss.interquartile_mean([8.0, 1.0, 2.0, 7.0, 3.0, 6.0, 4.0, 5.0]) == 4.5
+    assert ss.interquartile_mean([1.0, 2.0, 3.0, 4.0, 100.0]) == 3.0  # floor(5/4) = 1 cut
+    assert ss.interquartile_mean([0.1, 0.3, None]) == pytest.approx(0.2)  # < 4: the mean
+    # [runs, tasks] pooled: 1 2 3 4 10 20 30 40, two cut at each end
+    assert ss.interquartile_mean([[1, 10], [2, 20], [3, 30], [4, 40]]) == pytest.approx(9.25)
+    from scipy.stats import trim_mean
+
+    x = np.random.default_rng(1).normal(size=(7, 3))
+    assert ss.interquartile_mean(x) == pytest.approx(trim_mean(x, 0.25, axis=None), rel=1e-15)
+    with pytest.raises(ValueError, match=r"scores\[1, 0\] is None"):
+        ss.interquartile_mean([[1.0], [None]])
+    with pytest.raises(ValueError, match=r"scores\[1\] is inf"):
+        ss.summarize_iqm([1.0, math.inf])
+
+
+def _loop_quantiles(samples: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    x = sorted(samples)
+
+    def quantile(q: float) -> float:
+        position = q * (len(x) - 1)
+        below = math.floor(position)
+        above = min(below + 1, len(x) - 1)
+        return x[below] + (position - below) * (x[above] - x[below])
+
+    return quantile((1 - confidence) / 2), quantile((1 + confidence) / 2)
+
+
+def _loop_iqm(values: list[float]) -> float:
+    x = sorted(values)
+    cut = len(x) // 4
+    kept = x[cut : len(x) - cut]
+    return sum(kept) / len(kept)
+
+
+def test_stratified_bootstrap_against_a_plain_loop():
+    scores = np.random.default_rng(2).normal(size=(6, 3))
+    s = ss.summarize_iqm(scores, resamples=300, seed=4)
+    rng = np.random.default_rng(4)
+    index = rng.integers(0, 6, size=(300, 6, 3))  # the draws, in the documented order
+    columns = [sorted(scores[:, m]) for m in range(3)]
+    samples = [
+        _loop_iqm([columns[m][index[b, k, m]] for k in range(6) for m in range(3)])
+        for b in range(300)
+    ]
+    low, high = _loop_quantiles(samples)
+    assert s.bootstrap_interval is not None
+    assert (s.bootstrap_interval.low, s.bootstrap_interval.high) == pytest.approx((low, high))
+    assert (s.n_runs, s.n_tasks, s.fallback_interval) == (6, 3, None)  # several tasks: none
+    assert s.caveat is not None and "no interval here is reliable" in s.caveat
+    # strata: each task is resampled within itself, so constant tasks give no spread at all
+    constant = ss.summarize_iqm([[0.0, 1.0]] * 12, resamples=200)
+    assert constant.bootstrap_interval == ss.Interval(0.5, 0.5) and constant.caveat is None
+
+
+def test_yuen_interval_by_hand():
+    ci = ss.yuen_interval([1.0, 2.0, 3.0, 4.0, 10.0])  # g = 1, h = 3, winsorized 2 2 3 4 4
+    half = ss.t_quantile(0.975, 2) * math.sqrt(4 * 1.0 / (3 * 2))
+    assert ci == ss.Interval(pytest.approx(3 - half), pytest.approx(3 + half))
+    student = ss.t_interval([0.2, 0.5, 0.4])
+    assert student is not None  # g = 0: Student t
+    assert ss.yuen_interval([0.2, 0.5, 0.4]) == ss.Interval(
+        pytest.approx(student.low, rel=1e-12), pytest.approx(student.high, rel=1e-12)
+    )
+    assert ss.yuen_interval([0.2]) is None
+    one_task = ss.summarize_iqm([0.1, 0.4, 0.35, 0.2, 0.3], resamples=100)
+    assert one_task.fallback_interval == ss.yuen_interval([0.1, 0.4, 0.35, 0.2, 0.3])
+    assert "Yuen trimmed-mean t interval" in (one_task.caveat or "")
+
+
+def test_probability_of_improvement_by_hand_and_against_mann_whitney():
+    # x = 1: beats 0 (1); x = 2: ties 2, 2 (1), beats 0 (1); x = 3: beats all (3): 6 / 9
+    assert ss.probability_of_improvement([1, 2, 3], [2, 2, 0]) == pytest.approx(6 / 9)
+    assert ss.probability_of_improvement([[1, 0], [2, 0]], [[0, 1], [0, 1]]) == 0.5  # 1 and 0
+    from scipy.stats import mannwhitneyu
+
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 5, size=(7, 2)), rng.integers(0, 5, size=(9, 2))  # many ties
+    u = [mannwhitneyu(x[:, m], y[:, m], alternative="greater").statistic for m in range(2)]
+    assert ss.probability_of_improvement(x, y) == pytest.approx(np.mean(u) / 63, rel=1e-12)
+    lower = ss.probability_of_improvement(x, y, higher_is_better=False)
+    assert lower == pytest.approx(1 - ss.probability_of_improvement(x, y), rel=1e-12)
+    with pytest.raises(ValueError, match="x has 2 tasks and y has 1"):
+        ss.probability_of_improvement(x, [1.0, 2.0])
+
+
+def test_improvement_bootstrap_against_a_plain_loop():
+    x = np.random.default_rng(5).normal(0.3, 1, size=(5, 2))
+    y = np.random.default_rng(6).normal(0.0, 1, size=(4, 2))
+    s = ss.summarize_improvement(x, y, resamples=200, seed=9)
+    first, second = (np.random.default_rng(q) for q in np.random.SeedSequence(9).spawn(2))
+    ix, iy = first.integers(0, 5, (200, 5, 2)), second.integers(0, 4, (200, 4, 2))
+    xs, ys = np.sort(x, axis=0), np.sort(y, axis=0)
+    samples = []
+    for b in range(200):
+        per_task = []
+        for m in range(2):
+            a = [xs[ix[b, i, m], m] for i in range(5)]
+            c = [ys[iy[b, k, m], m] for k in range(4)]
+            wins = sum((u > v) + 0.5 * (u == v) for u in a for v in c)
+            per_task.append(wins / 20)
+        samples.append(sum(per_task) / 2)
+    assert s.bootstrap_interval is not None
+    assert (s.bootstrap_interval.low, s.bootstrap_interval.high) == pytest.approx(
+        _loop_quantiles(samples)
+    )
+    assert s.fallback_interval == ss.brunner_munzel_interval(x, y)
+    assert s.caveat is not None and "Brunner-Munzel interval" in s.caveat
+
+
+def test_brunner_munzel_against_scipy_and_the_formula():
+    from scipy.stats import brunnermunzel, rankdata, t
+
+    x = [0.61, 0.70, 0.66, 0.72, 0.58, 0.70]
+    y = [0.55, 0.62, 0.58, 0.60, 0.64]
+    ci = ss.brunner_munzel_interval(x, y)
+    p = ss.probability_of_improvement(x, y)
+    # by the paper's formulas, with plain lists
+    n_x, n_y = len(x), len(y)
+    overall = rankdata(x + y)
+    s2 = []
+    for values, mine in ((x, overall[:n_x]), (y, overall[n_x:])):
+        placement = [r - q for r, q in zip(mine, rankdata(values), strict=True)]
+        mean = sum(placement) / len(placement)
+        s2.append(sum((v - mean) ** 2 for v in placement) / (len(placement) - 1))
+    se = math.sqrt(n_x * s2[0] + n_y * s2[1]) / (n_x * n_y)
+    df = (n_x * s2[0] + n_y * s2[1]) ** 2 / (
+        (n_x * s2[0]) ** 2 / (n_x - 1) + (n_y * s2[1]) ** 2 / (n_y - 1)
+    )
+    half = t.ppf(0.975, df) * se
+    assert ci == ss.Interval(pytest.approx(p - half), pytest.approx(min(1.0, p + half)))
+    # scipy's Brunner-Munzel statistic of (y, x) is (p - 1/2) / se, its p-value uses df
+    result = brunnermunzel(y, x)
+    assert result.statistic == pytest.approx((p - 0.5) / se, rel=1e-12)
+    assert result.pvalue == pytest.approx(2 * t.sf(abs((p - 0.5) / se), df), rel=1e-9)
+    assert ss.brunner_munzel_interval([1.0, 2.0], [3.0, 4.0]) is None  # no overlap: undefined
+
+
+def test_fallback_coverage_by_simulation():
+    """Seeded: Yuen's interval of the IQM of 8 runs of N(0, 1) (true IQM 0) covers at about
+    its nominal level; Brunner-Munzel's interval of P(X > Y) for 6 runs each (X ~ N(0.5, 1),
+    Y ~ N(0, 1), true Phi(0.5 / sqrt 2)) is approximate at this size: slightly below."""
+    rng = np.random.default_rng(7)
+    yuen = bm = 0
+    truth = NormalDist().cdf(0.5 / math.sqrt(2))
+    for k in range(2000):
+        iqm = ss.summarize_iqm(rng.standard_normal(8).tolist(), resamples=20, seed=k)
+        assert iqm.fallback_interval is not None
+        yuen += iqm.fallback_interval.low <= 0 <= iqm.fallback_interval.high
+        x, y = rng.standard_normal(6) + 0.5, rng.standard_normal(6)
+        ci = ss.brunner_munzel_interval(x, y)
+        bm += ci is not None and ci.low <= truth <= ci.high
+    assert 0.93 <= yuen / 2000 <= 0.97
+    assert 0.92 <= bm / 2000 <= 0.97
+
+
+def test_rliable_tables_escape_and_neutralise_names():
+    from continual_eval._markdown import escape_markdown
+
+    iqm = {HOSTILE: ss.summarize_iqm([0.1, 0.4, 0.35, 0.2, 0.3], resamples=50)}
+    text = ss.iqm_markdown(iqm)
+    assert f"| {escape_markdown(HOSTILE)} | 5 | 1 |" in text and HOSTILE not in text
+    assert text.splitlines()[-1].startswith(f"- {escape_markdown(HOSTILE)}: only 5 runs")
+    row = next(csv.DictReader(io.StringIO(ss.iqm_csv(iqm))))
+    assert row["method"] == "'" + HOSTILE and float(row["iqm"]) == pytest.approx(0.85 / 3)
+    pair = {(HOSTILE, "b"): ss.summarize_improvement([1, 2, 3], [0, 1, 2], resamples=50)}
+    assert f"| {escape_markdown(HOSTILE)} over b | 3 | 3 |" in ss.improvement_markdown(pair)
+    prow = next(csv.DictReader(io.StringIO(ss.improvement_csv(pair))))
+    assert prow["method_x"] == "'" + HOSTILE and prow["method_y"] == "b"

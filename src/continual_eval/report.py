@@ -41,14 +41,12 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
-import html
 import io
 import json
 import math
 import os
 import re
 import sys
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,6 +58,7 @@ from continual_eval._class_incremental_report import (
     class_incremental_run_lines,
     class_incremental_summary_lines,
 )
+from continual_eval._markdown import escape_markdown
 from continual_eval.functional import intransigence
 from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
 from continual_eval.results import ContinualResults, InvalidResultsError, MatrixResults
@@ -135,38 +134,6 @@ COST_COLUMNS: dict[str, str] = {
 }
 #: longest run label used in a picture's file name (longer ones are cut and given a hash)
 MAX_LABEL_LENGTH = 80
-_HTML_SPECIAL = frozenset("&<>\"'")
-#: escaped everywhere: inline markup (code, emphasis, links and images), GFM tables and
-#: strikethrough, math ($), heading closers (#) and URL autolinks (:)
-_MARKDOWN_INLINE = frozenset("\\`*_[]|~$#:")
-#: a line that starts with one of these, or with digits and one of ".)", is a list item or an
-#: underline; escaped at the start of the text
-_LINE_START = re.compile(r"[-+=]|\d{1,9}[.)]")
-_INVISIBLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
-
-
-def escape_markdown(text: str) -> str:
-    """``text`` as literal Markdown text on one line (CommonMark/GFM): HTML specials as entities
-    (``<`` -> ``&lt;``), inline markup characters backslash-escaped (``` ` ``` ``*`` ``_`` ``[``
-    ``]`` ``|`` ``~`` ``$`` ``#`` ``:`` ``\\``), a leading list or underline marker escaped,
-    and line breaks, control and format characters (bidi overrides, zero-width) written as
-    ``\\uXXXX``-style escapes. It renders as the original text, never as markup."""
-    out = []
-    for ch in text:
-        if ch in _HTML_SPECIAL:
-            out.append(html.escape(ch, quote=True))
-        elif ch in _MARKDOWN_INLINE:
-            out.append("\\" + ch)
-        elif unicodedata.category(ch) in _INVISIBLE:
-            out.append("\\" + ch.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(ch)
-    escaped = "".join(out)
-    marker = _LINE_START.match(escaped)
-    if marker is not None:
-        end = marker.end() - 1
-        escaped = f"{escaped[:end]}\\{escaped[end:]}"
-    return escaped
 
 
 def _code_span(text: str) -> str:
@@ -420,7 +387,13 @@ def summarise(
     for method, members in groups.items():
         values = {key: [row.get(key) for row in per_group[method]] for key in keys}
         stats = {
-            key: summarize(values[key], confidence=confidence, resamples=resamples, seed=seed)
+            key: summarize(
+                values[key],
+                confidence=confidence,
+                resamples=resamples,
+                seed=seed,
+                name=f"method {method!r}, {key}",  # named in an error (non-finite, overflow)
+            )
             for key in keys
         }
         mean = {key: stats[key].mean for key in keys}
@@ -750,11 +723,10 @@ def _statistics(
             else ""
         )
         stats = {s.method: s.stats[key] for s in summaries}
-        escaped = {escape_markdown(s.method): s.stats[key] for s in summaries}
         lines += [
             f"### {title} ({_direction_text(hib)}){note}",
             "",
-            summary_markdown(escaped),
+            summary_markdown(stats),  # escapes the method names
             "",
         ]
         summary_parts.append(({"metric": key, "higher_is_better": hib}, summary_csv(stats)))
@@ -768,13 +740,12 @@ def _statistics(
             resamples=resamples,
             seed=seed,
         )
-        escaped_pairs = {(escape_markdown(a), escape_markdown(b)): d for (a, b), d in pairs.items()}
         lines += [
             f"Paired differences of {title}, `A - B` over shared seeds ({_direction_text(hib)}: "
             '"A better" counts the seeds where A\'s value is '
             f"{'higher' if hib else 'lower'}):",
             "",
-            paired_markdown(escaped_pairs),
+            paired_markdown(pairs),  # escapes the method names
             "",
         ]
         paired_parts.append(({"metric": key}, paired_csv(pairs)))

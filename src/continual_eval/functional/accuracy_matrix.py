@@ -42,6 +42,12 @@ Conventions where the literature disagrees (written for ``higher_is_better=True`
 * FWT ``convention="gem"`` (default; Lopez-Paz & Ranzato, 2017): ``R[j-1,j] - b[j]`` with ``b``
   the untrained baseline; ``convention="isolated"``: ``R[j,j] - b[j]`` with ``b`` the accuracy of
   a model trained on task ``j`` alone.
+
+Batches. With ``validate=False`` every function but :func:`continual_metrics` also takes a stack
+of matrices ``[..., T, T]`` (``baseline`` and ``reference`` ``[..., T]``) and returns the metric
+of each, ``[...]`` (per task: ``[..., T-1]``): the paired bootstrap of
+:mod:`~continual_eval.functional.intervals` scores thousands of resampled matrices in one call.
+Validation checks a single ``[T, T]`` matrix.
 """
 
 from __future__ import annotations
@@ -81,11 +87,11 @@ def trained_history(
     fill; always so for a negated loss). Written into ``out`` when given."""
     if not higher_is_better:
         history = torch.neg(scores, out=out)
-        untrained = triangle_masks(scores.shape[0], scores.device).untrained
+        untrained = triangle_masks(scores.shape[-1], scores.device).untrained
         return history.masked_fill_(untrained, -math.inf)
     history = torch.tril(scores, out=out)
     if not bool(history.amin() >= 0):  # only unvalidated, negative scores take this path
-        history.masked_fill_(triangle_masks(scores.shape[0], scores.device).untrained, -math.inf)
+        history.masked_fill_(triangle_masks(scores.shape[-1], scores.device).untrained, -math.inf)
     return history
 
 
@@ -95,28 +101,34 @@ def gain(value: Tensor, reference: Tensor, higher_is_better: bool) -> Tensor:
     return value - reference if higher_is_better else reference - value
 
 
+def _diagonal(scores: Tensor, offset: int = 0) -> Tensor:
+    """The diagonal ``R[j, j + offset]`` of the last two dimensions (leading dimensions kept)."""
+    return scores.diagonal(offset=offset, dim1=-2, dim2=-1)
+
+
 def _check_options(higher_is_better: bool, bounds: Bounds) -> Bounds:
     check_direction(higher_is_better)
     return resolve_bounds(bounds)
 
 
 def _zero(scores: Tensor) -> Tensor:
-    return torch.zeros((), dtype=scores.dtype, device=scores.device)
+    """Zero of ``scores``' dtype and device, with its leading (batch) dimensions."""
+    return torch.zeros(scores.shape[:-2], dtype=scores.dtype, device=scores.device)
 
 
 def _mean(values: Tensor, validate: bool = False) -> Tensor:
-    """Equal-weight mean; with ``validate``, ``sum(v / n)`` where the sum of finite values
+    """Equal-weight mean over the last dimension; with ``validate``, ``sum(v / n)`` where the sum of finite values
     overflows although their mean does not (see :mod:`~continual_eval.functional._overflow`)."""
-    mean = values.mean()
+    mean = values.mean(dim=-1)
     if validate and not all_finite(mean) and all_finite(values):
-        mean = (values / values.numel()).sum()
+        mean = (values / values.shape[-1]).sum(dim=-1)
     return mean
 
 
 def _mean_or_zero(values: Tensor, like: Tensor, validate: bool = False) -> Tensor:
     """Equal-weight mean (:func:`_mean`); zero (not NaN) when there is nothing to average
     (T = 1)."""
-    return _mean(values, validate) if values.numel() else _zero(like)
+    return _mean(values, validate) if values.shape[-1] else _zero(like)
 
 
 def _cell(name: str, tensor: Tensor, *index: int) -> tuple[str, Tensor]:
@@ -187,7 +199,7 @@ def backward_transfer_per_task(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    out = gain(scores[-1, :-1], scores.diagonal()[:-1], higher_is_better)
+    out = gain(scores[..., -1, :-1], _diagonal(scores)[..., :-1], higher_is_better)
     if validate:
         _check_per_task("backward transfer", out, _bwt_cells(scores))
     return out
@@ -217,8 +229,8 @@ def forward_transfer_per_task(
     if validate:
         check_scores(scores, bounds=bounds)
         check_vector("baseline", baseline, scores, skip_first=True, bounds=bounds)
-    before = scores.diagonal(offset=1) if convention == "gem" else scores.diagonal()[1:]
-    out = gain(before, baseline[1:], higher_is_better)
+    before = _diagonal(scores, 1) if convention == "gem" else _diagonal(scores)[..., 1:]
+    out = gain(before, baseline[..., 1:], higher_is_better)
     if validate:
         _check_per_task("forward transfer", out, _fwt_cells(scores, baseline, convention), 1)
     return out
@@ -244,13 +256,14 @@ def forgetting_per_task(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    if scores.shape[0] == 1:
-        return scores.new_empty(0)
+    if scores.shape[-1] == 1:
+        return scores.new_empty((*scores.shape[:-2], 0))
     history = trained_history(scores, higher_is_better=higher_is_better, out=scratch_for(scores))
     if convention == "chaudhry":
-        history = history[:-1]  # peaks strictly before the final stage
-    best = history.amax(dim=0)[:-1]  # of the oriented scores: -min R for lower-is-better
-    out = best - scores[-1, :-1] if higher_is_better else best + scores[-1, :-1]
+        history = history[..., :-1, :]  # peaks strictly before the final stage
+    best = history.amax(dim=-2)[..., :-1]  # of the oriented scores: -min R for lower-is-better
+    final = scores[..., -1, :-1]
+    out = best - final if higher_is_better else best + final
     if validate:
         _check_per_task("forgetting", out, _forgetting_cells(scores, convention, higher_is_better))
     return out
@@ -274,7 +287,7 @@ def intransigence_per_task(
     if validate:
         check_scores(scores, bounds=bounds)
         check_vector("reference", reference, scores, skip_first=False, bounds=bounds)
-    out = gain(reference, scores.diagonal(), higher_is_better)
+    out = gain(reference, _diagonal(scores), higher_is_better)
     if validate:
         _check_per_task("intransigence", out, _intransigence_cells(scores, reference))
     return out
@@ -292,7 +305,7 @@ def average_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return _mean(scores[-1], validate)
+    return _mean(scores[..., -1, :], validate)
 
 
 def backward_transfer(
@@ -363,7 +376,7 @@ def learning_accuracy(
     bounds = _check_options(higher_is_better, bounds)
     if validate:
         check_scores(scores, bounds=bounds)
-    return _mean(scores.diagonal(), validate)
+    return _mean(_diagonal(scores), validate)
 
 
 def average_incremental_accuracy(
@@ -381,16 +394,16 @@ def average_incremental_accuracy(
         check_scores(scores, bounds=bounds)
     value = _incremental_mean(scores)
     if validate and not all_finite(value):  # row sums overflowed: the mean itself is finite
-        value = rescaled(_incremental_mean, scores, terms=scores.shape[0])
+        value = rescaled(_incremental_mean, scores, terms=scores.shape[-1])
     return value
 
 
 def _incremental_mean(scores: Tensor) -> Tensor:
-    T = scores.shape[0]
+    T = scores.shape[-1]
     # tril selects: NaN above the diagonal never enters
-    seen_sums = torch.tril(scores, out=scratch_for(scores)).sum(dim=1)
+    seen_sums = torch.tril(scores, out=scratch_for(scores)).sum(dim=-1)
     seen = torch.arange(1, T + 1, dtype=scores.dtype, device=scores.device)
-    return (seen_sums / seen).mean()
+    return (seen_sums / seen).mean(dim=-1)
 
 
 def intransigence(

@@ -46,6 +46,7 @@ from torch import Tensor
 from continual_eval.functional.stability import _boundaries, _check_curves, _num_stages
 
 __all__ = [
+    "ANYTIME_RULES",
     "anytime_accuracy",
     "auc_forward_transfer",
     "auc_forward_transfer_per_task",
@@ -136,16 +137,41 @@ def stage_start_accuracy(scores: Tensor, baseline: Tensor, *, validate: bool = T
     return start
 
 
-def seen_task_accuracy(accuracy: Tensor, stage: Tensor, *, validate: bool = True) -> Tensor:
+#: the rules of :func:`anytime_accuracy`
+ANYTIME_RULES = ("trapezoid", "koh")
+
+
+def _check_weights(weights: Tensor | None, accuracy: Tensor) -> None:
+    _check_initial("weights", weights, accuracy)
+    if weights is not None and not bool((weights > 0).all() & torch.isfinite(weights).all()):
+        bad = int((~((weights > 0) & torch.isfinite(weights))).nonzero()[0, 0])
+        raise ValueError(
+            f"weights[{bad}] is {weights[bad].item()!r}; task weights (e.g. test-set sizes) "
+            "must be positive and finite"
+        )
+
+
+def seen_task_accuracy(
+    accuracy: Tensor, stage: Tensor, *, weights: Tensor | None = None, validate: bool = True
+) -> Tensor:
     r"""``f[n] = 1/(stage[n]+1) sum_{j <= stage[n]} accuracy[n, j]``, ``[N]``: the mean score over
     the tasks seen so far (the current one included) at each evaluation; NaN where one of them
-    was not evaluated."""
+    was not evaluated.
+
+    ``weights`` ``[T]`` (e.g. the test-set sizes ``n_j``) weights the tasks instead:
+    ``f[n] = sum_{j <= stage[n]} w_j accuracy[n, j] / sum_{j <= stage[n]} w_j``; with the
+    test-set sizes this is the accuracy over the pooled test items of the seen tasks, Koh et
+    al.'s ``f`` (accuracy on the test data of the seen classes)."""
     if validate:
         _check_curves(accuracy, stage)
+        _check_weights(weights, accuracy)
     tasks = torch.arange(accuracy.shape[1], device=accuracy.device)
     seen = tasks.unsqueeze(0) <= stage.unsqueeze(1)
-    total = torch.where(seen, accuracy, torch.zeros_like(accuracy)).sum(dim=1)
-    return total / (stage + 1).to(accuracy.dtype)
+    if weights is None:
+        total = torch.where(seen, accuracy, torch.zeros_like(accuracy)).sum(dim=1)
+        return total / (stage + 1).to(accuracy.dtype)
+    w = torch.where(seen, weights.unsqueeze(0), torch.zeros_like(accuracy))
+    return torch.where(seen, accuracy * w, torch.zeros_like(accuracy)).sum(dim=1) / w.sum(dim=1)
 
 
 def anytime_accuracy(
@@ -154,37 +180,61 @@ def anytime_accuracy(
     steps: Tensor,
     *,
     initial: Tensor | None = None,
+    rule: str = "trapezoid",
+    weights: Tensor | None = None,
     validate: bool = True,
 ) -> Tensor:
-    r"""Anytime accuracy ``A_AUC``, 0-dim: the area under the seen-task mean score over training,
-    divided by the training span (Koh et al., "Online Continual Learning on Class Incremental
-    Blurry Task Configuration with Anytime Inference", ICLR 2022).
+    r"""Anytime accuracy ``A_AUC``, 0-dim: the seen-task score averaged over training (Koh et
+    al., "Online Continual Learning on Class Incremental Blurry Task Configuration with Anytime
+    Inference", ICLR 2022).
 
-    ``A_AUC = 1/(s_{N-1} - s_0) sum_{n=1}^{N-1} (s_n - s_{n-1}) (f_n + f_{n-1}) / 2`` with
-    ``f`` = :func:`seen_task_accuracy` and ``s`` = ``steps``: the trapezoid rule over the recorded
-    evaluations, normalised to a mean score over steps. Koh et al. write
-    ``A_AUC = sum_i f(i dn) dn`` over evaluations every ``dn`` samples; here the x-axis is
-    optimizer steps (samples / batch size for a fixed batch size) and the points may be uneven.
+    Koh et al. evaluate every ``dn`` training samples and define ``A_AUC = sum_{i=1}^{k} f(i dn)
+    dn``, with ``f`` the accuracy on the test data of the classes seen so far; their code
+    reports it divided by the span ``k dn``, i.e. the plain mean of ``f`` over the evaluations.
+    Two rules, with ``f`` = :func:`seen_task_accuracy` (the mean over seen tasks, or with
+    ``weights`` = the test-set sizes the accuracy over their pooled items, Koh et al.'s ``f``):
 
-    The first point: the area starts at the first recorded evaluation (``s_0``) unless
-    ``initial`` is given, in which case the point ``(step 0, initial[0])`` (task 0's untrained
-    score, ``b[0]``) is put first and the span is ``[0, s_{N-1}]``. At a stage boundary the seen
-    set grows by one task; the segment between a stage's last evaluation and the next stage's
-    first interpolates linearly between their means.
+    * ``rule="trapezoid"`` (default): the area under ``f`` over optimizer steps by the
+      trapezoid rule, divided by the span: ``A_AUC = 1/(s_{N-1} - s_0) sum_{n=1}^{N-1} (s_n -
+      s_{n-1}) (f_n + f_{n-1}) / 2`` with ``s`` = ``steps``. Uneven evaluations are weighted by
+      the steps they stand for. The first point: the area starts at the first recorded
+      evaluation (``s_0``) unless ``initial`` is given, in which case the point ``(step 0,
+      initial[0])`` (task 0's untrained score, ``b[0]``) is put first and the span is ``[0,
+      s_{N-1}]``. At a stage boundary the seen set grows by one task; the segment between a
+      stage's last evaluation and the next stage's first interpolates linearly between their
+      means. NaN when the curve spans no steps (fewer than two points, or all at one step).
+    * ``rule="koh"``: Koh et al.'s literal estimate, ``A_AUC = 1/N sum_n f_n``, the mean of
+      ``f`` over the recorded evaluations (equal weights; ``steps`` only validated). It equals
+      ``sum_i f(i dn) dn / (k dn)`` when the evaluations are every ``dn`` samples (or optimizer
+      steps at a fixed batch size) from ``dn`` on: record them so (``eval_every_n_steps = dn``
+      and stage ends on that grid) to reproduce their number. ``initial`` is refused: their sum
+      has no point at step 0.
 
-    NaN when a seen task's score is NaN at some evaluation, or the curve spans no steps (fewer
-    than two points, or all at one step).
+    On an even grid the two differ only at the ends: the trapezoid gives the first and last
+    points half weight. NaN when a seen task's score is NaN at some evaluation.
 
     >>> acc = torch.tensor([[0.5, float("nan")], [0.7, float("nan")], [0.6, 0.2]])
     >>> stage, steps = torch.tensor([0, 0, 1]), torch.tensor([10, 20, 30])
     >>> # f = [0.5, 0.7, 0.4]; (10 * 0.6 + 10 * 0.55) / 20
     >>> round(anytime_accuracy(acc, stage, steps).item(), 6)
     0.575
+    >>> round(anytime_accuracy(acc, stage, steps, rule="koh").item(), 6)  # (0.5 + 0.7 + 0.4) / 3
+    0.533333
     """
+    if rule not in ANYTIME_RULES:
+        raise ValueError(f"unknown anytime-accuracy rule {rule!r}; expected one of {ANYTIME_RULES}")
     if validate:
         _check_curves(accuracy, stage, steps)
         _check_initial("initial", initial, accuracy)
-    f = seen_task_accuracy(accuracy, stage, validate=False)
+        _check_weights(weights, accuracy)
+    if rule == "koh" and initial is not None:
+        raise ValueError(
+            'rule="koh" takes no initial point: Koh et al.\'s sum runs over the evaluations '
+            "after dn, 2 dn, ... samples, none at step 0"
+        )
+    f = seen_task_accuracy(accuracy, stage, weights=weights, validate=False)
+    if rule == "koh":
+        return f.mean() if f.numel() else _nan(accuracy)
     x = steps.to(accuracy.dtype)
     if initial is not None and f.numel():
         f = torch.cat([initial[:1], f])
