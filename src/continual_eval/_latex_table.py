@@ -6,7 +6,9 @@ mean (``spread="ci"``, at the report's confidence); a method with one run shows 
 The header gives each metric's direction (↑ higher is better, ↓ lower is better), and in every
 column the best mean *at the printed precision* is bold (ties all bold; none when fewer than
 two methods have a value or when all of them tie). The table needs ``\\usepackage{booktabs}``
-and nothing else; names are escaped for LaTeX (`escape_latex`).
+and nothing else; names are escaped for LaTeX (`escape_latex`). Set in ``\\small`` with 3 pt
+column gaps, the five metric columns fit a 5.5 in text width (NeurIPS); per-task columns make it
+wider (a ``table*`` in a two-column paper).
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ def latex_table(
         "% written by continual-eval report; needs \\usepackage{booktabs}",
         "\\begin{table}[t]",
         "\\centering",
+        "\\small",
+        "\\setlength{\\tabcolsep}{3pt}",
         f"\\caption{{{text}}}",
         f"\\label{{{label}}}",
         "\\begin{tabular}{l r " + " ".join("c" for _ in columns) + "}",
