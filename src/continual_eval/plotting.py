@@ -129,7 +129,7 @@ def _annotate_cells(ax: Any, image: Any, values: np.ndarray, texts: np.ndarray, 
     colour."""
     colours = text_colours(image.cmap(image.norm(np.nan_to_num(values))))
     for i, j in zip(*np.nonzero(texts != ""), strict=True):
-        ax.text(j, i, texts[i, j], ha="center", va="center", color=colours[i, j], **kw)
+        ax.text(j, i, str(texts[i, j]), ha="center", va="center", color=str(colours[i, j]), **kw)
 
 
 def _new_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
