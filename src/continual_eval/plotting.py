@@ -379,12 +379,12 @@ def plot_confusion_matrix(
     if annotate:
         cells = values.numpy()
 
-        def shown(v: float) -> str:  # empty: not evaluated, or a zero share
+        def cell_text(v: float) -> str:  # empty: not evaluated, or a zero share
             if v != v or (normalize and v == 0):
                 return ""
             return f"{v:.2f}" if normalize else f"{int(v)}"
 
-        texts = np.array([[shown(v) for v in row] for row in cells.tolist()])
+        texts = np.array([[cell_text(v) for v in row] for row in cells.tolist()])
         _annotate_cells(ax, image, cells, texts, fontsize=7)
     if title:
         ax.set_title(title)
