@@ -1154,6 +1154,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidResultsError as err:  # a file that is not a valid results.json
         print(f"continual-eval report: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:  # the figures' extra is not installed
+        if (err.name or "").split(".")[0] != "matplotlib":
+            raise
+        print(
+            "continual-eval report: the figures need matplotlib: "
+            'pip install "continual-eval[plot]" (or "continual-eval[experiments]")',
+            file=sys.stderr,
+        )
+        return 1
     except (OSError, ValueError) as err:  # nothing found, unreadable, output not writable
         print(f"continual-eval report: {printable(str(err), 500)}", file=sys.stderr)
         return 1
