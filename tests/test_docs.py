@@ -160,6 +160,21 @@ def test_stream_page_blocks_are_all_executed_by_the_stream_doc_test():
     ]
 
 
+def test_readme_install_steps_are_what_ci_runs():
+    """The README's quick start installs what .ci/run installs (torch from the local CPU wheel,
+    then the dev extra), and names the CPU-only index for other machines."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = readme[readme.index("## Quick start") : readme.index("## Usage")]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    readme_installs = re.findall(r"^pip install (-e \S+)", quick, flags=re.M)
+    assert readme_installs == ["-e .", '-e ".[experiments]"', '-e ".[dev]"']
+    ci_installs = re.findall(r"python -m pip install --quiet (?:-c \S+ )?(-e \S+)", ci)
+    assert ci_installs and set(ci_installs) <= set(readme_installs), ci_installs
+    assert "pip install torch==2.13.0" in quick
+    assert "python -m pip install --quiet torch==2.13.0" in ci
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in quick
+
+
 def test_every_docs_page_is_in_the_nav():
     import yaml
 
