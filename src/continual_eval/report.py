@@ -1,9 +1,11 @@
 """``continual-eval report RUN_DIR [RUN_DIR ...]``: pictures and tables from the callback's files.
 
-Per run (a directory holding ``results.json``): the accuracy-matrix heatmap and the per-task
-accuracy trajectories. Across runs, grouped by method: a table of mean ± sample standard deviation
-(``n``, the runs, always shown), a bar chart of the means with the 95% Student-t interval of each
-mean as error bars (none for a method with one run), and the uncertainty across seeds from
+Per run (a directory holding ``results.json``): the heatmap and the per-task trajectories of
+every matrix. Across runs, grouped by method: a table of mean ± sample standard deviation (``n``,
+the runs, always shown), ``metrics.png`` with one panel per metric (its own scale; the means as
+bars with the 95% Student-t interval of each mean as error bars, none for a method with one run),
+``table.tex`` ([`latex_summary`][continual_eval.report.latex_summary]), ``report.html`` (one
+self-contained page, Plotly), and the uncertainty across seeds from
 ``continual_eval.seed_statistics``: per metric, each method's ``n``, mean, sample std, Student-t
 interval and percentile bootstrap interval
 ([`BOOTSTRAP_RESAMPLES`][continual_eval.report.BOOTSTRAP_RESAMPLES] resamples drawn with seed
@@ -17,7 +19,8 @@ extra columns; with a ``class_incremental`` section (``task_classes=``), a table
 class-incremental measures per method and, per run, the task-aware and task-agnostic heatmaps side
 by side and the final confusion matrix in order of arrival. Everything goes into ``--out``: PNGs,
 ``summary.csv`` (mean, std and n per metric), ``seed_statistics.csv``, ``paired_differences.csv``,
-``cost.csv`` (with costs) and ``report.md``.
+``cost.csv`` (with costs), ``table.tex``, ``report.html`` and ``report.md``; every CSV through the
+package's one CSV writer (a cell a spreadsheet would run as a formula begins with ``'``).
 
 Each run is read with [`ContinualResults.load`][continual_eval.results.ContinualResults.load]
 (``format_version`` 1 or 2); the metric columns are the primary matrix's (the family's report
@@ -35,8 +38,9 @@ The files read may come from anywhere: each is validated
 (``continual_eval.results_schema.read_results_json``: size, nesting and name-length limits,
 types and shapes of every field) before anything is drawn, and an invalid one stops the command
 with exit code 2 and a one-line message naming the file and the field. Names and metadata from
-the files are escaped for Markdown and HTML in ``report.md`` and shown as plain text (no
-mathtext) in the pictures.
+the files are escaped for Markdown and HTML in ``report.md``, for HTML in ``report.html`` (tables
+and figure labels) and for LaTeX in ``table.tex``, and shown as plain text (no mathtext) in the
+pictures.
 """
 
 from __future__ import annotations
