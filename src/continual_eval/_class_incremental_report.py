@@ -21,7 +21,6 @@ def _last(values: Any) -> float:
     return float(values[-1]) if len(values) else math.nan
 
 
-#: the final class-incremental measures tabulated per method: column title -> value of a section
 CLASS_IL_COLUMNS: dict[str, Callable[[ClassIncrementalResults], float]] = {
     "last acc (sample)": lambda r: r.last_accuracy["sample"],
     "last acc (task)": lambda r: r.last_accuracy["task"],
@@ -34,6 +33,8 @@ CLASS_IL_COLUMNS: dict[str, Callable[[ClassIncrementalResults], float]] = {
     "newest-task prediction share": lambda r: _last(r.recency_prediction_share),
     "newest-task sample share": lambda r: _last(r.recency_sample_share),
 }
+"""The final class-incremental measures tabulated per method: column title -> value of a
+section."""
 
 
 def _mean_std(values: Sequence[float]) -> str:
@@ -63,9 +64,10 @@ def _aware_agnostic_means(results: Any) -> tuple[float, float]:
 def class_incremental_summary_lines(
     summaries: Sequence[Any], escape: Callable[[str], str]
 ) -> list[str]:
-    """Markdown lines: per method (``summaries`` of :func:`continual_eval.report.summarise`), the
-    mean ± sample std over its runs of the final task-aware and task-agnostic accuracy and of
-    :data:`CLASS_IL_COLUMNS`; nothing when no run has a ``class_incremental`` section."""
+    """Markdown lines: per method (``summaries`` of
+    [`continual_eval.report.summarise`][continual_eval.report.summarise]), the mean ± sample std
+    over its runs of the final task-aware and task-agnostic accuracy and of ``CLASS_IL_COLUMNS``;
+    nothing when no run has a ``class_incremental`` section."""
     rows = []
     for summary in summaries:
         sections = [
@@ -103,10 +105,10 @@ def class_incremental_summary_lines(
 
 
 def class_incremental_run_lines(run: Any, out_dir: Path, plain: Callable[[str], str]) -> list[str]:
-    """Markdown lines for one run (a :class:`continual_eval.report.Run`) with a
-    ``class_incremental`` section: the two heatmaps side by side and the final confusion matrix
-    (PNGs written into ``out_dir``); nothing without the section. ``plain`` makes a name safe for
-    a matplotlib label."""
+    """Markdown lines for one run (a [`continual_eval.report.Run`][continual_eval.report.Run]) with
+    a ``class_incremental`` section: the two heatmaps side by side and the final confusion matrix
+    (PNGs written into ``out_dir``); nothing without the section. ``plain`` makes a name safe for a
+    matplotlib label."""
     section = getattr(run.results, "class_incremental", None)
     if section is None or section.num_stages == 0:
         return []

@@ -381,6 +381,7 @@ def _figure(results: ContinualResults, name: str) -> Any:
         title=f"{matrix.score} after stage {results.stages_completed - 1}",
         value_range=_value_range(matrix),
         value_label=matrix.score,
+        higher_is_better=matrix.higher_is_better,
     )
     return fig
 

@@ -1,30 +1,49 @@
-"""Pictures of an accuracy matrix: the R heatmap and per-task accuracy trajectories.
+"""Pictures of an accuracy matrix: the R heatmap, per-task trajectories, step curves, the
+class-incremental confusion matrix and one panel per metric across methods.
 
 matplotlib is an optional dependency (``pip install continual-eval[plot]``); it is imported on
 first use and the Agg backend is used when no display backend was chosen.
 
-Figures grow with the number of tasks up to :data:`MAX_FIGURE_INCHES` a side; beyond
-:data:`MAX_TICK_LABELS` tasks or stages only evenly spaced tick labels are drawn, and the legend is
-left out beyond :data:`MAX_LEGEND_ENTRIES` tasks, so a large ``T`` costs a bounded picture.
+Every heatmap follows two rules. Colour: ``viridis`` for a higher-is-better score, reversed
+(``viridis_r``) for a lower-is-better one, so that bright always means good, and the colorbar
+label says which way is better ([`heatmap_colormap`][continual_eval.plotting.heatmap_colormap],
+[`direction_label`][continual_eval.plotting.direction_label]). Text: each cell's number is black or
+white, whichever contrasts more with that cell's colour by the WCAG 2 contrast ratio
+([`text_colours`][continual_eval.plotting.text_colours]), the same rule for every heatmap and
+colormap.
+
+Figures grow with the number of tasks up to
+[`MAX_FIGURE_INCHES`][continual_eval.plotting.MAX_FIGURE_INCHES] a side; beyond
+[`MAX_TICK_LABELS`][continual_eval.plotting.MAX_TICK_LABELS] tasks or stages only evenly spaced tick
+labels are drawn, and the legend is left out beyond
+[`MAX_LEGEND_ENTRIES`][continual_eval.plotting.MAX_LEGEND_ENTRIES] tasks, so a large ``T`` costs a
+bounded picture.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-#: largest side of a figure these functions create (inches)
 MAX_FIGURE_INCHES = 16.0
-#: most tick labels on one axis (evenly spaced ones beyond)
+"""Largest side of a figure these functions create (inches)."""
 MAX_TICK_LABELS = 40
-#: most legend entries (no legend beyond)
+"""Most tick labels on one axis (evenly spaced ones beyond)."""
 MAX_LEGEND_ENTRIES = 20
+"""Most legend entries (no legend beyond)."""
+HEATMAP_COLORMAP = "viridis"
+"""The colormap of a higher-is-better score (reversed for a lower-is-better one)."""
+BLACK_TEXT_LUMINANCE = math.sqrt(1.05 * 0.05) - 0.05
+"""WCAG 2 relative luminance above which black text contrasts more than white: ``(L + 0.05) /
+0.05 > 1.05 / (L + 0.05)`` <=> ``L > sqrt(1.05 * 0.05) - 0.05``."""
+TRAJECTORY_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+"""Marker shapes of the trajectories, one per task (cycled), drawn open."""
 
 
 def _pyplot() -> Any:
@@ -57,7 +76,8 @@ def _task_labels(num_tasks: int, task_names: Sequence[str] | None) -> list[str]:
 
 
 def _ticks(count: int) -> list[int]:
-    """Positions of at most :data:`MAX_TICK_LABELS` evenly spaced labels among ``count``."""
+    """Positions of at most [`MAX_TICK_LABELS`][continual_eval.plotting.MAX_TICK_LABELS] evenly
+    spaced labels among ``count``."""
     return list(range(0, count, max(1, math.ceil(count / MAX_TICK_LABELS))))
 
 
@@ -68,6 +88,48 @@ def _set_ylim(ax: Any, value_range: tuple[float, float] | None) -> None:
     low, high = value_range
     margin = 0.02 * (high - low)
     ax.set_ylim(low - margin, high + margin)
+
+
+def direction_label(label: str, higher_is_better: bool) -> str:
+    """``label`` with the score's direction: ``"loss (lower is better)"``."""
+    return f"{label} ({'higher' if higher_is_better else 'lower'} is better)"
+
+
+def heatmap_colormap(higher_is_better: bool = True) -> str:
+    """The colormap name of a heatmap of scores:
+    [`HEATMAP_COLORMAP`][continual_eval.plotting.HEATMAP_COLORMAP], reversed (``_r``) for a
+    lower-is-better score, so that the best values are bright in both."""
+    return HEATMAP_COLORMAP if higher_is_better else f"{HEATMAP_COLORMAP}_r"
+
+
+def relative_luminance(rgba: Any) -> np.ndarray:
+    """WCAG 2 relative luminance ``L = 0.2126 R + 0.7152 G + 0.0722 B`` of sRGB colours
+    (``[..., 3]`` or ``[..., 4]`` in ``[0, 1]``; alpha ignored), each channel linearised:
+    ``c / 12.92`` up to ``0.04045``, else ``((c + 0.055) / 1.055) ** 2.4``."""
+    c = np.asarray(rgba, dtype=np.float64)[..., :3]
+    linear = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    return np.asarray(linear @ np.array([0.2126, 0.7152, 0.0722]))
+
+
+def text_colours(rgba: Any) -> np.ndarray:
+    """The text colour for each cell colour (``[..., 4]`` RGBA): ``"black"`` where it contrasts
+    more than white (relative luminance above
+    [`BLACK_TEXT_LUMINANCE`][continual_eval.plotting.BLACK_TEXT_LUMINANCE]), else ``"white"``. The
+    one rule of every heatmap's numbers.
+
+    >>> text_colours([[1.0, 1.0, 0.0, 1.0], [0.27, 0.0, 0.33, 1.0]]).tolist()
+    ['black', 'white']
+    """
+    return np.where(relative_luminance(rgba) > BLACK_TEXT_LUMINANCE, "black", "white")
+
+
+def _annotate_cells(ax: Any, image: Any, values: np.ndarray, texts: np.ndarray, **kw: Any) -> None:
+    """Write ``texts[i, j]`` on the cells of ``image`` (an ``imshow``) where it is not empty, in
+    the colour [`text_colours`][continual_eval.plotting.text_colours] gives for the cell's own
+    colour."""
+    colours = text_colours(image.cmap(image.norm(np.nan_to_num(values))))
+    for i, j in zip(*np.nonzero(texts != ""), strict=True):
+        ax.text(j, i, str(texts[i, j]), ha="center", va="center", color=str(colours[i, j]), **kw)
 
 
 def _new_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
@@ -89,11 +151,15 @@ def plot_accuracy_matrix(
     annotate: bool | None = None,
     value_range: tuple[float, float] | None = (0.0, 1.0),
     value_label: str = "accuracy",
+    higher_is_better: bool = True,
 ) -> tuple[Any, Any]:
     """Heatmap of ``R[i, j]`` (rows: after training stage i; columns: evaluated task j).
 
     ``value_range`` fixes the colour scale (``None``: the range of the finite values, e.g. for
-    a loss); ``value_label`` names it.
+    a loss); ``value_label`` names it. ``higher_is_better=False`` (a loss) reverses the colormap
+    ([`heatmap_colormap`][continual_eval.plotting.heatmap_colormap]: the best cells are bright
+    either way) and the colorbar label states the direction
+    ([`direction_label`][continual_eval.plotting.direction_label]).
 
     Unevaluated cells (NaN or None) are drawn empty. With ``baseline`` an extra top row shows the
     untrained accuracies ``b[j]``. Cells are annotated with their values when the matrix is small
@@ -110,11 +176,11 @@ def plot_accuracy_matrix(
     width = min(max(3.5, 0.6 * num_tasks + 2.0) + 1.2, MAX_FIGURE_INCHES)
     fig, ax = _new_axes(ax, (width, min(max(3.0, 0.5 * R.shape[0] + 1.6), MAX_FIGURE_INCHES)))
     plt = _pyplot()
-    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+    cmap = plt.get_cmap(heatmap_colormap(higher_is_better)).with_extremes(bad="white")
     masked = np.ma.masked_invalid(R.numpy())
     low, high = value_range if value_range is not None else (None, None)
     image = ax.imshow(masked, cmap=cmap, vmin=low, vmax=high, aspect="auto")
-    fig.colorbar(image, ax=ax, label=value_label)
+    fig.colorbar(image, ax=ax, label=direction_label(value_label, higher_is_better))
     slanted = num_tasks > 6 or max(map(len, labels), default=0) > 12
     columns, rows = _ticks(num_tasks), _ticks(R.shape[0])
     ax.set_xticks(
@@ -131,17 +197,9 @@ def plot_accuracy_matrix(
     if annotate is None:
         annotate = num_tasks <= 12
     if annotate:
-        for (i, j), value in np.ndenumerate(R.numpy()):
-            if value == value:  # not NaN
-                ax.text(
-                    j,
-                    i,
-                    f"{value:.2f}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="black" if float(image.norm(value)) > 0.6 else "white",
-                )
+        values = R.numpy()
+        texts = np.array([["" if v != v else f"{v:.2f}" for v in row] for row in values.tolist()])
+        _annotate_cells(ax, image, values, texts, fontsize=8)
     if title:
         ax.set_title(title)
     return fig, ax
@@ -158,18 +216,32 @@ def plot_task_trajectories(
 ) -> tuple[Any, Any]:
     """One line per task: its accuracy ``R[i, j]`` against the training stage ``i``, from the stage
     it was trained on (``i >= j``); unevaluated cells leave gaps. ``value_range`` fixes the y axis
-    (``None``: fitted to the values, e.g. for a loss). Returns ``(fig, ax)``."""
+    (``None``: fitted to the values, e.g. for a loss). Each task has its own open marker
+    ([`TRAJECTORY_MARKERS`][continual_eval.plotting.TRAJECTORY_MARKERS]), larger for earlier tasks,
+    so points that coincide show as nested outlines instead of hiding each other. Returns ``(fig,
+    ax)``."""
     R = _as_matrix(scores)
     num_stages, num_tasks = R.shape
     labels = _task_labels(num_tasks, task_names)
     fig, ax = _new_axes(ax, (6.4, 4.0))
     stages = list(range(num_stages))
-    for j in range(min(num_tasks, num_stages)):
-        ys = [R[i, j].item() if i >= j else float("nan") for i in stages]
-        ax.plot(stages, ys, marker="o", label=labels[j])
-    shown = _ticks(num_stages)
+    drawn = min(num_tasks, num_stages)
+    trained = torch.arange(num_stages)[:, None] >= torch.arange(num_tasks)[None, :]
+    shown = torch.where(trained, R, math.nan)
+    for j in range(drawn):
+        ax.plot(
+            stages,
+            shown[:, j].tolist(),
+            marker=TRAJECTORY_MARKERS[j % len(TRAJECTORY_MARKERS)],
+            markersize=_marker_size(j, drawn),
+            markerfacecolor="none",
+            markeredgewidth=1.4,
+            linewidth=1.2,
+            label=labels[j],
+        )
+    ticks = _ticks(num_stages)
     ax.set_xticks(
-        shown, [f"after {labels[i]}" for i in shown], rotation=30 if num_stages > 4 else 0
+        ticks, [f"after {labels[i]}" for i in ticks], rotation=30 if num_stages > 4 else 0
     )
     _set_ylim(ax, value_range)
     ax.set_xlabel("training stage")
@@ -180,6 +252,11 @@ def plot_task_trajectories(
     if title:
         ax.set_title(title)
     return fig, ax
+
+
+def _marker_size(j: int, count: int) -> float:
+    """Marker size of task ``j`` of ``count``: from 12 points (task 0) down to 6 (the last)."""
+    return 12.0 - 6.0 * j / max(1, count - 1)
 
 
 def plot_accuracy_curves(
@@ -241,10 +318,10 @@ def plot_confusion_matrix(
 
     ``task_classes`` (one list of class ids per task) gives the order: task 0's classes as
     listed, then task 1's, ..., then the classes of no task; lines separate the tasks, whose
-    labels run along the top (up to :data:`MAX_TICK_LABELS` tasks). ``normalize``: each row as
-    the share of that class's test samples (a class without samples, e.g. not seen yet, is drawn
-    empty); else the counts. Cells are annotated up to 12 classes (``annotate=None``).
-    Returns ``(fig, ax)``.
+    labels run along the top (up to [`MAX_TICK_LABELS`][continual_eval.plotting.MAX_TICK_LABELS]
+    tasks). ``normalize``: each row as the share of that class's test samples (a class without
+    samples, e.g. not seen yet, is drawn empty); else the counts. Cells are annotated up to 12
+    classes (``annotate=None``). Returns ``(fig, ax)``.
     """
     from continual_eval.functional.class_incremental import (
         check_task_classes,
@@ -300,18 +377,149 @@ def plot_confusion_matrix(
     if annotate is None:
         annotate = C <= 12
     if annotate:
-        for (i, j), value in np.ndenumerate(values.numpy()):
-            if value == value and (value > 0 or not normalize):
-                text = f"{value:.2f}" if normalize else f"{int(value)}"
-                ax.text(
-                    j,
-                    i,
-                    text,
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="white" if float(image.norm(value)) > 0.6 else "black",
-                )
+        cells = values.numpy()
+
+        def cell_text(v: float) -> str:  # empty: not evaluated, or a zero share
+            if v != v or (normalize and v == 0):
+                return ""
+            return f"{v:.2f}" if normalize else f"{int(v)}"
+
+        texts = np.array([[cell_text(v) for v in row] for row in cells.tolist()])
+        _annotate_cells(ax, image, cells, texts, fontsize=7)
     if title:
         ax.set_title(title)
     return fig, ax
+
+
+def plot_metric_panels(
+    means: Mapping[str, Sequence[float | None]],
+    methods: Sequence[str],
+    *,
+    intervals: Mapping[str, Sequence[tuple[float, float] | None]] | None = None,
+    counts: Mapping[str, Sequence[int]] | None = None,
+    runs: Sequence[int] | None = None,
+    titles: Mapping[str, str] | None = None,
+    higher_is_better: Mapping[str, bool] | None = None,
+    interval_label: str = "interval of the mean",
+    decimals: int = 3,
+    columns: int = 4,
+    title: str | None = None,
+) -> tuple[Any, Any]:
+    """Small multiples: one panel per metric (``means[metric][k]``: method ``k``'s value,
+    ``None`` = none), each with its own y scale from 0, one bar per method in the same colour
+    in every panel, the value written at the bar's end with ``decimals`` decimals.
+
+    ``intervals[metric][k]``: ``(low, high)`` drawn as an error bar (``None``: none);
+    ``counts[metric][k]`` / ``runs[k]``: the runs with a value / all runs of method ``k``
+    (``n=k`` is written under a value when they differ; ``runs`` goes into the legend);
+    ``higher_is_better[metric]`` puts an arrow in the panel title (↑ or ↓); ``titles`` names
+    the metrics. Returns ``(fig, axes)`` (a 2-D array of axes; unused ones hidden).
+    """
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FormatStrFormatter
+
+    plt = _pyplot()
+    keys = list(means)
+    if not keys:
+        raise ValueError("plot_metric_panels needs at least one metric")
+    for key in keys:
+        if len(means[key]) != len(methods):
+            raise ValueError(
+                f"means[{key!r}] has {len(means[key])} values for {len(methods)} methods"
+            )
+    ncols = max(1, min(columns, len(keys)))
+    nrows = math.ceil(len(keys) / ncols)
+    width = min(max(2.6, 0.45 * len(methods) + 1.6) * ncols + 0.4, MAX_FIGURE_INCHES)
+    fig, axes = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(width, min(2.9 * nrows + 1.0, MAX_FIGURE_INCHES)),
+        layout="constrained",
+        squeeze=False,
+    )
+    colours = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    xs = np.arange(len(methods))
+    for panel, key in enumerate(keys):
+        ax = axes.flat[panel]
+        values = np.array([math.nan if v is None else float(v) for v in means[key]])
+        bars = list(intervals[key]) if intervals is not None else [None] * len(methods)
+        ax.bar(xs, np.nan_to_num(values), 0.7, color=[colours(k % colours.N) for k in xs])
+        ends = [0.0]
+        for k, (value, bar) in enumerate(zip(values.tolist(), bars, strict=True)):
+            if value != value:  # no value: say so at the axis
+                ax.annotate(
+                    "n/a",
+                    (k, 0),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="grey",
+                )
+                continue
+            low, high = (value, value) if bar is None else (float(bar[0]), float(bar[1]))
+            if bar is not None:
+                ax.errorbar(
+                    [k],
+                    [value],
+                    yerr=[[value - low], [high - value]],
+                    fmt="none",
+                    ecolor="black",
+                    capsize=3,
+                    linewidth=1,
+                )
+            ends += [low, high, value]
+            text = f"{value:.{decimals}f}"
+            if counts is not None and runs is not None and counts[key][k] != runs[k]:
+                text += f"\nn={counts[key][k]}"
+            up = value >= 0
+            ax.annotate(
+                text,
+                (k, high if up else low),
+                xytext=(0, 2 if up else -2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom" if up else "top",
+                fontsize=7,
+            )
+        low_end, high_end = min(ends), max(ends)
+        span = high_end - low_end
+        if span <= 1e-12 * max(1.0, abs(high_end)):  # every value 0 (or equal): a scale around it
+            span = max(abs(high_end), 0.05)
+            low_end, high_end = -span, span
+        ax.set_ylim(
+            low_end - (0.18 if low_end < 0 else 0.0) * span,
+            high_end + (0.18 if high_end > 0 else 0.02) * span,
+        )
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.yaxis.set_major_formatter(FormatStrFormatter(f"%.{decimals}f"))
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xticks([])
+        ax.set_xlim(-0.6, len(methods) - 0.4)
+        name = titles.get(key, key) if titles is not None else key
+        if higher_is_better is not None and key in higher_is_better:
+            name = f"{name} {'↑' if higher_is_better[key] else '↓'}"
+        ax.set_title(name, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in axes.flat[len(keys) :]:
+        ax.set_visible(False)
+    handles: list[Any] = [
+        Patch(
+            color=colours(k % colours.N),
+            label=methods[k] if runs is None else f"{methods[k]} (n={runs[k]})",
+        )
+        for k in range(len(methods))
+    ]
+    if intervals is not None and any(s is not None for key in keys for s in intervals[key]):
+        from matplotlib.lines import Line2D
+
+        handles.append(
+            Line2D(
+                [], [], color="black", marker="|", markersize=8, linewidth=1, label=interval_label
+            )
+        )
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig, axes

@@ -1,39 +1,46 @@
 """``continual-eval report RUN_DIR [RUN_DIR ...]``: pictures and tables from the callback's files.
 
-Per run (a directory holding ``results.json``): the accuracy-matrix heatmap and the per-task
-accuracy trajectories. Across runs, grouped by method: a table of mean ± sample standard deviation
-(``n``, the runs, always shown), a bar chart of the means with the 95% Student-t interval of each
-mean as error bars (none for a method with one run), and the uncertainty across seeds from
-:mod:`continual_eval.seed_statistics`: per metric, each method's ``n``, mean, sample std, Student-t
-interval and percentile bootstrap interval (:data:`BOOTSTRAP_RESAMPLES` resamples drawn with seed
-:data:`BOOTSTRAP_SEED`, both stated in ``report.md``; one run: no interval), and the paired
-differences ``A - B`` of every pair of methods over the seeds they share (interval on the
-difference, and the seeds where A is better, where B is better, and ties; the direction of each
-metric from :func:`metric_higher_is_better`). With the runs' ``cost`` totals, a table of their
-means per method; with a matrix's ``plasticity`` (anytime accuracy, LCA), extra columns; with
-a ``class_incremental`` section (``task_classes=``), a table of the final class-incremental
-measures per method and, per run, the task-aware and task-agnostic heatmaps side by side
-and the final confusion matrix in order of arrival.
-Everything goes into ``--out``: PNGs, ``summary.csv`` (mean, std and n per metric),
-``seed_statistics.csv``, ``paired_differences.csv``, ``cost.csv`` (with costs) and ``report.md``.
+Per run (a directory holding ``results.json``): the heatmap and the per-task trajectories of
+every matrix. Across runs, grouped by method: a table of mean ± sample standard deviation (``n``,
+the runs, always shown), ``metrics.png`` with one panel per metric (its own scale; the means as
+bars with the 95% Student-t interval of each mean as error bars, none for a method with one run),
+``table.tex`` ([`latex_summary`][continual_eval.report.latex_summary]), ``report.html`` (one
+self-contained page, Plotly), and the uncertainty across seeds from
+``continual_eval.seed_statistics``: per metric, each method's ``n``, mean, sample std, Student-t
+interval and percentile bootstrap interval
+([`BOOTSTRAP_RESAMPLES`][continual_eval.report.BOOTSTRAP_RESAMPLES] resamples drawn with seed
+[`BOOTSTRAP_SEED`][continual_eval.report.BOOTSTRAP_SEED], both stated in ``report.md``; one run: no
+interval), and the paired differences ``A - B`` of every pair of methods over the seeds they share
+(interval on the difference, and the seeds where A is better, where B is better, and ties; the
+direction of each metric from
+[`metric_higher_is_better`][continual_eval.report.metric_higher_is_better]). With the runs' ``cost``
+totals, a table of their means per method; with a matrix's ``plasticity`` (anytime accuracy, LCA),
+extra columns; with a ``class_incremental`` section (``task_classes=``), a table of the final
+class-incremental measures per method and, per run, the task-aware and task-agnostic heatmaps side
+by side and the final confusion matrix in order of arrival. Everything goes into ``--out``: PNGs,
+``summary.csv`` (mean, std and n per metric), ``seed_statistics.csv``, ``paired_differences.csv``,
+``cost.csv`` (with costs), ``table.tex``, ``report.html`` and ``report.md``; every CSV through the
+package's one CSV writer (a cell a spreadsheet would run as a formula begins with ``'``).
 
-Each run is read with :meth:`ContinualResults.load <continual_eval.results.ContinualResults.load>`
+Each run is read with [`ContinualResults.load`][continual_eval.results.ContinualResults.load]
 (``format_version`` 2); the metric columns are the primary matrix's (the family's report
-columns, :data:`~continual_eval.functional.family.REPORT_KEYS`), and every matrix of a run is
+columns, ``REPORT_KEYS``), and every matrix of a run is
 tabulated under its heading.
 
 Intransigence needs a reference accuracy of each task; ``continual-eval fit`` stores it as
 ``results.json["metadata"]["reference"]`` (a list, one value per task) and its kind (``joint`` or
 ``isolated``) as ``metadata["reference_kind"]``, which the report names. Runs without it show no
 intransigence. The reference models' own runs (``<run>/joint_reference/``,
-``<run>/isolated_reference/task_j/``: :data:`REFERENCE_DIR_NAMES`) are never listed as runs.
+``<run>/isolated_reference/task_j/``:
+[`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES]) are never listed as runs.
 
 The files read may come from anywhere: each is validated
-(:func:`continual_eval.results.files.read_document`: size, nesting and name-length limits,
+(``continual_eval.results.files.read_document``: size, nesting and name-length limits,
 types and shapes of every field) before anything is drawn, and an invalid one stops the command
 with exit code 2 and a one-line message naming the file and the field. Names and metadata from
-the files are escaped for Markdown and HTML in ``report.md`` and shown as plain text (no
-mathtext) in the pictures.
+the files are escaped for Markdown and HTML in ``report.md``, for HTML in ``report.html`` (tables
+and figure labels) and for LaTeX in ``table.tex``, and shown as plain text (no mathtext) in the
+pictures.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ from continual_eval._class_incremental_report import (
     class_incremental_run_lines,
     class_incremental_summary_lines,
 )
+from continual_eval._csv import csv_text
+from continual_eval._latex_table import SPREADS, LatexColumn, latex_table
 from continual_eval._markdown import escape_markdown
 from continual_eval.functional import intransigence
 from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
@@ -81,15 +90,21 @@ __all__ = [
     "BOOTSTRAP_RESAMPLES",
     "BOOTSTRAP_SEED",
     "COST_COLUMNS",
+    "DEFAULT_SPREAD",
+    "HTML_FILE",
     "PLASTICITY_METRICS",
     "REFERENCE_DIR_NAMES",
     "REFERENCE_METRICS",
     "REPORT_METRICS",
+    "TABLE_FILE",
     "MethodSummary",
     "Run",
+    "RunPictures",
     "escape_markdown",
     "find_runs",
+    "latex_summary",
     "main",
+    "markdown_table",
     "metric_higher_is_better",
     "paired_differences",
     "run_cost",
@@ -98,20 +113,21 @@ __all__ = [
     "write_report",
 ]
 
-#: metric key -> column title, in table and chart order (the family's report columns)
 REPORT_METRICS: dict[str, str] = {key: METRIC_TITLES[key] for key in REPORT_KEYS}
-#: further columns, shown when a run's primary matrix records them (its ``plasticity``)
+"""Metric key -> column title, in table and chart order (the family's report columns)."""
 PLASTICITY_METRICS: dict[str, str] = {"anytime_accuracy": "Anytime ACC", "lca": "LCA"}
-#: further columns, shown when a run records a ``reference`` section with an isolated reference
+"""Further columns, shown when a run's primary matrix records them (its ``plasticity``)."""
 REFERENCE_METRICS: dict[str, str] = {"fwt_isolated": "FWT (isolated)"}
+"""Further columns, shown when a run records a ``reference`` section with an isolated
+reference."""
 #: metrics signed so that higher is better whatever the score's direction (the functional layer)
 _HIGHER_IS_BETTER = frozenset({"bwt", "fwt", "fwt_isolated"})
 #: metrics where lower is better whatever the score's direction (a drop, a gap)
 _LOWER_IS_BETTER = frozenset({"forgetting", "intransigence"})
-#: the sub-directories ``continual-eval fit`` gives a run's reference models, skipped when
-#: searching for runs (:data:`continual_eval.references.REFERENCE_DIRS`; not imported from there:
-#: that module loads Lightning)
 REFERENCE_DIR_NAMES: tuple[str, ...] = ("isolated_reference", "joint_reference")
+"""The sub-directories ``continual-eval fit`` gives a run's reference models, skipped when
+searching for runs (``continual_eval.references.REFERENCE_DIRS``; not imported from
+there: that module loads Lightning)."""
 JOINT_REFERENCE_DIR = "joint_reference"
 #: how each reference kind is named in ``report.md``
 _REFERENCE_NAMES = {
@@ -119,11 +135,12 @@ _REFERENCE_NAMES = {
     "isolated": "isolated-training reference (each task trained alone)",
     "given": "given reference",
 }
-#: percentile bootstrap: resamples and the seed of ``numpy.random.default_rng`` (the defaults of
-#: ``continual-eval report``; ``--resamples`` and ``--bootstrap-seed`` change them)
 BOOTSTRAP_RESAMPLES = DEFAULT_RESAMPLES
+"""Resamples of the percentile bootstrap (the default of ``continual-eval report``;
+``--resamples`` changes it)."""
 BOOTSTRAP_SEED = 0
-#: the ``cost`` totals tabulated per method (key -> column title), when runs carry them
+"""Seed of the bootstrap's ``numpy.random.default_rng`` (the default of ``continual-eval
+report``; ``--bootstrap-seed`` changes it)."""
 COST_COLUMNS: dict[str, str] = {
     "train_seconds": "train s",
     "eval_seconds": "eval s",
@@ -132,8 +149,9 @@ COST_COLUMNS: dict[str, str] = {
     "peak_memory_bytes": "peak memory (MiB)",
     "model_size_efficiency": "model-size efficiency",
 }
-#: longest run label used in a picture's file name (longer ones are cut and given a hash)
+"""The ``cost`` totals tabulated per method (key -> column title), when runs carry them."""
 MAX_LABEL_LENGTH = 80
+"""Longest run label used in a picture's file name (longer ones are cut and given a hash)."""
 
 
 def _code_span(text: str) -> str:
@@ -200,8 +218,9 @@ class Run:
 
     @property
     def label(self) -> str:
-        """File-name-safe label (``[A-Za-z0-9_.-]``, at most :data:`MAX_LABEL_LENGTH`
-        characters), unique among runs of one method when their seeds differ."""
+        """File-name-safe label (``[A-Za-z0-9_.-]``, at most
+        [`MAX_LABEL_LENGTH`][continual_eval.report.MAX_LABEL_LENGTH] characters), unique among runs
+        of one method when their seeds differ."""
         seed = self.seed
         tail = f"seed{seed}" if seed is not None else self.path.name
         label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.group}_{tail}")
@@ -214,7 +233,7 @@ class Run:
 @dataclass
 class MethodSummary:
     """Each metric over the runs of one method: mean, sample std and the full statistics
-    (:class:`~continual_eval.seed_statistics.SeedSummary`: ``n``, both intervals)."""
+    (``SeedSummary``: ``n``, both intervals)."""
 
     method: str
     runs: list[Run]
@@ -229,10 +248,11 @@ class MethodSummary:
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Runs in ``paths``: each path is a run directory (or its results.json) or a folder searched
     recursively for ``results.json``, leaving out the reference models' runs (anything under a
-    directory named in :data:`REFERENCE_DIR_NAMES`, below ``path``). Sorted by path.
+    directory named in [`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES], below
+    ``path``). Sorted by path.
 
     Every file is validated; the first invalid one raises
-    :class:`~continual_eval.results.InvalidResultsError`."""
+    ``InvalidResultsError``."""
     found: dict[Path, Run] = {}
     for raw in paths:
         path = Path(raw)
@@ -304,7 +324,8 @@ def run_metrics(results: ContinualResults | Mapping[str, Any]) -> dict[str, floa
     intransigence from ``metadata["reference"]``: ``reference[j] - R[j, j]`` averaged over the
     completed stages (reversed for a lower-is-better score); ``None`` where undefined or without
     a reference. With a ``plasticity`` section on the primary matrix, also its anytime accuracy
-    and LCA (:data:`PLASTICITY_METRICS`). ``results`` may also be a ``results.json`` document."""
+    and LCA ([`PLASTICITY_METRICS`][continual_eval.report.PLASTICITY_METRICS]). ``results`` may also
+    be a ``results.json`` document."""
     if not isinstance(results, ContinualResults):
         results = ContinualResults.from_dict(results)
     primary = results.primary
@@ -323,10 +344,10 @@ def run_metrics(results: ContinualResults | Mapping[str, Any]) -> dict[str, floa
 
 
 def run_cost(results: ContinualResults) -> dict[str, float | None] | None:
-    """The ``cost`` totals of a run (:data:`COST_COLUMNS`, ``None`` each where not recorded);
-    ``None`` when the run records no cost, or not the cost of every recorded stage (a run
-    resumed from a checkpoint written before costs were recorded: its totals would miss the
-    earlier stages)."""
+    """The ``cost`` totals of a run ([`COST_COLUMNS`][continual_eval.report.COST_COLUMNS], ``None``
+    each where not recorded); ``None`` when the run records no cost, or not the cost of every
+    recorded stage (a run resumed from a checkpoint written before costs were recorded: its totals
+    would miss the earlier stages)."""
     cost = getattr(results, "cost", None)
     summary = _field(cost, "summary")
     if callable(summary):
@@ -362,11 +383,11 @@ def summarise(
     seed: int = BOOTSTRAP_SEED,
 ) -> list[MethodSummary]:
     """Group runs by experiment and method (in first-seen order) and summarise each metric over
-    the group with :func:`~continual_eval.seed_statistics.summarize` (mean, sample std, the
+    the group with ``summarize`` (mean, sample std, the
     Student-t and percentile bootstrap intervals at ``confidence``, the bootstrap drawing
     ``resamples`` resamples with ``seed``). The group is named by its method alone when all runs
-    share one experiment. The metrics: :data:`REPORT_METRICS`, then the
-    :data:`PLASTICITY_METRICS` some run records."""
+    share one experiment. The metrics: [`REPORT_METRICS`][continual_eval.report.REPORT_METRICS],
+    then the [`PLASTICITY_METRICS`][continual_eval.report.PLASTICITY_METRICS] some run records."""
     one_experiment = len({run.experiment for run in runs}) <= 1
     groups: dict[str, list[Run]] = {}
     for run in runs:
@@ -410,8 +431,10 @@ def _columns(summaries: Sequence[MethodSummary]) -> dict[str, str]:
 
 
 def _directions(runs: Sequence[Run], keys: Sequence[str]) -> tuple[dict[str, bool], set[str]]:
-    """Each metric's direction (:func:`metric_higher_is_better` with the runs' primary matrix)
-    and the metrics whose direction differs between runs (then the first run's is used)."""
+    """Each metric's direction
+    ([`metric_higher_is_better`][continual_eval.report.metric_higher_is_better] with the runs'
+    primary matrix) and the metrics whose direction differs between runs (then the first run's is
+    used)."""
     directions: dict[str, bool] = {}
     mixed: set[str] = set()
     for key in keys:
@@ -444,7 +467,7 @@ def paired_differences(
 ) -> dict[tuple[str, str], PairedDifference]:
     """``A - B`` of metric ``key`` for every pair of methods (A before B in ``summaries``' order)
     over the seeds both have a value for, by
-    :func:`~continual_eval.seed_statistics.pairwise_differences`. Runs are matched by their
+    ``pairwise_differences``. Runs are matched by their
     ``metadata["seed"]``; a run without a seed, or whose seed another run of its method shares,
     is not paired. The differences' ``seeds`` are indices into the sorted seeds of all runs
     (numbers first, by value; then the rest by their JSON text)."""
@@ -481,7 +504,7 @@ def _seeds(summary: MethodSummary) -> str:
 def markdown_table(summaries: Sequence[MethodSummary]) -> str:
     """``| method | runs | seeds | ACC | ... |`` with mean ± sample std (mean alone for one run;
     ``(n=k)`` where only ``k`` of the runs have a value); method names and seeds escaped
-    (:func:`escape_markdown`)."""
+    ([`escape_markdown`][continual_eval.report.escape_markdown])."""
     columns = _columns(summaries)
     header = ["method", "runs", "seeds", *columns.values()]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -492,168 +515,144 @@ def markdown_table(summaries: Sequence[MethodSummary]) -> str:
     return "\n".join(lines)
 
 
-def _error_bar(stats: SeedSummary) -> tuple[float, float] | None:
-    """``(below, above)`` the mean: the Student-t interval's ends; ``None`` without one."""
-    ci = stats.t_interval
-    if ci is None or stats.mean is None:
-        return None
-    return stats.mean - ci.low, ci.high - stats.mean
+def _plot_metric_panels(
+    summaries: Sequence[MethodSummary], runs: Sequence[Run], path: Path
+) -> None:
+    """``metrics.png``: small multiples
+    ([`plot_metric_panels`][continual_eval.plotting.plot_metric_panels]), one panel per metric with
+    a value, its own y scale and 3 decimals, the direction as an arrow; the Student-t interval of
+    the mean as error bars (only where the method has two or more values), ``n`` in the legend."""
+    from continual_eval.plotting import _pyplot, plot_metric_panels
 
-
-def _plot_metric_bars(summaries: Sequence[MethodSummary], path: Path) -> None:
-    """Grouped bars of each method's mean per metric, the Student-t interval of the mean as
-    error bars (only where the method has two or more values), ``n`` in the legend."""
-    from continual_eval.plotting import _pyplot
-
-    plt = _pyplot()
     columns = _columns(summaries)
     keys = [k for k in columns if any(s.mean[k] is not None for s in summaries)]
-    confidence = summaries[0].stats[keys[0]].confidence if keys else DEFAULT_CONFIDENCE
+    if not keys:
+        return
+    directions, _ = _directions(runs, keys)
+    confidence = summaries[0].stats[keys[0]].confidence
     pct = f"{100 * confidence:g}%"
-    fig, ax = plt.subplots(figsize=(1.6 * len(keys) + 2.5, 4.6), layout="constrained")
-    width = 0.8 / len(summaries)
-    ends: list[float] = [0.0, 1.0]
-    any_interval = False
-    interval_label = f"{pct} Student-t interval of the mean (n ≥ 2)"
-    for n, s in enumerate(summaries):
-        xs = [i + (n - (len(summaries) - 1) / 2) * width for i in range(len(keys))]
-        means = [math.nan if s.mean[k] is None else s.mean[k] for k in keys]
-        label = f"{_plain_for_plot(s.method)} (n={len(s.runs)})"
-        ax.bar(xs, means, width * 0.95, label=label)
-        for x, key in zip(xs, keys, strict=True):
-            stats = s.stats[key]
-            m = stats.mean
-            if m is None:  # no value (e.g. intransigence without a reference)
-                ax.annotate(
-                    "n/a",
-                    (x, 0),
-                    xytext=(0, 3),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    color="grey",
-                )
-                continue
-            bar = _error_bar(stats)
-            below, above = bar if bar is not None else (0.0, 0.0)
-            if bar is not None:
-                ax.errorbar(
-                    [x],
-                    [m],
-                    yerr=[[below], [above]],
-                    fmt="none",
-                    ecolor="black",
-                    capsize=3,
-                    linewidth=1,
-                    label=None if any_interval else interval_label,
-                )
-                any_interval = True
-            ends += [m - below, m + above]
-            # the value beyond the bar end and its error bar; n where it differs from the runs
-            text = f"{m:.2f}" if stats.n == len(s.runs) else f"{m:.2f}\nn={stats.n}"
-            ax.annotate(
-                text,
-                (x, m + above if m >= 0 else m - below),
-                xytext=(0, 3 if m >= 0 else -3),
-                textcoords="offset points",
-                ha="center",
-                va="bottom" if m >= 0 else "top",
-                fontsize=7,
-            )
-    ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(keys)), [columns[k] for k in keys])
-    ax.set_xlim(-0.6, len(keys) - 0.4)
-    ax.set_ylabel("value (mean over seeds)")
-    title = "Metrics per method: mean over seeds"
-    if any_interval:
-        title += f"\nerror bars: {pct} Student-t interval of the mean (methods with n ≥ 2)"
-    ax.set_title(title, fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: labels[i] == interval_label)  # it goes last
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="best")
-    span = max(ends) - min(ends)
-    ax.set_ylim(min(ends) - 0.08 * span, max(ends) + 0.1 * span)
+    intervals = {
+        k: [None if (ci := s.stats[k].t_interval) is None else (ci.low, ci.high) for s in summaries]
+        for k in keys
+    }
+    fig, _ = plot_metric_panels(
+        {k: [s.mean[k] for s in summaries] for k in keys},
+        [_plain_for_plot(s.method) for s in summaries],
+        intervals=intervals,
+        counts={k: [s.stats[k].n for s in summaries] for k in keys},
+        runs=[len(s.runs) for s in summaries],
+        titles={k: columns[k] for k in keys},
+        higher_is_better=directions,
+        interval_label=f"{pct} Student-t interval of the mean (n ≥ 2)",
+        title="Metrics per method: mean over seeds (↑ higher is better, ↓ lower is better)",
+    )
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
-def _plot_run(run: Run, out_dir: Path) -> tuple[Path, Path]:
+@dataclass(frozen=True)
+class RunPictures:
+    """The PNGs of one matrix of a run: its heatmap and its per-task trajectories."""
+
+    matrix: str
+    heatmap: Path
+    trajectories: Path
+
+
+def _file_label(text: str) -> str:
+    """``text`` as a short file-name-safe label (``[A-Za-z0-9_.-]``, a hash when cut)."""
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+    if len(label) <= 40:
+        return label
+    return f"{label[:27]}_{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}"
+
+
+def _matrix_range(matrix: MatrixResults) -> tuple[float, float] | None:
+    bounds = matrix.bounds
+    if bounds is not None and all(math.isfinite(v) for v in bounds):
+        return float(bounds[0]), float(bounds[1])
+    return None
+
+
+def _plot_run(run: Run, out_dir: Path) -> list[RunPictures]:
+    """Every matrix's heatmap (colormap by the score's direction) and trajectories:
+    ``<label>_matrix.png`` / ``<label>_trajectories.png`` for the primary matrix,
+    ``<label>_matrix_<name>.png`` / ``<label>_trajectories_<name>.png`` for the others."""
     from continual_eval.plotting import _pyplot, plot_accuracy_matrix, plot_task_trajectories
 
     plt = _pyplot()
-    matrix = run.results.primary
     names = [_plain_for_plot(name) for name in run.results.task_names]
-    score = _plain_for_plot(matrix.score)
-    bounds = matrix.bounds
-    value_range = None
-    if bounds is not None and all(math.isfinite(v) for v in bounds):
-        value_range = (float(bounds[0]), float(bounds[1]))
     title = _plain_for_plot(run.group)
     title = f"{title}, seed {_plain_for_plot(str(run.seed))}" if run.seed is not None else title
-    matrix_path = out_dir / f"{run.label}_matrix.png"
-    fig, _ = plot_accuracy_matrix(
-        matrix.scores,
-        matrix.baseline,
-        task_names=names,
-        title=f"R[i, j]: {title}",
-        value_range=value_range,
-        value_label=score,
-    )
-    fig.savefig(matrix_path, dpi=120)
-    plt.close(fig)
-    traj_path = out_dir / f"{run.label}_trajectories.png"
-    fig, _ = plot_task_trajectories(
-        matrix.scores,
-        task_names=names,
-        title=f"Per-task {score}: {title}",
-        ylabel=score,
-        value_range=value_range,
-    )
-    fig.savefig(traj_path, dpi=120)
-    plt.close(fig)
-    return matrix_path, traj_path
+    pictures = []
+    used: set[str] = set()
+    for number, (key, matrix) in enumerate(run.results.matrices.items()):
+        suffix = "" if number == 0 else f"_{_file_label(key)}"
+        if suffix in used:  # two names that clean to one label
+            suffix = f"{suffix}_{number}"
+        used.add(suffix)
+        score = _plain_for_plot(matrix.score)
+        shown = _plain_for_plot(key)
+        value_range = _matrix_range(matrix)
+        matrix_path = out_dir / f"{run.label}_matrix{suffix}.png"
+        fig, _ = plot_accuracy_matrix(
+            matrix.scores,
+            matrix.baseline,
+            task_names=names,
+            title=f"{shown} R[i, j]: {title}",
+            value_range=value_range,
+            value_label=score,
+            higher_is_better=matrix.higher_is_better,
+        )
+        fig.savefig(matrix_path, dpi=120)
+        plt.close(fig)
+        traj_path = out_dir / f"{run.label}_trajectories{suffix}.png"
+        fig, _ = plot_task_trajectories(
+            matrix.scores,
+            task_names=names,
+            title=f"Per-task {score} ({shown}): {title}",
+            ylabel=score,
+            value_range=value_range,
+        )
+        fig.savefig(traj_path, dpi=120)
+        plt.close(fig)
+        pictures.append(RunPictures(key, matrix_path, traj_path))
+    return pictures
 
 
 def _write_summary_csv(summaries: Sequence[MethodSummary], path: Path) -> None:
-    """One row per method: runs, then ``n``, mean and sample std of each metric."""
+    """One row per method: runs, then ``n``, mean and sample std of each metric (through
+    ``csv_text``: a name a spreadsheet would run as a formula is
+    neutralised)."""
     columns = _columns(summaries)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(
-            ["method", "runs", *(f"{k}_{s}" for k in columns for s in ("n", "mean", "std"))]
-        )
-        for s in summaries:
-            row: list[Any] = [s.method, len(s.runs)]
-            for k in columns:
-                row += [
-                    s.stats[k].n,
-                    "" if s.mean[k] is None else repr(s.mean[k]),
-                    "" if s.std[k] is None else repr(s.std[k]),
-                ]
-            writer.writerow(row)
+    header = ["method", "runs", *(f"{k}_{s}" for k in columns for s in ("n", "mean", "std"))]
+    rows = [
+        [s.method, len(s.runs), *(v for k in columns for v in (s.stats[k].n, s.mean[k], s.std[k]))]
+        for s in summaries
+    ]
+    path.write_text(csv_text(header, rows), encoding="utf-8")
 
 
 def _prefixed_csv(parts: Sequence[tuple[dict[str, Any], str]], suffix: Sequence[str]) -> str:
     """The rows of several CSV texts (one header each, all alike) under one header, each row
     with its part's columns (name -> value) first; ``suffix``: the ``shared_seeds`` column, one
-    value per row, at the end (none when empty)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    value per row, at the end (none when empty). Written through
+    ``csv_text`` (idempotent: a cell it neutralised stays as it is)."""
+    header: list[Any] = []
+    out: list[list[Any]] = []
     extra = iter(suffix)
     for number, (first, text) in enumerate(parts):
         rows = list(csv.reader(io.StringIO(text)))
         if number == 0:
-            writer.writerow([*first, *rows[0], *(["shared_seeds"] if suffix else [])])
-        for row in rows[1:]:
-            writer.writerow([*first.values(), *row, *([next(extra)] if suffix else [])])
-    return out.getvalue()
+            header = [*first, *rows[0], *(["shared_seeds"] if suffix else [])]
+        out += [[*first.values(), *row, *([next(extra)] if suffix else [])] for row in rows[1:]]
+    return csv_text(header, out)
 
 
 def _all_seeds(summaries: Sequence[MethodSummary]) -> list[Any]:
-    """The distinct seeds of all runs, sorted (numbers first): :func:`paired_differences`
-    numbers the seeds by their place here."""
+    """The distinct seeds of all runs, sorted (numbers first):
+    [`paired_differences`][continual_eval.report.paired_differences] numbers the seeds by their
+    place here."""
     seeds = {_seed_key(r.seed): r.seed for s in summaries for r in s.runs if r.seed is not None}
     return sorted(seeds.values(), key=_seed_order)
 
@@ -791,11 +790,7 @@ def _cost_section(summaries: Sequence[MethodSummary], out: Path) -> list[str]:
         "| " + " | ".join(header) + " |",
         "|---|---:|" + "---:|" * len(COST_COLUMNS) + "---|",
     ]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(
-        ["method", "runs_with_cost", *(f"{k}_mean" for k in COST_COLUMNS), "memory_kind"]
-    )
+    csv_rows = []
     for method, count, means, memory in rows:
         cells = [
             "n/a" if v is None else format(v * scale.get(k, 1.0), formats[k])
@@ -803,9 +798,9 @@ def _cost_section(summaries: Sequence[MethodSummary], out: Path) -> list[str]:
         ]
         shown = escape_markdown(printable(memory, 80)) if memory else "n/a"
         lines.append("| " + " | ".join([escape_markdown(method), str(count), *cells, shown]) + " |")
-        full = ["" if v is None else repr(v) for v in means.values()]
-        writer.writerow([method, count, *full, memory])
-    (out / "cost.csv").write_text(buffer.getvalue(), encoding="utf-8")
+        csv_rows.append([method, count, *means.values(), memory])
+    header = ["method", "runs_with_cost", *(f"{k}_mean" for k in COST_COLUMNS), "memory_kind"]
+    (out / "cost.csv").write_text(csv_text(header, csv_rows), encoding="utf-8")
     return [*lines, ""]
 
 
@@ -823,6 +818,101 @@ def _reference_text(runs: Sequence[Run]) -> str:
     return "the score of each run's reference (" + "; ".join(map(_reference_name, kinds)) + ")"
 
 
+DEFAULT_SPREAD = "std"
+"""What ``table.tex``'s ``±`` shows by default (``--spread``): the sample standard deviation."""
+TABLE_FILE = "table.tex"
+HTML_FILE = "report.html"
+
+
+def _run_title(run: Run) -> str:
+    stages = f"{run.results.stages_completed}/{run.results.num_tasks} stages"
+    return f"{run.group}, seed {run.seed} ({stages})"
+
+
+def _per_task_columns(
+    summaries: Sequence[MethodSummary], *, confidence: float, resamples: int, seed: int
+) -> tuple[list[LatexColumn], str] | None:
+    """The final score per task of the primary matrix (``R[s-1, j]``), summarised over each
+    method's runs, and the primary score's name; ``None`` when the runs differ in their number
+    of tasks or in their primary score."""
+    runs = [r for s in summaries for r in s.runs]
+    if not runs:
+        return None
+    T = runs[0].results.num_tasks
+    primary = runs[0].results.primary
+    if any(
+        r.results.num_tasks != T
+        or r.results.primary.score != primary.score
+        or r.results.primary.higher_is_better != primary.higher_is_better
+        for r in runs
+    ):
+        return None
+    names = runs[0].results.task_names
+    final: dict[str, list[list[float | None]]] = {}  # method -> per run, per task
+    for s in summaries:
+        final[s.method] = []
+        for r in s.runs:
+            matrix = r.results.primary
+            row = matrix.scores[-1] if matrix.num_stages else torch.full((T,), math.nan)
+            final[s.method].append([_finite(v) for v in row.tolist()])
+    columns = [
+        LatexColumn(
+            title=str(names[j]),
+            higher_is_better=primary.higher_is_better,
+            stats=[
+                summarize(
+                    [row[j] for row in final[s.method]],
+                    confidence=confidence,
+                    resamples=resamples,
+                    seed=seed,
+                )
+                for s in summaries
+            ],
+        )
+        for j in range(T)
+    ]
+    return columns, primary.score
+
+
+def latex_summary(
+    summaries: Sequence[MethodSummary],
+    runs: Sequence[Run],
+    *,
+    spread: str = DEFAULT_SPREAD,
+    per_task: bool = False,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> str:
+    """``table.tex``: a booktabs table with one row per method and a column per metric
+    (``continual_eval._latex_table.latex_table``: ``mean ± spread``, ``spread`` ``"std"``
+    or ``"ci"``, the direction as an arrow, the best mean of each column in bold); with
+    ``per_task``, also the final primary score on each task (``R[s-1, j]`` over the runs) when
+    all runs have the same tasks and primary score."""
+    columns = _columns(summaries)
+    directions, _ = _directions(runs, list(columns))
+    metric_columns = [
+        LatexColumn(columns[k], directions[k], [s.stats[k] for s in summaries]) for k in columns
+    ]
+    groups = None
+    all_columns = metric_columns
+    if per_task:
+        found = _per_task_columns(summaries, confidence=confidence, resamples=resamples, seed=seed)
+        if found is not None:
+            tasks, score = found
+            all_columns = [*metric_columns, *tasks]
+            groups = [("Metrics", len(metric_columns)), (f"Final {score} per task", len(tasks))]
+    return latex_table(
+        [s.method for s in summaries],
+        [len(s.runs) for s in summaries],
+        all_columns,
+        spread=spread,
+        confidence=confidence,
+        groups=groups,
+        caption="Continual-learning metrics per method",
+    )
+
+
 def write_report(
     paths: Sequence[str | Path],
     out_dir: str | Path,
@@ -830,9 +920,18 @@ def write_report(
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = BOOTSTRAP_RESAMPLES,
     bootstrap_seed: int = BOOTSTRAP_SEED,
+    spread: str = DEFAULT_SPREAD,
+    per_task: bool = False,
+    html_report: bool = True,
 ) -> Path:
     """Draw and tabulate the runs found in ``paths`` into ``out_dir``; returns ``report.md``.
-    ``confidence``, ``resamples`` and ``bootstrap_seed``: the intervals across seeds."""
+
+    ``confidence``, ``resamples`` and ``bootstrap_seed``: the intervals across seeds;
+    ``spread`` (``"std"`` or ``"ci"``) and ``per_task``: what ``table.tex`` shows
+    ([`latex_summary`][continual_eval.report.latex_summary]); ``html_report``: also write
+    ``report.html`` (needs plotly: without it one line in ``report.md`` says so)."""
+    if spread not in SPREADS:
+        raise ValueError(f"spread must be one of {', '.join(SPREADS)}, got {spread!r}")
     runs = find_runs(paths)
     summaries = summarise(runs, confidence=confidence, resamples=resamples, seed=bootstrap_seed)
     out = Path(out_dir)
@@ -851,16 +950,34 @@ def write_report(
         "",
     ]
     if len(runs) > 0:
-        _plot_metric_bars(summaries, out / "metrics.png")
+        _plot_metric_panels(summaries, runs, out / "metrics.png")
         lines += [
             "![metrics per method](metrics.png)",
             "",
-            f"Bars: mean over each method's runs (n in the legend). Error bars: the {pct} "
+            "One panel per metric, each with its own scale (↑ higher is better, ↓ lower is "
+            f"better). Bars: mean over each method's runs (n in the legend). Error bars: the {pct} "
             "Student-t interval of the mean, drawn only where a method has two or more values "
             "(none for one run).",
             "",
         ]
     _write_summary_csv(summaries, out / "summary.csv")
+    (out / TABLE_FILE).write_text(
+        latex_summary(
+            summaries,
+            runs,
+            spread=spread,
+            per_task=per_task,
+            confidence=confidence,
+            resamples=resamples,
+            seed=bootstrap_seed,
+        ),
+        encoding="utf-8",
+    )
+    shown = "sample std" if spread == "std" else f"half-width of the {pct} Student-t interval"
+    lines += [
+        f"LaTeX table (booktabs, mean ± {shown}, best in bold): `{TABLE_FILE}`.",
+        "",
+    ]
     if len(runs) > 1:
         lines += _statistics(
             summaries,
@@ -877,10 +994,8 @@ def write_report(
     from continual_eval.loggers import format_matrix_table
 
     for run in runs:
-        matrix_path, traj_path = _plot_run(run, out)
-        stages = f"{run.results.stages_completed}/{run.results.num_tasks} stages"
-        heading = escape_markdown(f"{run.group}, seed {run.seed} ({stages})")
-        lines += [f"## {heading}", "", _code_span(str(run.path)), ""]
+        pictures = _plot_run(run, out)
+        lines += [f"## {escape_markdown(_run_title(run))}", "", _code_span(str(run.path)), ""]
         lines += [format_matrix_table(_escaped_names(run.results), markdown=True), ""]
         extra = run_metrics(run.results)["intransigence"]
         if extra is not None and run.reference_kind is not None:
@@ -888,11 +1003,51 @@ def write_report(
                 f"intransigence={extra:.4f} (against the {_reference_name(run.reference_kind)})",
                 "",
             ]
-        lines += [f"![R]({matrix_path.name}) ![trajectories]({traj_path.name})", ""]
+        for picture in pictures:
+            name = escape_markdown(picture.matrix)
+            lines += [
+                f"![{name}: R]({picture.heatmap.name}) "
+                f"![{name}: trajectories]({picture.trajectories.name})",
+                "",
+            ]
         lines += class_incremental_run_lines(run, out, _plain_for_plot)
+    if html_report:
+        lines += _write_html(runs, summaries, out, confidence=confidence)
     report = out / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return report
+
+
+def _write_html(
+    runs: Sequence[Run], summaries: Sequence[MethodSummary], out: Path, *, confidence: float
+) -> list[str]:
+    """``report.html`` (``continual_eval._html_report``) and the lines of ``report.md`` that
+    name it; without plotly, a line that names the extra instead."""
+    try:
+        from continual_eval._html_report import html_report
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] != "plotly":
+            raise
+        return [
+            f'`{HTML_FILE}` skipped: it needs plotly (`pip install "continual-eval[plot]"`).',
+            "",
+        ]
+    columns = _columns(summaries)
+    directions, _ = _directions(runs, list(columns))
+    page = html_report(
+        runs,
+        summaries,
+        columns,
+        directions,
+        confidence=confidence,
+        seeds_text=_seeds,
+        run_title=_run_title,
+    )
+    (out / HTML_FILE).write_text(page, encoding="utf-8")
+    return [
+        f"Interactive report (one self-contained file, opens offline): `{HTML_FILE}`.",
+        "",
+    ]
 
 
 def _escaped_names(results: ContinualResults) -> ContinualResults:
@@ -945,6 +1100,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=BOOTSTRAP_SEED,
         help="seed of the bootstrap's numpy.random.default_rng (default: %(default)s)",
     )
+    parser.add_argument(
+        "--spread",
+        choices=SPREADS,
+        default=DEFAULT_SPREAD,
+        help="what table.tex shows after ±: the sample standard deviation (std) or the "
+        "half-width of the Student-t interval of the mean at --confidence (ci) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--per-task",
+        action="store_true",
+        help="table.tex: also a column per task (the final primary score, over the runs)",
+    )
+    parser.add_argument("--no-html", action="store_true", help="do not write report.html")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     out = Path(args.out) if args.out else _default_out(args.runs)
     try:
@@ -954,10 +1123,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             confidence=args.confidence,
             resamples=args.resamples,
             bootstrap_seed=args.bootstrap_seed,
+            spread=args.spread,
+            per_task=args.per_task,
+            html_report=not args.no_html,
         )
     except InvalidResultsError as err:  # a file that is not a valid results.json
         print(f"continual-eval report: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:  # the figures' extra is not installed
+        if (err.name or "").split(".")[0] != "matplotlib":
+            raise
+        print(
+            "continual-eval report: the figures need matplotlib: "
+            'pip install "continual-eval[plot]" (or "continual-eval[experiments]")',
+            file=sys.stderr,
+        )
+        return 1
     except (OSError, ValueError) as err:  # nothing found, unreadable, output not writable
         print(f"continual-eval report: {printable(str(err), 500)}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
@@ -247,15 +248,18 @@ def test_paired_differences_and_win_counts_by_hand(runs: Path, tmp_path: Path) -
     assert rows[("forgetting", "naive", "replay")]["b_better"] == "2"
 
 
-def test_bar_chart_draws_the_t_intervals(runs: Path, tmp_path: Path, monkeypatch) -> None:
-    """Error bars exactly at each method's t interval where n >= 2, none for one run; the legend
-    names them; the PNG is written."""
+def test_metric_panels_draw_the_t_intervals(runs: Path, tmp_path: Path, monkeypatch) -> None:
+    """metrics.png: one panel per metric with its own y scale (3-decimal ticks, the direction as
+    an arrow in its title), error bars exactly at each method's t interval where n >= 2, none for
+    one run, each value written with 3 decimals; one legend names the methods and the bars."""
     import matplotlib.image as mpimg
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
     drawn: list[tuple[float, float, float]] = []
     legends: list[list[str]] = []
-    errorbar, legend = Axes.errorbar, Axes.legend
+    saved: list[Figure] = []
+    errorbar, legend, savefig = Axes.errorbar, Figure.legend, Figure.savefig
 
     def spy_errorbar(self, x, y, *args, yerr=None, **kwargs):
         drawn.append((float(y[0]), float(y[0] - yerr[0][0]), float(y[0] + yerr[1][0])))
@@ -266,28 +270,45 @@ def test_bar_chart_draws_the_t_intervals(runs: Path, tmp_path: Path, monkeypatch
         legends.append([t.get_text() for t in result.get_texts()])
         return result
 
+    def spy_savefig(self, path, *args, **kwargs):
+        if Path(path).name == "metrics.png":
+            saved.append(self)
+        return savefig(self, path, *args, **kwargs)
+
     monkeypatch.setattr(Axes, "errorbar", spy_errorbar)
-    monkeypatch.setattr(Axes, "legend", spy_legend)
+    monkeypatch.setattr(Figure, "legend", spy_legend)
+    monkeypatch.setattr(Figure, "savefig", spy_savefig)
     out = tmp_path / "report"
     assert report_main([str(runs), "--out", str(out)]) == 0
-    expected = [
-        (r["mean"], r["t_low"], r["t_high"])
-        for r in read_csv(out / "seed_statistics.csv")
-        if r["t_low"]
-    ]
+    stats = read_csv(out / "seed_statistics.csv")
+    expected = [(r["mean"], r["t_low"], r["t_high"]) for r in stats if r["t_low"]]
     assert len(expected) == len(KEYS) * 2  # naive and replay; ewc (one run) has none
     flat = [v for bar in sorted(tuple(map(float, e)) for e in expected) for v in bar]
     assert [v for bar in sorted(drawn) for v in bar] == pytest.approx(flat, abs=1e-12)
-    assert next(names for names in legends if "ewc (n=1)" in names) == [
-        "ewc (n=1)",
-        "naive (n=4)",
-        "replay (n=4)",
-        "95% Student-t interval of the mean (n ≥ 2)",
+    assert legends == [
+        ["ewc (n=1)", "naive (n=4)", "replay (n=4)", "95% Student-t interval of the mean (n ≥ 2)"]
     ]
+    (fig,) = saved
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    arrows = {True: "↑", False: "↓"}
+    assert [ax.get_title() for ax in panels] == [f"{_title(k)} {arrows[HIGHER[k]]}" for k in KEYS]
+    for ax, key in zip(panels, KEYS, strict=True):
+        rows = [r for r in stats if r["metric"] == key]
+        values = [float(r["mean"]) for r in rows]
+        ends = [float(r[c]) for r in rows for c in ("t_low", "t_high") if r[c]] + values
+        low, high = ax.get_ylim()
+        assert low <= min(0.0, *ends) and max(0.0, *ends) <= high  # its own scale holds them
+        assert high - low < 3 * (max(0.0, *ends) - min(0.0, *ends))  # and is not much wider
+        fig.canvas.draw()
+        ticks = [t.get_text().replace("−", "-") for t in ax.get_yticklabels() if t.get_text()]
+        assert ticks and all(re.fullmatch(r"-?\d+\.\d{3}", t) for t in ticks), ticks
+        written = [t.get_text() for t in ax.texts]
+        assert written == [f"{v:.3f}" for v in values], (key, written)
     height, width, _ = mpimg.imread(out / "metrics.png").shape
     assert height > 400 and width > 800
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "Error bars: the 95% Student-t interval of the mean" in text
+    assert "One panel per metric, each with its own scale" in text
 
 
 def test_default_resamples_stated_and_one_run_no_interval(tmp_path: Path) -> None:

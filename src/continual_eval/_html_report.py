@@ -1,0 +1,495 @@
+"""The HTML report of ``continual-eval report`` (``report.html``): one self-contained file.
+
+Plotly (the ``plot`` extra) draws the figures; its JavaScript library is embedded once in the
+page, so the file opens offline and the page's Content-Security-Policy forbids every network
+request. The page holds the summary table (mean ± sample std per method, each metric's
+direction), the statistics across seeds, the metrics as small multiples (one panel per metric,
+its own scale), and per run every matrix: its values as a table, a heatmap (the value, stage and
+task under the cursor) and the per-task trajectories; with a ``class_incremental`` section the
+final confusion matrix in arrival order. The heatmaps use the colours and the text rule of the
+PNGs ([`continual_eval.plotting`][continual_eval.plotting]). Every name from the files is escaped
+for HTML, in the tables and in the figures' labels.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from continual_eval.plotting import (
+    TRAJECTORY_MARKERS,
+    direction_label,
+    heatmap_colormap,
+    text_colours,
+)
+from continual_eval.results.schema import printable
+
+__all__ = ["CONTENT_SECURITY_POLICY", "MAX_ANNOTATED_CELLS", "html_report"]
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:"
+)
+"""No request leaves the page: scripts and styles only inline, images only as data URLs."""
+MAX_ANNOTATED_CELLS = 400
+"""Heatmaps with more cells than this show their values only under the cursor."""
+#: Plotly's open marker of each of ``continual_eval.plotting.TRAJECTORY_MARKERS``
+_PLOTLY_MARKERS = {
+    "o": "circle-open",
+    "s": "square-open",
+    "^": "triangle-up-open",
+    "D": "diamond-open",
+    "v": "triangle-down-open",
+    "P": "cross-open",
+    "X": "x-open",
+    "<": "triangle-left-open",
+    ">": "triangle-right-open",
+    "h": "hexagon-open",
+}
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+thead th { background: #f2f2f2; }
+code { background: #f4f4f4; padding: 0 0.2em; }
+.figure { margin: 0.5em 0 1.5em; }
+section.run { border-top: 2px solid #ddd; margin-top: 2em; }
+"""
+
+
+def _text(value: object, limit: int = 200) -> str:
+    """``value`` as HTML text: one line (control characters as escapes), cut, escaped."""
+    return html.escape(printable(str(value), limit), quote=True)
+
+
+def _label(value: object, limit: int = 40) -> str:
+    """``value`` for a Plotly label: one line, at most ``limit`` characters (``…`` marks a cut),
+    HTML-escaped (Plotly reads tags such as ``<b>`` and ``<a href>`` in labels, and shows
+    entities as the characters they stand for)."""
+    text = printable(str(value), 10 * limit)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text, quote=True)
+
+
+def _cells(values: torch.Tensor) -> list[list[float | None]]:
+    """A matrix as nested lists, ``None`` for NaN (a gap in Plotly)."""
+    return [[v if math.isfinite(v) else None for v in row] for row in values.tolist()]
+
+
+def _colorscale(name: str, stops: int = 11) -> list[list[Any]]:
+    """matplotlib's colormap ``name`` as a Plotly colorscale (the PNGs' colours)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps[name]
+    scale = []
+    for k in range(stops):
+        r, g, b, _ = cmap(k / (stops - 1))
+        scale.append([k / (stops - 1), f"rgb({round(255 * r)},{round(255 * g)},{round(255 * b)})"])
+    return scale
+
+
+def _value_range(values: torch.Tensor, bounds: tuple[float, float] | None) -> tuple[float, float]:
+    """The colour range: the bounds when finite, else the finite values' range."""
+    if bounds is not None and all(math.isfinite(v) for v in bounds):
+        return float(bounds[0]), float(bounds[1])
+    finite = values[torch.isfinite(values)]
+    if finite.numel() == 0:
+        return 0.0, 1.0
+    low, high = float(finite.min()), float(finite.max())
+    return (low, high) if high > low else (low - 0.5, high + 0.5)
+
+
+def heatmap_figure(
+    values: torch.Tensor,
+    *,
+    columns: Sequence[str],
+    rows: Sequence[str],
+    title: str,
+    colorbar: str,
+    cmap: str,
+    value_range: tuple[float, float],
+    number_format: str = ".3f",
+    hover: tuple[str, str] = ("row", "column"),
+) -> Any:
+    """A Plotly heatmap of ``values`` ``[rows, columns]`` (NaN: empty) coloured with the
+    matplotlib colormap ``cmap`` over ``value_range``; the value, row and column under the
+    cursor; the values written on the cells (up to ``MAX_ANNOTATED_CELLS``) in the colour
+    [`text_colours`][continual_eval.plotting.text_colours] gives for each cell. Labels: escaped
+    here."""
+    import matplotlib
+    import plotly.graph_objects as go
+
+    values = values.double()
+    n_rows, n_cols = values.shape
+    xs, ys = list(range(n_cols)), list(range(n_rows))
+    col_labels = [_label(c) for c in columns]
+    row_labels = [_label(r) for r in rows]
+    custom = [[[row_labels[i], col_labels[j]] for j in xs] for i in ys]
+    low, high = value_range
+    fig = go.Figure(
+        go.Heatmap(
+            z=_cells(values),
+            x=xs,
+            y=ys,
+            zmin=low,
+            zmax=high,
+            colorscale=_colorscale(cmap),
+            colorbar={"title": {"text": _label(colorbar, 60), "side": "right"}},
+            customdata=custom,
+            hovertemplate=(
+                f"{hover[0]}: %{{customdata[0]}}<br>{hover[1]}: %{{customdata[1]}}<br>"
+                f"value: %{{z:{number_format}}}<extra></extra>"
+            ),
+            hoverongaps=False,
+        )
+    )
+    finite = torch.isfinite(values)
+    if n_rows * n_cols <= MAX_ANNOTATED_CELLS and bool(finite.any()):
+        i, j = torch.nonzero(finite, as_tuple=True)
+        cell = values[i, j].numpy()
+        span = high - low if high > low else 1.0
+        colours = text_colours(matplotlib.colormaps[cmap](np.clip((cell - low) / span, 0, 1)))
+        fig.add_trace(
+            go.Scatter(
+                x=j.tolist(),
+                y=i.tolist(),
+                mode="text",
+                text=[format(v, number_format) for v in cell.tolist()],
+                textfont={"color": colours.tolist(), "size": 11},
+                hoverinfo="skip",
+                showlegend=False,
+                name="values",
+            )
+        )
+    fig.update_xaxes(tickvals=xs, ticktext=col_labels, showgrid=False, zeroline=False)
+    fig.update_yaxes(
+        tickvals=ys, ticktext=row_labels, autorange="reversed", showgrid=False, zeroline=False
+    )
+    fig.update_layout(
+        title={"text": _label(title, 120)},
+        height=min(260 + 34 * n_rows, 900),
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        plot_bgcolor="white",
+    )
+    return fig
+
+
+def trajectories_figure(
+    scores: torch.Tensor, task_names: Sequence[str], *, title: str, ylabel: str
+) -> Any:
+    """One line per task ``j``: ``R[i, j]`` over the stages ``i >= j``, each task with its own
+    open marker, larger for earlier tasks (coinciding points show as nested outlines)."""
+    import plotly.graph_objects as go
+
+    s, T = scores.shape
+    fig = go.Figure()
+    stages = [f"after {_label(task_names[i])}" for i in range(s)]
+    drawn = min(s, T)
+    for j in range(drawn):
+        ys = [
+            v if i >= j and math.isfinite(v) else None for i, v in enumerate(scores[:, j].tolist())
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=list(range(s)),
+                y=ys,
+                mode="lines+markers",
+                name=_label(task_names[j]),
+                marker={
+                    "symbol": _PLOTLY_MARKERS[TRAJECTORY_MARKERS[j % len(TRAJECTORY_MARKERS)]],
+                    "size": 16 - 7 * j / max(1, drawn - 1),
+                    "line": {"width": 2},
+                },
+                customdata=stages,
+                hovertemplate="%{customdata}<br>%{y:.4f}",
+            )
+        )
+    fig.update_xaxes(tickvals=list(range(s)), ticktext=stages, title="training stage")
+    fig.update_yaxes(title=_label(ylabel, 60))
+    fig.update_layout(
+        title={"text": _label(title, 120)},
+        height=380,
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+    )
+    return fig
+
+
+def metric_panels_figure(
+    summaries: Sequence[Any],
+    columns: Mapping[str, str],
+    directions: Mapping[str, bool],
+    confidence: float,
+) -> Any:
+    """Small multiples: one panel per metric with a value, its own y scale, a bar per method
+    (its colour the same in every panel), the Student-t interval of the mean as error bars
+    (methods with two or more values), the value with 3 decimals."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    keys = [k for k in columns if any(s.mean[k] is not None for s in summaries)]
+    ncols = max(1, min(4, len(keys)))
+    nrows = max(1, math.ceil(len(keys) / ncols))
+    arrow = {True: "↑", False: "↓"}
+    fig = make_subplots(
+        rows=nrows,
+        cols=ncols,
+        subplot_titles=[f"{html.escape(columns[k])} {arrow[directions[k]]}" for k in keys],
+        horizontal_spacing=0.08,
+        vertical_spacing=0.16,
+    )
+    palette = qualitative.Plotly
+    for m, s in enumerate(summaries):
+        name = f"{_label(s.method)} (n={len(s.runs)})"
+        for p, key in enumerate(keys):
+            stats = s.stats[key]
+            ci = stats.t_interval
+            mean = stats.mean
+            error = None
+            if ci is not None and mean is not None:
+                error = {"type": "data", "array": [ci.high - mean], "arrayminus": [mean - ci.low]}
+            row, col = p // ncols + 1, p % ncols + 1
+            fig.add_trace(
+                go.Bar(
+                    x=[name],
+                    y=[mean],
+                    name=name,
+                    legendgroup=name,
+                    showlegend=p == 0,
+                    marker_color=palette[m % len(palette)],
+                    error_y=error,
+                    hovertemplate=f"{name}<br>%{{y:.4f}}<extra></extra>",
+                ),
+                row=row,
+                col=col,
+            )
+            # the value beyond the bar's end and its error bar
+            up = mean is None or mean >= 0
+            end = 0.0 if mean is None else (ci.high if ci and up else ci.low if ci else mean)
+            fig.add_annotation(
+                x=name,
+                y=end,
+                text="n/a" if mean is None else f"{mean:.3f}",
+                showarrow=False,
+                yshift=9 if up else -9,
+                font={"size": 11},
+                row=row,
+                col=col,
+            )
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(tickformat=".3f", rangemode="tozero")
+    pct = f"{100 * confidence:g}%"
+    fig.update_layout(
+        title={
+            "text": "Metrics per method: mean over seeds; error bars: "
+            f"{pct} Student-t interval of the mean (n ≥ 2)"
+        },
+        height=300 * nrows + 120,
+        barmode="group",
+        margin={"l": 10, "r": 10, "t": 80, "b": 10},
+    )
+    return fig
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """An HTML table; every cell is already HTML (escaped by the caller)."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _mean_std(stats: Any, runs: int) -> str:
+    if stats.mean is None:
+        return "n/a"
+    text = f"{stats.mean:.4f}" if stats.std is None else f"{stats.mean:.4f} ± {stats.std:.4f}"
+    return text if stats.n == runs else f"{text} (n={stats.n})"
+
+
+def _interval(ci: Any) -> str:
+    return "—" if ci is None else f"[{ci.low:.4f}, {ci.high:.4f}]"
+
+
+def _matrix_table(matrix: Any, task_names: Sequence[str]) -> str:
+    """The rows of a matrix (the baseline first) with its task names as columns."""
+    header = ["", *(_text(n, 60) for n in task_names)]
+    rows = [["untrained", *(_number(v) for v in matrix.baseline.tolist())]]
+    rows += [
+        [f"after {_text(task_names[i], 60)}", *(_number(v) for v in row)]
+        for i, row in enumerate(matrix.scores.tolist())
+    ]
+    return _table(header, rows)
+
+
+def _number(value: float) -> str:
+    return f"{value:.4f}" if math.isfinite(value) else "—"
+
+
+def _figure_html(fig: Any, div_id: str) -> str:
+    import plotly.io as pio
+
+    return str(
+        pio.to_html(
+            fig,
+            full_html=False,
+            include_plotlyjs=False,
+            div_id=div_id,
+            config={"displaylogo": False, "responsive": True},
+            default_height=f"{fig.layout.height}px",
+        )
+    )
+
+
+def html_report(
+    runs: Sequence[Any],
+    summaries: Sequence[Any],
+    columns: Mapping[str, str],
+    directions: Mapping[str, bool],
+    *,
+    confidence: float,
+    seeds_text: Any,
+    run_title: Any,
+) -> str:
+    """The whole page. ``runs``: [`continual_eval.report.Run`][continual_eval.report.Run];
+    ``summaries``: their [`MethodSummary`][continual_eval.report.MethodSummary]; ``columns`` /
+    ``directions``: each metric's title and direction; ``seeds_text(summary)`` and
+    ``run_title(run)``: plain text (escaped here)."""
+    from plotly.offline import get_plotlyjs
+
+    figures: list[str] = []
+
+    def add(fig: Any) -> str:
+        figures.append(f"figure-{len(figures)}")
+        return f'<div class="figure">{_figure_html(fig, figures[-1])}</div>'
+
+    pct = f"{100 * confidence:g}%"
+    arrow = {True: " ↑", False: " ↓"}
+    header = [
+        "method",
+        "runs",
+        "seeds",
+        *(_text(t) + arrow[directions[k]] for k, t in columns.items()),
+    ]
+    rows = [
+        [
+            _text(s.method),
+            str(len(s.runs)),
+            _text(seeds_text(s)),
+            *(_mean_std(s.stats[k], len(s.runs)) for k in columns),
+        ]
+        for s in summaries
+    ]
+    body = [
+        "<h1>Continual-evaluation report</h1>",
+        f"<p>{len(runs)} run(s). Mean over each method's runs ± sample standard deviation across "
+        "runs (seeds), shown with two or more runs; <code>(n=k)</code> where only k runs have a "
+        "value. ↑: higher is better, ↓: lower is better.</p>",
+        "<h2>Metrics per method</h2>",
+        _table(header, rows),
+    ]
+    if any(s.mean[k] is not None for s in summaries for k in columns):
+        body.append(add(metric_panels_figure(summaries, columns, directions, confidence)))
+    body.append("<h2>Uncertainty across seeds</h2>")
+    body.append(
+        f"<p>Per metric: <code>n</code>, mean, sample std, the {pct} Student-t interval of the "
+        f"mean and the {pct} percentile bootstrap interval (settings in <code>report.md</code>); "
+        "a method with one run has no interval (—).</p>"
+    )
+    for key, title in columns.items():
+        stat_rows = [
+            [
+                _text(s.method),
+                str(s.stats[key].n),
+                _number(math.nan if s.stats[key].mean is None else s.stats[key].mean),
+                _number(math.nan if s.stats[key].std is None else s.stats[key].std),
+                _interval(s.stats[key].t_interval),
+                _interval(s.stats[key].bootstrap_interval),
+            ]
+            for s in summaries
+        ]
+        body.append(f"<h3>{_text(title)}{arrow[directions[key]]}</h3>")
+        body.append(
+            _table(
+                ["method", "n", "mean", "std", f"{pct} CI (t)", f"{pct} CI (bootstrap)"], stat_rows
+            )
+        )
+    for run in runs:
+        results = run.results
+        names = list(results.task_names)
+        body.append('<section class="run">')
+        body.append(f"<h2>{_text(run_title(run))}</h2>")
+        body.append(f"<p><code>{_text(run.path, 500)}</code></p>")
+        for name, matrix in results.matrices.items():
+            direction = "higher" if matrix.higher_is_better else "lower"
+            body.append(f"<h3>{_text(name)} ({_text(matrix.score)}, {direction} is better)</h3>")
+            body.append(_matrix_table(matrix, names))
+            grid = torch.cat([matrix.baseline[None, :], matrix.scores])
+            row_names = ["untrained", *(f"after {n}" for n in names[: matrix.num_stages])]
+            body.append(
+                add(
+                    heatmap_figure(
+                        grid,
+                        columns=names,
+                        rows=row_names,
+                        title=f"{name}: R[i, j]",
+                        colorbar=direction_label(matrix.score, matrix.higher_is_better),
+                        cmap=heatmap_colormap(matrix.higher_is_better),
+                        value_range=_value_range(grid, matrix.bounds),
+                        hover=("trained through", "task"),
+                    )
+                )
+            )
+            if matrix.num_stages > 0:
+                body.append(
+                    add(
+                        trajectories_figure(
+                            matrix.scores, names, title=f"{name}: per task", ylabel=matrix.score
+                        )
+                    )
+                )
+        section = getattr(results, "class_incremental", None)
+        if section is not None and section.num_stages > 0:
+            ordered, _ = section.arrival_confusion(-1)
+            counts = ordered.double()
+            totals = counts.sum(1, keepdim=True)
+            shares = torch.where(totals > 0, counts / totals.clamp(min=1), math.nan)
+            order = [str(c) for c in section.class_order]
+            body.append(f"<h3>Task-agnostic confusion after stage {section.num_stages - 1}</h3>")
+            body.append(
+                add(
+                    heatmap_figure(
+                        shares,
+                        columns=order,
+                        rows=order,
+                        title="share of each true class's test samples (arrival order)",
+                        colorbar="share of the true class",
+                        cmap="magma_r",
+                        value_range=(0.0, 1.0),
+                        number_format=".2f",
+                        hover=("true class", "predicted class"),
+                    )
+                )
+            )
+        body.append("</section>")
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">',
+            "<title>Continual-evaluation report</title>",
+            f"<style>{_STYLE}</style>",
+            f"<script>{get_plotlyjs()}</script>",
+            "</head><body>",
+            *body,
+            f"<script>window.CONTINUAL_EVAL_FIGURES = {json.dumps(figures)};</script>",
+            "</body></html>",
+            "",
+        ]
+    )
