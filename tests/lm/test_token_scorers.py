@@ -112,6 +112,46 @@ def test_chunks_of_any_size_give_the_same_sums(model64, chunk):
     torch.testing.assert_close(chunked, whole, rtol=1e-14, atol=0)
 
 
+def peak_allocated(fn) -> int:
+    """Peak bytes allocated (minus freed) by torch's CPU allocator while ``fn`` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_full_vocabulary_copy_of_the_logits(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 64, 1000, generator=g).to(dtype)  # [N, T, V] as a model returns
+    labels = torch.randint(0, 1000, (4, 64), generator=g)
+    labels[:, 40:] = -100
+    full = logits.numel() * 4  # one float32 copy of the logits
+    scorer = PerplexityScorer(chunk_elements=4000)
+    scorer.start(torch.device("cpu"))
+    scorer.update(logits.transpose(1, 2), labels)  # warm-up
+    peak = peak_allocated(lambda: scorer.update(logits.transpose(1, 2), labels))
+    # the chunk's float32 temporaries (and upcast) plus [N, T]-sized tensors
+    assert peak <= 3 * 4000 * 4 + 16 * 4 * 64 * 8, (peak, full)
+    assert peak < full / 10
+    plain = peak_allocated(
+        lambda: torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, 1000).float(), labels[:, 1:].reshape(-1)
+        )
+    )
+    assert plain > full / 2  # what the plain call costs: the bar is not trivially met
+
+
 def test_half_precision_logits_are_scored_in_float32(model64):
     seqs = task_sets()[0]
     batch = collate(seqs)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from continual_eval.evaluation.errors import EvaluationError
@@ -54,7 +55,6 @@ __all__ = [
     "TokenNLLScorer",
     "make_token_scorer",
     "out_of_vocabulary",
-    "scored_labels",
     "sequence_token_correct",
     "sequence_token_nll",
 ]
@@ -91,23 +91,6 @@ def _check_layout(preds: Tensor, labels: Tensor) -> None:
         )
 
 
-def _aligned(preds: Tensor, labels: Tensor, shift: bool) -> tuple[Tensor, Tensor]:
-    """``(logits [N, T', V], labels [N, T'])`` of the scored positions' pairs (views)."""
-    logits = preds.transpose(1, 2)  # [N, T, V]: the model's own memory layout when it was that
-    if shift:
-        return logits[:, :-1], labels[:, 1:]
-    return logits, labels
-
-
-def scored_labels(
-    labels: Tensor, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
-) -> Tensor:
-    """The mask ``[N, T']`` of the positions that are scored (label ``!= ignore_index``, after
-    the causal shift when ``shift``)."""
-    target = labels[:, 1:] if shift else labels
-    return target != ignore_index
-
-
 def out_of_vocabulary(
     labels: Tensor, vocab_size: int, *, shift: bool = True, ignore_index: int = IGNORE_INDEX
 ) -> Tensor:
@@ -118,18 +101,25 @@ def out_of_vocabulary(
 
 
 def _chunks(shape: tuple[int, int, int], chunk_elements: int) -> list[tuple[slice, slice]]:
-    """``(rows, positions)`` slices covering ``[N, T', V]`` with at most ``chunk_elements``
-    logits each (at least one position of one row)."""
+    """``(sequences, positions)`` slices covering ``[N, T, V]`` with at most ``chunk_elements``
+    logits each (at least one position): whole sequences when one fits, else pieces of one
+    sequence, so that each block of a contiguous tensor is contiguous."""
     n, t, v = shape
-    if n * t * v <= chunk_elements:
-        return [(slice(None), slice(None))]
-    positions = max(1, chunk_elements // max(n * v, 1))
-    rows = n if n * v <= chunk_elements else max(1, chunk_elements // max(v, 1))
+    if t * v <= chunk_elements:
+        rows = max(1, chunk_elements // max(t * v, 1))
+        return [(slice(r, r + rows), slice(None)) for r in range(0, n, rows)]
+    positions = max(1, chunk_elements // max(v, 1))
     return [
-        (slice(r, r + rows), slice(p, p + positions))
-        for r in range(0, n, rows)
-        for p in range(0, t, positions)
+        (slice(r, r + 1), slice(p, p + positions)) for r in range(n) for p in range(0, t, positions)
     ]
+
+
+def _targets(labels: Tensor, shift: bool, ignore_index: int) -> Tensor:
+    """The label each position's logits are scored against, ``[N, T]``: ``labels[:, t + 1]``
+    (``ignore_index`` at the last position) with ``shift``, else ``labels``."""
+    if not shift:
+        return labels
+    return torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), ignore_index)], dim=1)
 
 
 def sequence_token_nll(
@@ -143,35 +133,42 @@ def sequence_token_nll(
     r"""Per sequence, the summed NLL of its scored tokens and their number.
 
     :math:`\ell_{n,t} = \log\sum_v e^{s_{n,v,t}} - s_{n,y_{n,t},t}` (the cross-entropy of the
-    softmax over the vocabulary), summed over the positions whose label is not ``ignore_index``
-    (after the causal shift when ``shift``).
+    softmax over the vocabulary, ``F.cross_entropy(..., reduction="none")`` one chunk at a time),
+    summed over the positions whose label is not ``ignore_index`` (after the causal shift when
+    ``shift``).
 
     Args:
         preds: logits ``[N, V, T]`` (vocabulary on dim 1).
         labels: token ids ``[N, T]``; labels outside ``[0, V)`` that are not ``ignore_index`` are
-            clamped into range here (count them with :func:`out_of_vocabulary`).
+            not scored here (count them with :func:`out_of_vocabulary`).
         shift: apply the causal shift (labels are the inputs).
         ignore_index: the label of unscored positions.
-        chunk_elements: most logits per chunk of the log-normaliser (bounds the temporaries).
+        chunk_elements: most logits per chunk (bounds the temporaries).
 
     Returns:
         ``(nll [N] float64, tokens [N] int64)``.
     """
     _check_layout(preds, labels)
-    logits, target = _aligned(preds, labels, shift)
+    logits = preds.transpose(1, 2)  # [N, T, V]: the model's own memory layout when it was that
+    n, t, v = logits.shape
+    target = _targets(labels, shift, ignore_index)
     mask = target != ignore_index
-    safe = torch.where(mask, target, 0).clamp_(0, max(logits.shape[2] - 1, 0))
+    # out-of-vocabulary labels are reported by the scorers; here they are not scored
+    safe = torch.where(mask & ((target < 0) | (target >= v)), ignore_index, target)
     compute = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
     sum_dtype = torch.float32 if logits.device.type == "mps" else torch.float64
-    nll = torch.zeros(logits.shape[0], dtype=sum_dtype, device=logits.device)
-    if logits.shape[1] and logits.shape[2]:
-        for rows, positions in _chunks(tuple(logits.shape), chunk_elements):
-            block = logits[rows, positions]
-            # the normaliser in `compute` precision; `block` is upcast one chunk at a time
-            lse = torch.logsumexp(block.to(compute), dim=2)
-            picked = block.gather(2, safe[rows, positions].unsqueeze(2)).squeeze(2).to(compute)
-            token = torch.where(mask[rows, positions], lse - picked, 0)
-            nll[rows] += token.sum(dim=1, dtype=sum_dtype)
+    nll = torch.zeros(n, dtype=sum_dtype, device=logits.device)
+    if n and t and v:
+        for rows, positions in _chunks((n, t, v), chunk_elements):
+            block = logits[rows, positions]  # reshaped below: a view when logits are contiguous
+            width = block.shape[1]
+            losses = F.cross_entropy(
+                block.reshape(-1, v).to(compute),  # half precision upcast one chunk at a time
+                safe[rows, positions].reshape(-1),
+                ignore_index=ignore_index,
+                reduction="none",
+            )
+            nll[rows] += losses.view(-1, width).sum(dim=1, dtype=sum_dtype)
     return nll, mask.sum(dim=1)
 
 
@@ -182,11 +179,11 @@ def sequence_token_correct(
     many tokens are scored: ``(correct [N] int64, tokens [N] int64)``. Ties in the argmax go to
     the lowest token id (``torch.argmax``)."""
     _check_layout(preds, labels)
-    logits, target = _aligned(preds, labels, shift)
+    target = _targets(labels, shift, ignore_index)
     mask = target != ignore_index
-    if logits.shape[2] == 0:
+    if preds.shape[1] == 0:
         return torch.zeros_like(mask.sum(dim=1)), mask.sum(dim=1)
-    hits = (logits.argmax(dim=2) == target) & mask
+    hits = (preds.transpose(1, 2).argmax(dim=2) == target) & mask
     return hits.sum(dim=1), mask.sum(dim=1)
 
 
@@ -206,6 +203,8 @@ class _TokenScorer:
     of the vocabulary), reduced once in :meth:`local_counts`; count-based (exact under DDP)."""
 
     count_based = True
+    #: what results.json records of how the score was produced: the reference tokens are fed
+    scoring = "teacher-forced"
     #: a batch of other padding needs its own call: batches are never concatenated (that would
     #: also copy the logits)
     batch_additive = False
