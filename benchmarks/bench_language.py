@@ -6,7 +6,8 @@ Three parts, each printing medians of interleaved repeats and their ratio:
 
 ``perplexity``: ``evaluate_tasks(..., scorers=["perplexity"])`` over padded mapping batches
 (-100 labels, other lengths per batch) against a plain loop of forward + ``F.cross_entropy(...,
-ignore_index=-100, reduction="sum")`` + token count, both under ``inference_mode``; the two
+ignore_index=-100, reduction="sum")`` on the logits' flat view + token count, both under
+``inference_mode``; the two
 perplexities must agree. Bar: ratio <= 1.1.
 
 ``generation``: ``evaluate_tasks`` with a :class:`GenerationScorer` (greedy, KV cache,
@@ -77,16 +78,18 @@ def median_ratio(
     candidate: Callable[[], float], baseline: Callable[[], float], repeats: int
 ) -> tuple[float, float, float, float, float]:
     """Interleaved timings: (candidate median s, baseline median s, ratio, values)."""
-    cand, base = [], []
-    value_c = value_b = math.nan
+    times: dict[str, list[float]] = {"candidate": [], "baseline": []}
+    values = {"candidate": math.nan, "baseline": math.nan}
+    fns = {"candidate": candidate, "baseline": baseline}
     candidate(), baseline()  # warm-up
-    for _ in range(repeats):
-        t = time.perf_counter()
-        value_b = baseline()
-        base.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        value_c = candidate()
-        cand.append(time.perf_counter() - t)
+    for k in range(repeats):
+        # ABBA order: neither side always runs first
+        for key in ("baseline", "candidate") if k % 2 == 0 else ("candidate", "baseline"):
+            t = time.perf_counter()
+            values[key] = fns[key]()
+            times[key].append(time.perf_counter() - t)
+    cand, base = times["candidate"], times["baseline"]
+    value_c, value_b = values["candidate"], values["baseline"]
     c, b = statistics.median(cand), statistics.median(base)
     return c, b, c / b, value_c, value_b
 
@@ -104,9 +107,12 @@ def perplexity_part(repeats: int) -> None:
         with torch.inference_mode():
             for b in batches:
                 logits = model(b["input_ids"], b["attention_mask"])
-                target = b["labels"][:, 1:]
+                labels = b["labels"]
+                # position t against label t + 1; the last position against -100 (a view of
+                # the logits, no copy)
+                target = torch.cat([labels[:, 1:], labels.new_full((len(labels), 1), -100)], 1)
                 total += F.cross_entropy(
-                    logits[:, :-1].reshape(-1, VOCAB),
+                    logits.reshape(-1, VOCAB),
                     target.reshape(-1),
                     ignore_index=-100,
                     reduction="sum",
