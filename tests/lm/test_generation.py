@@ -386,3 +386,31 @@ def test_single_process_decoding_stops_when_every_sequence_is_done():
     assert out.tolist() == [[9, 10, 0, 0, 0, 0, 0]]
     assert flags == [True, False, False, False, False, False, False]
     assert model.calls == 7
+
+
+@pytest.mark.slow
+def test_callback_under_ddp_records_the_single_process_scores_of_its_weights(tmp_path):
+    import json
+
+    from lm_callback_ddp_script import model, scorers, test_loaders
+
+    proc = run_script(HERE / "lm_callback_ddp_script.py", tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results" / "results.json").read_text())
+    loaders = test_loaders()
+    for row, weights in [(None, "weights_baseline.pt"), (0, "weights_0.pt"), (1, "weights_1.pt")]:
+        net = model()
+        net.load_state_dict(torch.load(tmp_path / weights))
+        alone = evaluate_tasks(net, loaders, range(2), scorers=list(scorers().values()))
+        for name, scores in zip(("em", "ppl", "edit"), alone.scores_by_scorer, strict=True):
+            matrix = results["matrices"][name]
+            recorded = matrix["baseline"] if row is None else matrix["scores"][row]
+            if name == "em":  # a count of exact matches over the item count: exactly
+                assert recorded == scores.tolist(), (name, row)
+            elif name == "edit":  # float64 sums of per-item scores, in another order
+                assert recorded == pytest.approx(scores.tolist(), rel=1e-12), (name, row)
+            else:  # a float32 model's logits differ in rounding with the batch's other items
+                assert recorded == pytest.approx(scores.tolist(), rel=1e-6), (name, row)
+    edit = results["matrices"]["edit"]["scores"]
+    # the scorers saw real decoding: partly right continuations, other on every cell
+    assert all(0 < v < 1 for v in edit[0] + edit[1]) and len(set(edit[0] + edit[1])) == 4

@@ -372,6 +372,7 @@ class GenerationScorer:
         self.cell_seeds: dict[tuple[int | None, int], int] = {}
         self._task: int | None = None
         self._stage: int | None = None
+        self._records: list[GenerationRecord] = []  # this task's, in records_by_task
 
     @property
     def decoding(self) -> dict[str, Any]:
@@ -401,7 +402,7 @@ class GenerationScorer:
         self._sums: list[Tensor] = []
         self._nonfinite: list[Tensor] = []
         self._items = 0
-        self._records: list[GenerationRecord] = []
+        self._records = []
         self._replay: dict[str, Tensor] | None = None
         self._generator: torch.Generator | None = None
         self._seeded = False

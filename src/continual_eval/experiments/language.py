@@ -224,6 +224,7 @@ class CharTransformer(pl.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        self.lr = lr
         vocab = TOKENIZER.vocab_size
         self.embed = nn.Embedding(vocab, width)
         self.position = nn.Embedding(max_length, width)
@@ -276,11 +277,13 @@ class CharTransformer(pl.LightningModule):
         loss = F.cross_entropy(
             logits[:, :-1].transpose(1, 2), batch["labels"][:, 1:], ignore_index=IGNORE_INDEX
         )
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(logits))
+        self.log(
+            "train/loss", loss, on_step=False, on_epoch=True, batch_size=len(logits), sync_dist=True
+        )
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=0.0)
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.0)
 
     def reference_model(self) -> CharTransformer:
         """A copy with the same weights (for reference training)."""
