@@ -204,7 +204,7 @@ def memory_part() -> None:
     print("| peak allocation beyond the logits | bytes | x [batch, length] float32 | x logits |")
     print("|---|---|---|---|")
     cases = {
-        "perplexity scorer, default chunk (2**20 logits)": PerplexityScorer(),
+        "perplexity scorer, default chunk (max(2**20, logits / 64))": PerplexityScorer(),
         f"perplexity scorer, chunk_elements = batch * length = {b * t}": PerplexityScorer(
             chunk_elements=b * t
         ),

@@ -28,12 +28,14 @@ float64 reduction below 2**53) are summed, then divided once: the token-weighted
 mean of per-batch or per-rank means (the per-sample ``cross_entropy`` scorer weighs a padded
 sequence as one sample whatever its length).
 
-Memory: no full-vocabulary float copy of the logits. The log-normaliser :math:`\log\sum_v
-e^{s_{t,v}}` is taken over chunks of positions holding at most ``chunk_elements`` logits (the
-only full-vocabulary temporaries, ``x - max`` inside ``torch.logsumexp`` and the float32 upcast
-of half-precision logits, are chunk-sized); the per-position NLL lives one chunk at a time and
-each sequence's sum is accumulated in float64 (``[N]``). Per-token NLL is computed in the logits'
-precision (float32 for float16/bfloat16 logits, float64 for float64 logits).
+Memory: no full-vocabulary float copy of the logits. The cross-entropy is taken over chunks of
+positions holding at most ``chunk_elements`` logits (default :func:`chunk_size`: the larger of
+:data:`CHUNK_ELEMENTS` and 1/:data:`MAX_CHUNKS` of the batch's logits, so the temporaries stay
+below 4 MiB or 1/64 of the logits and a batch takes at most about 64 chunks); the only
+full-vocabulary temporaries, the chunk's log-softmax and the float32 upcast of half-precision
+logits, are chunk-sized; the per-position NLL lives one chunk at a time and each sequence's sum
+is accumulated in float64 (``[N]``). Per-token NLL is computed in the logits' precision (float32
+for float16/bfloat16 logits, float64 for float64 logits).
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ from continual_eval.evaluation.errors import EvaluationError
 __all__ = [
     "CHUNK_ELEMENTS",
     "IGNORE_INDEX",
+    "MAX_CHUNKS",
     "TOKEN_SCORERS",
     "PerplexityScorer",
     "TokenAccuracyScorer",
     "TokenNLLScorer",
+    "chunk_size",
     "make_token_scorer",
     "out_of_vocabulary",
     "sequence_token_correct",
@@ -61,8 +65,15 @@ __all__ = [
 
 #: the label of positions that are not scored (PyTorch's and Hugging Face's convention)
 IGNORE_INDEX = -100
-#: logits per chunk of the log-normaliser (4 MiB of float32 temporaries)
+#: the fewest logits per chunk of the default chunking (4 MiB of float32 temporaries)
 CHUNK_ELEMENTS = 2**20
+#: the most chunks per batch of the default chunking (beyond CHUNK_ELEMENTS logits a chunk)
+MAX_CHUNKS = 64
+
+
+def chunk_size(logits_numel: int) -> int:
+    """The default logits per chunk: ``max(CHUNK_ELEMENTS, ceil(logits_numel / MAX_CHUNKS))``."""
+    return max(CHUNK_ELEMENTS, -(-logits_numel // MAX_CHUNKS))
 
 
 def _check_layout(preds: Tensor, labels: Tensor) -> None:
@@ -128,7 +139,7 @@ def sequence_token_nll(
     *,
     shift: bool = True,
     ignore_index: int = IGNORE_INDEX,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Per sequence, the summed NLL of its scored tokens and their number.
 
@@ -143,7 +154,8 @@ def sequence_token_nll(
             not scored here (count them with :func:`out_of_vocabulary`).
         shift: apply the causal shift (labels are the inputs).
         ignore_index: the label of unscored positions.
-        chunk_elements: most logits per chunk (bounds the temporaries).
+        chunk_elements: most logits per chunk (bounds the temporaries); ``None``:
+            :func:`chunk_size` of the logits.
 
     Returns:
         ``(nll [N] float64, tokens [N] int64)``.
@@ -155,6 +167,8 @@ def sequence_token_nll(
     mask = target != ignore_index
     # out-of-vocabulary labels are reported by the scorers; here they are not scored
     safe = torch.where(mask & ((target < 0) | (target >= v)), ignore_index, target)
+    if chunk_elements is None:
+        chunk_elements = chunk_size(preds.numel())
     compute = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
     sum_dtype = torch.float32 if logits.device.type == "mps" else torch.float64
     nll = torch.zeros(n, dtype=sum_dtype, device=logits.device)
@@ -214,15 +228,19 @@ class _TokenScorer:
         *,
         shift: bool = True,
         ignore_index: int = IGNORE_INDEX,
-        chunk_elements: int = CHUNK_ELEMENTS,
+        chunk_elements: int | None = None,
     ) -> None:
         if not isinstance(shift, bool):
             raise TypeError(f"shift must be a bool, got {shift!r}")
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
             raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
-        if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
-            raise TypeError(f"chunk_elements must be a positive int, got {chunk_elements!r}")
-        if chunk_elements < 1:
+        if chunk_elements is not None and (
+            isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int)
+        ):
+            raise TypeError(
+                f"chunk_elements must be None or a positive int, got {chunk_elements!r}"
+            )
+        if chunk_elements is not None and chunk_elements < 1:
             raise ValueError(f"chunk_elements must be a positive int, got {chunk_elements}")
         self.shift = shift
         self.ignore_index = ignore_index
