@@ -86,8 +86,12 @@ def test_kv_cache_decoding_equals_rereading_the_sequence():
 @pytest.mark.slow
 def test_fit_language_model_config_end_to_end(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine's cores are shared; the run is the same
-    assert continual_eval(["fit", "--config", str(CONFIG), "--stream.report=false"]) == 0
+    try:
+        assert continual_eval(["fit", "--config", str(CONFIG), "--stream.report=false"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     run = tmp_path / "runs" / "lm_char_tasks" / "version_0"
     results = json.loads((run / "results.json").read_text())
     assert results["task_names"] == ["copy", "reverse", "add"]
