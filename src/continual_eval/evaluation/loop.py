@@ -491,6 +491,9 @@ def evaluate_tasks(
 
     # metric state sync is a collective: every rank reduces and computes every task, in order
     per_task = not all(s.count_based for s in scorer_list)
+    # scorers that score the raw batch with the module themselves (decoding; Scorer's docstring)
+    batch_scorers = [s for s in scorer_list if getattr(s, "needs_batch", False) is True]
+    output_scorers = [s for s in scorer_list if getattr(s, "needs_batch", False) is not True]
     rows: list[list[Tensor]] = []  # per task: each scorer's counts, then the output watch's
     reduced: list[_Reduced] = []  # per task (per_task), else one for all tasks
     synced: list[list[Tensor | None]] = []  # per task: each non-count-based scorer's result
@@ -506,7 +509,7 @@ def evaluate_tasks(
             watch = _OutputWatch(device)
             if j in sources:
                 batches, on_device = sources[j]
-                feed = _TaskFeed(scorer_list, watch)
+                feed = _TaskFeed(output_scorers, watch)
                 try:
                     for batch_index, batch in enumerate(batches):
                         if not on_device:
@@ -514,12 +517,20 @@ def evaluate_tasks(
                         if convert_input is not None:
                             batch = convert_input(batch)
                         with forward_context():
-                            preds, target = _step_pair(step(module, batch, j), step)
-                        feed.add(preds, target, batch_index)
+                            if output_scorers:  # no forward when every scorer decodes itself
+                                preds, target = _step_pair(step(module, batch, j), step)
+                            for s in batch_scorers:
+                                s.update_batch(module, batch, all_reduce)
+                        if output_scorers:
+                            feed.add(preds, target, batch_index)
                     feed.flush()
                 except EvaluationError as err:
                     raise EvaluationError(f"{label(j)}: {err}") from err
             try:
+                if batch_scorers:  # on every rank, with or without batches of this task
+                    with forward_context():
+                        for s in batch_scorers:
+                            s.end_task(module, all_reduce)
                 row = [_local_counts(s, device) for s in scorer_list]
             except EvaluationError as err:
                 raise EvaluationError(f"{label(j)}: {err}") from err

@@ -51,6 +51,7 @@ from torch import Tensor
 from continual_eval.evaluation import _torchmetrics_adapter as tm
 from continual_eval.evaluation._metric_sync import gathered_states
 from continual_eval.evaluation.errors import EvaluationError, _what
+from continual_eval.evaluation.language import make_token_scorer
 
 __all__ = [
     "BUFFER_BYTES",
@@ -102,6 +103,18 @@ class Scorer(Protocol):
     batches (``batch_additive``), then ``local_counts()`` and ``result``. A count-based
     :meth:`result` that refuses one task's counts raises :class:`EvaluationError` with
     ``task_row`` set to that task's row, so that the loop names the task.
+
+    Scorers of the raw batch (decoding, e.g.
+    :class:`~continual_eval.evaluation.generation.GenerationScorer`) set ``needs_batch = True``:
+    instead of ``update(preds, target)`` the loop calls ``update_batch(module, batch,
+    all_reduce)`` for each of the task's batches (after the device move and ``convert_input``,
+    inside ``forward_context`` and the grad context, after the step's forward; no step forward
+    runs when every scorer is such a scorer), then ``end_task(module, all_reduce)`` once after
+    the task's batches on every rank, also on a rank that had none; ``all_reduce`` is the loop's
+    sum-reduction (``None`` in one process). Both may run collectives through ``all_reduce``
+    (synced decoding): every rank calls ``end_task`` once per task, in task order, so a rank with
+    fewer batches catches up there; a rank that replays a batch only to keep a sharded model's
+    forwards in step must not pass it to ``update_batch``.
     """
 
     name: str
@@ -937,7 +950,8 @@ def _row_error(message: str, row: int | None) -> EvaluationError:
 
 _TOP_K = re.compile(r"^top_?(\d+)(_acc|_accuracy)?$")
 _STRINGS = (
-    "'accuracy'/'acc', 'cross_entropy'/'loss', 'top5' (or 'top_5', 'top5_accuracy'; any k >= 1)"
+    "'accuracy'/'acc', 'cross_entropy'/'loss', 'top5' (or 'top_5', 'top5_accuracy'; any k >= 1), "
+    "'perplexity'/'ppl', 'token_nll', 'token_accuracy'"
 )
 
 
@@ -980,7 +994,9 @@ def make_scorer(spec: Any) -> Scorer:
 
     * ``"accuracy"``/``"acc"``: :class:`AccuracyScorer`; ``"cross_entropy"``/``"loss"``:
       :class:`LossScorer` (per-sample cross-entropy); ``"top5"``, ``"top_5"``,
-      ``"top5_accuracy"`` (any ``k >= 1``): :class:`TopKAccuracyScorer`;
+      ``"top5_accuracy"`` (any ``k >= 1``): :class:`TopKAccuracyScorer`; ``"perplexity"``/
+      ``"ppl"``, ``"token_nll"``, ``"token_accuracy"``: the token scorers of
+      :mod:`~continual_eval.evaluation.language` (default options);
     * a torchmetrics ``Metric`` instance, a ``Metric`` subclass or another callable taking no
       argument that returns a ``Metric`` (e.g. ``functools.partial(MulticlassF1Score,
       num_classes=10)``): :class:`MetricScorer`;
@@ -1002,6 +1018,9 @@ def make_scorer(spec: Any) -> Scorer:
         match = _TOP_K.match(key)
         if match and int(match.group(1)) >= 1:
             return TopKAccuracyScorer(int(match.group(1)))
+        token_scorer = make_token_scorer(key)  # evaluation/language.py
+        if token_scorer is not None:
+            return token_scorer
         hint = " (give k: 'top5')" if key in ("top_k", "topk", "top_k_accuracy") else ""
         raise ValueError(f"unknown scorer {spec!r}{hint}; known strings: {_STRINGS}")
     if isinstance(spec, Metric):

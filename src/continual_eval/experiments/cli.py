@@ -313,7 +313,8 @@ def _run(cli: StreamCLI, notices: set[str] | None = None) -> Path:
     notices = set() if notices is None else notices
     config = cli.config
     options = StreamOptions(**config["stream"].as_dict())
-    callback_kwargs = config["continual"].as_dict()
+    # instantiated: a scorer given as class_path/init_args (e.g. a GenerationScorer) is an object
+    callback_kwargs = cli.config_init["continual"].as_dict()
     trainer, model, datamodule = cli.trainer, cli.model, cli.datamodule
     if config["trainer"].get("logger") in (None, True):
         name = f"{options.experiment}/{options.method}" if options.method else options.experiment
