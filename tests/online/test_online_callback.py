@@ -21,7 +21,7 @@ from online_helpers import (
     window_sums,
 )
 from torch import nn
-from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler, TensorDataset
 
 from continual_eval.online import (
     ONLINE_FILE,
@@ -339,6 +339,13 @@ def test_bad_input_is_refused_with_its_reason(tmp_path):
     cb = OnlineEvalCallback(dirpath=tmp_path / "b", verbose=False)
     with pytest.raises(ValueError, match=r"cannot read the stream ahead.*RandomSampler"):
         trainer(tmp_path, [cb]).fit(Learner(make_net()), shuffled)
+    dataset = TensorDataset(x, y)  # what Lightning puts into a training loader under DDP:
+    shuffling = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True)
+    cb = OnlineEvalCallback(near_future_delays=[], dirpath=tmp_path / "d", verbose=False)
+    with pytest.raises(ValueError, match=r"shuffles the stream.*use_distributed_sampler=False"):
+        trainer(tmp_path, [cb]).fit(
+            Learner(make_net()), DataLoader(dataset, batch_size=B, sampler=shuffling)
+        )
     bad_y = y.clone()
     bad_y[33] = CLASSES + 3
     cb = OnlineEvalCallback(

@@ -74,6 +74,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
+from torch.utils.data import DistributedSampler
 
 from continual_eval.online.held_out import HeldOutSets
 from continual_eval.online.plot import ONLINE_PNG, plot_online
@@ -366,6 +367,16 @@ class OnlineEvalCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loader = _train_loader(trainer)
         batch_size = getattr(loader, "batch_size", None)
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, DistributedSampler) and sampler.shuffle:
+            raise ValueError(
+                "OnlineEvalCallback: the training loader's DistributedSampler shuffles the stream "
+                "(shuffle=True), so the order the stream is trained in is a random permutation. "
+                "Lightning puts a shuffling DistributedSampler into every training loader under "
+                "DDP, whatever the loader's own sampler: pass Trainer(use_distributed_sampler="
+                "False) and DataLoader(dataset, sampler=DistributedSampler(dataset, "
+                "shuffle=False)) built in train_dataloader()"
+            )
         lookahead = bool(self.near_future_delays or self.label_delays)
         if lookahead:
             if not isinstance(batch_size, int) or batch_size < 1:
