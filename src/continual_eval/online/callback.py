@@ -432,12 +432,9 @@ class OnlineEvalCallback(Callback):
         if self._cost_progress is not None:
             self.cost.resume_stage(self._cost_progress)
             self._cost_progress = None
-        assert self.results.held_out is not None or self.held_out is None
-        if (
-            self.held_out is not None
-            and self.batches == 0
-            and not self.results.held_out.evaluations
-        ):  # type: ignore[union-attr]
+        recorded = self.results.held_out
+        untrained = self.batches == 0 and recorded is not None and not recorded.evaluations
+        if self.held_out is not None and untrained:  # the model before any training
             self._evaluate_held_out(trainer, pl_module, segments=[])
 
     @staticmethod
@@ -484,8 +481,10 @@ class OnlineEvalCallback(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        loader = _train_loader(trainer)
-        self._begin_epoch(trainer, loader)
+        if self.layout.epoch != trainer.current_epoch or (
+            self.reader is not None and not self.reader.ready()
+        ):
+            self._begin_epoch(trainer, _train_loader(trainer))
         layout = self.layout
         n = batch_samples(batch)
         if n is None:
@@ -519,7 +518,7 @@ class OnlineEvalCallback(Callback):
             return
         with scoring_context(trainer, pl_module, inference_mode=self.inference_mode):
             if forward:
-                pred, target, classes = forward_labels(
+                pred, top, target, classes = forward_labels(
                     trainer,
                     pl_module,
                     batch,
@@ -527,18 +526,26 @@ class OnlineEvalCallback(Callback):
                     on_device=True,
                 )
                 self._batch["forward"] = pred
-                self._add(0, pred, target, classes, self._batch["first"], self._batch["valid"])
+                self._add(0, pred, top, target, classes, self._batch["first"], self._batch["valid"])
                 self.buffer.forwards += 1
             for m in offsets:
                 self._score_ahead(trainer, pl_module, m)
 
     def _add(
-        self, offset: int, pred: Tensor, target: Tensor, classes: int, first: int, n: int
+        self,
+        offset: int,
+        pred: Tensor,
+        top: Tensor | None,
+        target: Tensor,
+        classes: int,
+        first: int,
+        n: int,
     ) -> None:
         self.buffer.add(
             self._batch["step"],
             offset,
             pred[:n],
+            None if top is None else top[:n],
             target[:n],
             first=first,
             stride=self.layout.world_size,
@@ -553,14 +560,14 @@ class OnlineEvalCallback(Callback):
         if read is None:
             return
         batch, first, n = read
-        pred, target, classes = forward_labels(
+        pred, top, target, classes = forward_labels(
             trainer,
             pl_module,
             batch,
             where=f"OnlineEvalCallback, the batch {m} ahead of training batch {self.batches}",
             on_device=False,
         )
-        self._add(m, pred, target, classes, first, n)
+        self._add(m, pred, top, target, classes, first, n)
         self.buffer.forwards += 1
 
     def on_train_batch_end(
@@ -573,8 +580,8 @@ class OnlineEvalCallback(Callback):
     ) -> None:
         info = self._batch
         if self.mode == "outputs":
-            pred, target, classes = self._from_outputs(outputs, batch)
-            self._add(0, pred, target, classes, info["first"], info["valid"])
+            pred, top, target, classes = self._from_outputs(outputs, batch)
+            self._add(0, pred, top, target, classes, info["first"], info["valid"])
         elif self.mode == "auto":
             self._decide(trainer, pl_module, outputs, batch)
         self.layout.advance(info["n"])
@@ -586,7 +593,7 @@ class OnlineEvalCallback(Callback):
         if self.buffer.steps >= self.window_batches:
             self._close_window(trainer, pl_module)
 
-    def _from_outputs(self, outputs: Any, batch: Any) -> tuple[Tensor, Tensor, int]:
+    def _from_outputs(self, outputs: Any, batch: Any) -> tuple[Tensor, Tensor | None, Tensor, int]:
         where = f"OnlineEvalCallback, training batch {self.batches}"
         if not isinstance(outputs, Mapping) or self.preds_key not in outputs:
             raise ValueError(
@@ -615,7 +622,7 @@ class OnlineEvalCallback(Callback):
             reason = f"training_step does not return {self.preds_key!r}"
         else:
             try:
-                pred, _, _ = self._from_outputs(outputs, batch)
+                pred, _, _, _ = self._from_outputs(outputs, batch)
             except (TypeError, ValueError) as err:
                 reason = f"its outputs cannot be scored ({err})"
             else:

@@ -48,51 +48,48 @@ def _label(score: str) -> str:
 def plot_online(results: OnlineResults, path: str | Path | None = None) -> Any:
     """A matplotlib figure of ``results`` (saved to ``path`` when given).
 
-    Top: per score, the learner's accuracy (solid) and the blind ``mode`` predictor's (dashed,
-    same colour) over the stream, each a sample-weighted moving average over
-    ``ceil(windows / 60)`` windows, against the stream position at the window's end; the blind
-    ``prior`` predictor's online accuracy (grey, dotted) marks what label frequencies alone give.
+    Top: per score, the learner's accuracy (solid) and the best blind predictor's on that score
+    (dashed, same colour; the legend names it) over the stream, each a sample-weighted moving
+    average over ``ceil(windows / 60)`` windows, against the stream position at the window's end.
     Bottom (with held-out sets): the held-out accuracy on the seen segments (anytime accuracy),
     on the left ones (retention) and the forgetting, with the segment starts as vertical lines.
     """
     plt = _pyplot()
     held = results.held_out is not None and bool(results.held_out.evaluations)
     fig, axes = plt.subplots(
-        2 if held else 1, 1, figsize=(9, 7.5 if held else 4.5), squeeze=False, sharex=True
+        2 if held else 1, 1, figsize=(12, 7.5 if held else 4.5), squeeze=False, sharex=True
     )
     ax = axes[0, 0]
     positions = results.stream_positions().numpy()
     smooth = max(1, -(-len(results.windows) // _POINTS))
     summary = results.summary()["scores"]
+    names = {"mode": "recent mode", "last": "last label", "prior": "most frequent so far"}
     for k, score in enumerate(results.score_names()):
         color = f"C{k}"
         correct, total = results.counts(score)
         if not int(total.sum()):
             continue
+        entry = summary[score]
         learner = windowed_accuracy(correct, total, smooth).numpy()
-        blind, _ = results.counts(score, "mode")
+        # the blind predictor that does best on this score over the whole stream
+        blinds = {b: v for b, v in entry["blind"].items() if v is not None}
+        best = max(blinds, key=lambda b: blinds[b])
+        blind, _ = results.counts(score, best)
         blind_curve = windowed_accuracy(blind, total, smooth).numpy()
-        acc, blind_acc = summary[score]["accuracy"], summary[score]["blind"]["mode"]
-        ax.plot(positions, learner, color=color, lw=1.8, label=f"{_label(score)}: {acc:.3f}")
+        ax.plot(
+            positions,
+            learner,
+            color=color,
+            lw=1.8,
+            label=f"{_label(score)}: {entry['accuracy']:.3f}",
+        )
         ax.plot(
             positions,
             blind_curve,
             color=color,
             lw=1.2,
             ls="--",
-            label=f"blind (recent mode), {_label(score)}: {blind_acc:.3f}",
-        )
-    correct, total = results.counts("online", "prior")
-    if int(total.sum()):
-        prior = windowed_accuracy(correct, total, smooth).numpy()
-        ax.plot(
-            positions,
-            prior,
-            color="0.5",
-            lw=1.0,
-            ls=":",
-            label="blind (most frequent so far), online: "
-            f"{summary['online']['blind']['prior']:.3f}",
+            label=f"  blind ({names[best]}): {blinds[best]:.3f}",
         )
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel("accuracy per window")
@@ -103,7 +100,9 @@ def plot_online(results: OnlineResults, path: str | Path | None = None) -> Any:
         + ")"
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7.5, loc="lower left", ncol=2, framealpha=0.85)
+    ax.legend(
+        fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False
+    )
     if held:
         assert results.held_out is not None
         ax2 = axes[1, 0]
@@ -127,7 +126,13 @@ def plot_online(results: OnlineResults, path: str | Path | None = None) -> Any:
         ax2.set_ylabel("held-out accuracy")
         ax2.set_title("Held-out sets over the stream")
         ax2.grid(alpha=0.3)
-        ax2.legend(fontsize=8, loc="best")
+        ax2.legend(
+            fontsize=7.5,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            borderaxespad=0.0,
+            frameon=False,
+        )
     axes[-1, 0].set_xlabel("stream position (samples trained)")
     fig.tight_layout()
     if path is not None:

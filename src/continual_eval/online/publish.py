@@ -139,10 +139,8 @@ def log_final(
 
                 buf = io.BytesIO()
                 figure.savefig(buf, format="png", dpi=100)
-                logger.log_metrics(
-                    {f"{prefix}curves": wandb.Image(Image.open(io.BytesIO(buf.getvalue())))},
-                    step=step,
-                )
+                image = wandb.Image(Image.open(io.BytesIO(buf.getvalue())))
+                logger.experiment.log({f"{prefix}curves": image}, step=step)
             elif isinstance(logger, MLFlowLogger):
                 if figure is not None:
                     logger.experiment.log_figure(logger.run_id, figure, "online.png")

@@ -369,8 +369,8 @@ class OnlineResults:
     def to_dict(self, *, summary: bool = True) -> dict[str, Any]:
         """The ``online`` document (JSON-ready builtins; ``summary``: add the derived summary)."""
         document = _Document(
-            format=FORMAT,
-            version=VERSION,
+            format="continual-eval-online",
+            version=1,
             run_id=self.run_id,
             protocol=self.protocol,
             windows=self.windows,

@@ -78,14 +78,19 @@ def train_mode_modules(module: nn.Module) -> list[str]:
     return found
 
 
-def predicted_labels(preds: Any, target: Any, where: str) -> tuple[Tensor, Tensor, int]:
-    """``(predicted labels [N], target labels [N], number of classes)`` of one batch, on its
-    device, without a host sync.
+def predicted_labels(
+    preds: Any, target: Any, where: str
+) -> tuple[Tensor, Tensor | None, Tensor, int]:
+    """``(predicted labels [N], top scores [N] or None, target labels [N], number of classes)``
+    of one batch, on its device, in one kernel for the usual case (the argmax) and without a host
+    sync.
 
-    ``preds``: class scores ``[N, C]`` (argmax; a row whose top score is NaN or infinite gets
-    :data:`NONFINITE`) or integer labels ``[N]``. ``target``: integer labels ``[N]``, float
-    labels holding whole numbers (others become :data:`NOT_A_LABEL`), or one-hot / probability
-    rows ``[N, C]`` (their argmax). Labels are checked against ``C`` once per window, not here.
+    ``preds``: class scores ``[N, C]`` (the argmax; its top score is returned so that rows with a
+    NaN or infinite top score can be told apart later, once per window: see
+    :meth:`~continual_eval.online.window.WindowBuffer.rows`) or integer labels ``[N]``.
+    ``target``: integer labels ``[N]``, float labels holding whole numbers (others become
+    :data:`NOT_A_LABEL`), or one-hot / probability rows ``[N, C]`` (their argmax). Labels are
+    checked against ``C`` once per window, not here.
     ``where`` names the batch in errors.
     """
     if not isinstance(preds, Tensor) or not isinstance(target, Tensor):
@@ -94,12 +99,10 @@ def predicted_labels(preds: Any, target: Any, where: str) -> tuple[Tensor, Tenso
             f"{type(target).__name__}"
         )
     if preds.ndim == 2 and preds.is_floating_point():
-        values, labels = preds.detach().max(dim=1)
-        finite = (values - values) == 0  # isfinite in two kernels
-        pred = torch.where(finite, labels, torch.full_like(labels, NONFINITE))
+        top, pred = preds.detach().max(dim=1)
         num_classes = int(preds.shape[1])
     elif preds.ndim == 1 and not preds.is_floating_point() and preds.dtype != torch.bool:
-        pred = preds.detach().to(torch.int64)
+        top, pred = None, preds.detach().to(torch.int64)
         num_classes = 0  # unknown: labels are checked against the targets' range only
     else:
         raise ValueError(
@@ -124,18 +127,20 @@ def predicted_labels(preds: Any, target: Any, where: str) -> tuple[Tensor, Tenso
             f"{where}: {pred.shape[0]} predictions for {labels_t.shape[0]} targets; the outputs "
             "must hold one prediction per sample of the batch"
         )
-    return pred, labels_t, num_classes
+    return pred, top, labels_t, num_classes
 
 
 def batch_target(batch: Any, where: str) -> Tensor:
     """The targets of a training batch: ``y`` of ``(x, y)`` / ``(x, y, t)``, ``batch["target"]``
     (or ``"label"``, ``"labels"``, ``"y"``) of a mapping."""
     if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and isinstance(batch[1], Tensor):
-        return batch[1]
+        target: Tensor = batch[1]
+        return target
     if isinstance(batch, Mapping):
         for key in ("target", "label", "labels", "y"):
-            if isinstance(batch.get(key), Tensor):
-                return batch[key]
+            value = batch.get(key)
+            if isinstance(value, Tensor):
+                return value
     raise ValueError(
         f"{where}: cannot find the targets of a batch of type {type(batch).__name__}; return them "
         "from training_step as outputs['target'], or yield (x, y) / (x, y, task_id) batches"
@@ -165,7 +170,7 @@ def forward_labels(
     *,
     where: str,
     on_device: bool,
-) -> tuple[Tensor, Tensor, int]:
+) -> tuple[Tensor, Tensor | None, Tensor, int]:
     """One forward of ``batch`` through the evaluation engine's batch step
     (``continual_eval_step``, else ``module(x)`` / ``module(x, t)``) under the Trainer's precision
     plugin; run it inside :func:`scoring_context`. Returns :func:`predicted_labels`.

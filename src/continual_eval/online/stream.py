@@ -27,7 +27,7 @@ plain device move.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ from torch.utils.data import (
 from torch.utils.data._utils.collate import default_collate
 
 from continual_eval.evaluation import fast_loader
+from continual_eval.stage_cost import batch_samples
 
 __all__ = ["LookaheadReader", "StreamLayout", "readable_order", "valid_samples"]
 
@@ -63,7 +64,7 @@ def readable_order(loader: Any) -> str | None:
         return f"the training loader is a {type(loader).__name__}, not a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
         return "the training dataset is an IterableDataset, which has no order to read ahead in"
-    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else None
+    sampler = getattr(loader.batch_sampler, "sampler", None)
     if type(sampler) not in (SequentialSampler, DistributedSampler):
         return (
             f"the training loader's sampler is a {type(sampler).__name__}, whose order is drawn "
@@ -131,7 +132,14 @@ class StreamLayout:
 
 
 class LookaheadReader:
-    """Reads this rank's share of the batch ``m`` steps ahead of the current training step."""
+    """Reads this rank's share of the batch ``m`` steps ahead of the current training step.
+
+    One reader per offset ``m``: a DataLoader over this rank's future slots from the current one
+    on (read through the evaluation engine's :func:`~continual_eval.evaluation.fast_loader`),
+    advanced one batch per training step, so that each future batch is read once per offset and
+    no loader is built per step; it is rebuilt whenever the training step it expects is not the
+    one asked for (an epoch's start, a resume, the label-delay head).
+    """
 
     def __init__(self, stream: Any | None, batch_size: int) -> None:
         self.stream = stream
@@ -141,41 +149,56 @@ class LookaheadReader:
         self._dataset: Any = None
         self._collate: Callable[[list[Any]], Any] = default_collate
         self._started = False
+        #: offset -> (the local slot its next batch starts at, its batches)
+        self._readers: dict[int, tuple[int, Iterator[Any]]] = {}
 
     def ready(self) -> bool:
         """Whether :meth:`begin_epoch` has run in this process."""
         return self._started
 
-    def begin_epoch(self, loader: DataLoader) -> None:
+    def begin_epoch(self, loader: DataLoader[Any]) -> None:
         """Take the epoch's order (train_loader source) and the collate function."""
         self._collate = loader.collate_fn or default_collate
         self._started = True
+        self._readers = {}
         if self.stream is None:
             order = [i for batch in loader.batch_sampler for i in batch]  # type: ignore[union-attr]
             self._order = torch.tensor(order, dtype=torch.int64)
             self._dataset = loader.dataset
 
-    def read(self, layout: StreamLayout, m: int) -> tuple[Any, int, int] | None:
-        """``(batch, first position, samples)`` of this rank's share of the global batch ``m``
-        steps ahead (positions ``first + W j``), or ``None`` when the stream holds none of it."""
+    def _open(self, layout: StreamLayout, local: int) -> Iterator[Any] | None:
+        """The batches of this rank's slots ``local, local + 1, ...`` (``None``: none left)."""
         W, B = layout.world_size, self.batch_size
-        local = layout.local + m * B
         first = layout.first_position(local)
         if self.stream is not None:
-            # positions first + W j < len(stream)
-            n = min(B, max(0, -(-(len(self.stream) - first) // W)))
-            if n == 0:
-                return None
-            indices: Any = range(first, first + W * n, W)
+            # the stream's positions first, first + W, ... below len(stream)
+            indices: list[int] = list(range(first, len(self.stream), W))
             dataset = self.stream
         else:
             assert self._order is not None
-            n = min(layout.valid_count(local, B), max(0, len(self._order) - local))
-            if n == 0:
-                return None
-            indices = self._order[local : local + n].tolist()
+            end = min(len(self._order), local + layout.valid_count(local, len(self._order)))
+            indices = self._order[local:end].tolist()
             dataset = self._dataset
+        if not indices:
+            return None
         loader = DataLoader(
-            Subset(dataset, list(indices)), batch_size=n, shuffle=False, collate_fn=self._collate
+            Subset(dataset, indices), batch_size=B, shuffle=False, collate_fn=self._collate
         )
-        return next(iter(fast_loader(loader))), first, n
+        return iter(fast_loader(loader))
+
+    def read(self, layout: StreamLayout, m: int) -> tuple[Any, int, int] | None:
+        """``(batch, first position, samples)`` of this rank's share of the global batch ``m``
+        steps ahead (positions ``first + W j``), or ``None`` when the stream holds none of it."""
+        local = layout.local + m * self.batch_size
+        expected, batches = self._readers.pop(m, (None, None))
+        if expected != local or batches is None:
+            batches = self._open(layout, local)
+            if batches is None:
+                return None
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        n = batch_samples(batch)
+        assert n is not None
+        self._readers[m] = (local + n, batches)
+        return batch, layout.first_position(local), n

@@ -56,7 +56,8 @@ def autocorrelated_labels(
 def _class_means(
     num_classes: int, dim: int, separation: float, generator: torch.Generator
 ) -> Tensor:
-    return torch.randn(num_classes, dim, generator=generator) * separation / dim**0.5
+    means: Tensor = torch.randn(num_classes, dim, generator=generator) * separation / dim**0.5
+    return means
 
 
 def autocorrelated_stream(
@@ -133,10 +134,10 @@ class AutocorrelatedStream(pl.LightningDataModule):
         )
         self.held_out_sets = sets
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader[Any]:
         return DataLoader(self.stream, batch_size=self.batch_size, shuffle=False)
 
-    def held_out_loaders(self, batch_size: int = 250) -> list[DataLoader]:
+    def held_out_loaders(self, batch_size: int = 250) -> list[DataLoader[Any]]:
         return [DataLoader(s, batch_size=batch_size) for s in self.held_out_sets]
 
 
@@ -168,7 +169,8 @@ class StreamClassifier(pl.LightningModule):
         self.lr, self.momentum = lr, momentum
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        logits: Tensor = self.net(x)
+        return logits
 
     def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> dict[str, Tensor]:
         x, y = batch[0], batch[1]
@@ -202,7 +204,8 @@ def main(args: Sequence[str] | None = None) -> Any:
     )
     data = cli.datamodule
     assert isinstance(data, AutocorrelatedStream)
-    callbacks = [cb for cb in cli.trainer.callbacks if isinstance(cb, OnlineEvalCallback)]
+    trainer = cli.trainer
+    callbacks = [cb for cb in trainer.callbacks if isinstance(cb, OnlineEvalCallback)]  # type: ignore[attr-defined]
     for cb in callbacks:
         if cb.held_out is None:
             cb.held_out = HeldOutSets(
@@ -210,10 +213,11 @@ def main(args: Sequence[str] | None = None) -> Any:
                 [f"segment_{s}" for s in range(len(data.segment_starts))],
                 data.segment_starts,
             )
-    cli.trainer.fit(cli.model, datamodule=data)
+    trainer.fit(cli.model, datamodule=data)
     for cb in callbacks:
         if cb.results is not None:
-            print(format_summary(cb.results))
+            if not cb.verbose:
+                print(format_summary(cb.results))
             print(f"files: {cb.results_dir}")
     return cli
 

@@ -35,6 +35,7 @@ class _Piece:
     step: int
     offset: int
     pred: Tensor
+    top: Tensor | None
     target: Tensor
     first: int
     stride: int
@@ -57,6 +58,7 @@ class WindowBuffer:
         step: int,
         offset: int,
         pred: Tensor,
+        top: Tensor | None,
         target: Tensor,
         *,
         first: int,
@@ -64,14 +66,23 @@ class WindowBuffer:
         cutoff: int,
         classes: int,
     ) -> None:
-        """Rows of one scored batch: sample ``j`` sits at stream position ``first + stride j``."""
-        self.pieces.append(_Piece(step, offset, pred, target, first, stride, cutoff, classes))
+        """Rows of one scored batch: sample ``j`` sits at stream position ``first + stride j``;
+        ``top``: the top class score of each prediction (``None`` for label predictions)."""
+        self.pieces.append(_Piece(step, offset, pred, top, target, first, stride, cutoff, classes))
 
     def rows(self, device: torch.device) -> Tensor:
-        """``[n, 7]`` int64 on ``device``, the columns of :data:`COLUMNS`."""
+        """``[n, 7]`` int64 on ``device``, the columns of :data:`COLUMNS`; a prediction whose top
+        class score is NaN or infinite has the label :data:`~continual_eval.online.scoring.
+        NONFINITE` (checked here, once per window, on the device)."""
         parts = [] if self.merged is None else [self.merged.to(device)]
         if self.pieces:
             preds = torch.cat([p.pred.reshape(-1) for p in self.pieces]).to(device, torch.int64)
+            tops = [
+                torch.zeros(p.pred.numel(), device=p.pred.device) if p.top is None else p.top
+                for p in self.pieces
+            ]
+            top = torch.cat([t.reshape(-1).to(device, torch.float32) for t in tops])
+            preds = torch.where((top - top) == 0, preds, torch.full_like(preds, NONFINITE))
             targets = torch.cat([p.target.reshape(-1) for p in self.pieces]).to(device, torch.int64)
             sizes = [p.pred.numel() for p in self.pieces]
             host = torch.cat(
