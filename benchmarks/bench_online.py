@@ -115,7 +115,13 @@ def run(data: TensorDataset, batch_size: int, extra: list[pl.Callback]) -> dict[
         trainer.fit(MLP(), DataLoader(data, batch_size=batch_size))
         total = time.perf_counter() - start
     loop = clock.end - clock.start
-    return {"loop": loop, "cpu": clock.cpu_end - clock.cpu_start, "end": total - loop}
+    hooks = sum(cb.seconds for cb in extra if isinstance(cb, TimedOnline))
+    return {
+        "loop": loop,
+        "cpu": clock.cpu_end - clock.cpu_start,
+        "end": total - loop,
+        "hooks": hooks,
+    }
 
 
 def paired(samples: dict[str, list[dict[str, float]]], a: str, key: str) -> float:
@@ -124,9 +130,25 @@ def paired(samples: dict[str, list[dict[str, float]]], a: str, key: str) -> floa
     return statistics.median(x[key] / y[key] for x, y in pairs)
 
 
+class TimedOnline(OnlineEvalCallback):
+    """The callback with a stopwatch around its per-batch hooks (window closes included)."""
+
+    seconds = 0.0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        start = time.perf_counter()
+        super().on_train_batch_start(*args)
+        self.seconds += time.perf_counter() - start
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        start = time.perf_counter()
+        super().on_train_batch_end(*args)
+        self.seconds += time.perf_counter() - start
+
+
 def online(**kwargs: Any) -> OnlineEvalCallback:
     kwargs.setdefault("near_future_delays", [])
-    return OnlineEvalCallback(window_batches=50, verbose=False, **kwargs)
+    return TimedOnline(window_batches=50, verbose=False, **kwargs)
 
 
 def main() -> None:
@@ -164,14 +186,16 @@ def main() -> None:
         print(f"\nbatch size {batch_size}")
         print(
             f"  {'variant':26s} {'loop median':>12s} {'x bare':>7s} {'x bare (CPU)':>13s} "
-            f"{'rest of fit':>12s}"
+            f"{'hooks / bare loop':>18s} {'rest of fit':>12s}"
         )
         for name in variants:
             loop = statistics.median(s["loop"] for s in samples[name]) * 1e3
             end = statistics.median(s["end"] for s in samples[name]) * 1e3
+            pairs = zip(samples[name], samples["bare"], strict=True)
+            hooks = statistics.median(x["hooks"] / y["loop"] for x, y in pairs)
             print(
                 f"  {name:26s} {loop:9.1f} ms {paired(samples, name, 'loop'):7.3f} "
-                f"{paired(samples, name, 'cpu'):13.3f} {end:9.1f} ms"
+                f"{paired(samples, name, 'cpu'):13.3f} {hooks:18.3f} {end:9.1f} ms"
             )
         for key, what in (("loop", "wall"), ("cpu", "CPU")):
             one = paired(samples, "one forward (reference)", key) - 1

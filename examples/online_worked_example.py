@@ -26,9 +26,9 @@ from continual_eval.online.synthetic import AutocorrelatedStream, StreamClassifi
 LEARNING_RATES = (0.5, 0.05, 0.005)
 
 
-def fit(lr: float, out: Path) -> OnlineEvalCallback:
+def fit(lr: float, out: Path, samples: int) -> OnlineEvalCallback:
     pl.seed_everything(0, verbose=False)
-    data = AutocorrelatedStream(num_samples=12000, run_length=150, batch_size=10, seed=0)
+    data = AutocorrelatedStream(num_samples=samples, run_length=150, batch_size=10, seed=0)
     callback = OnlineEvalCallback(
         near_future_delays=[1, 45],
         label_delays=[5],
@@ -58,6 +58,7 @@ def fit(lr: float, out: Path) -> OnlineEvalCallback:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("runs/online_example"))
+    parser.add_argument("--samples", type=int, default=12000, help="stream length")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*blind predictor.*")
@@ -68,7 +69,7 @@ def main() -> None:
     )
     print(header)
     for lr in LEARNING_RATES:
-        results = fit(lr, args.out).results
+        results = fit(lr, args.out, args.samples).results
         assert results is not None
         summary = results.summary()
         scores, held, cost = summary["scores"], summary["held_out"], summary["cost"]

@@ -498,10 +498,9 @@ class OnlineEvalCallback(Callback):
                 f"the loader's batch_size {self.reader.batch_size}"
             )
         start = layout.batch_start()
-        if self.held_out is not None:
+        if self.held_out is not None and start >= self.held_out.next_boundary(self.segments_done):
             ended = self.held_out.ended_segments(start, self.segments_done)
-            if ended:
-                self._evaluate_held_out(trainer, pl_module, segments=ended)
+            self._evaluate_held_out(trainer, pl_module, segments=ended)
         self._batch = {
             "n": n,
             "first": layout.first_position(layout.local),
@@ -541,12 +540,15 @@ class OnlineEvalCallback(Callback):
         first: int,
         n: int,
     ) -> None:
+        if n < pred.shape[0]:  # the padding a DistributedSampler adds: never scored
+            pred, target = pred[:n], target[:n]
+            top = None if top is None else top[:n]
         self.buffer.add(
             self._batch["step"],
             offset,
-            pred[:n],
-            None if top is None else top[:n],
-            target[:n],
+            pred,
+            top,
+            target,
             first=first,
             stride=self.layout.world_size,
             cutoff=self._batch["start"],

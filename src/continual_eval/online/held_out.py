@@ -68,6 +68,14 @@ class HeldOutSets:
         """This rank's unpadded shards (once per fit)."""
         self.loaders.shard(trainer.global_rank, trainer.world_size)
 
+    def next_boundary(self, done: int) -> float:
+        """The stream position where the first segment not yet ended (``done``) ends; infinite
+        without segment starts or when only the last segment is left."""
+        starts = self.segment_starts
+        if starts is None or done + 1 >= len(starts):
+            return float("inf")
+        return starts[done + 1]
+
     def ended_segments(self, position: int, done: int) -> list[int]:
         """The segments ``done, done+1, ...`` that end at or before ``position`` (the next one
         starts there)."""

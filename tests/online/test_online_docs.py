@@ -1,0 +1,41 @@
+"""Executed documentation: every python block of docs/online.md followed by a text block prints
+that text; the worked example script runs (on a shorter stream)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from script_runner import run_script
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "online.md"
+# a python block directly followed by a text block; neither part crosses a code fence
+PAIR = re.compile(r"```python\n((?:(?!```).)*)```\s*```text\n((?:(?!```).)*)```", re.DOTALL)
+
+
+def test_doc_examples_print_what_they_show():
+    pairs = PAIR.findall(DOC.read_text(encoding="utf-8"))
+    assert len(pairs) == 2
+    namespace: dict = {}
+    for code, shown in pairs:  # blocks share a namespace, like a notebook
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            exec(compile(code, str(DOC), "exec"), namespace)
+        assert buf.getvalue() == shown, f"block:\n{code}"
+
+
+@pytest.mark.slow
+def test_worked_example_script_runs(tmp_path):
+    script = ROOT / "examples" / "online_worked_example.py"
+    proc = run_script(script, "--out", tmp_path, "--samples", "1500", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = proc.stdout.strip().splitlines()
+    assert rows[0].split()[:3] == ["lr", "online", "blind"]
+    assert [r.split()[0] for r in rows[1:4]] == ["0.5", "0.05", "0.005"]
+    for lr in ("0.5", "0.05", "0.005"):
+        assert (tmp_path / f"lr_{lr}" / "online.png").stat().st_size > 10_000
