@@ -1,5 +1,6 @@
-"""Executed documentation: every python block of docs/online.md followed by a text block prints
-that text; the worked example script runs (on a shorter stream)."""
+"""Executed documentation: every python block of docs/online.md runs (the blocks share a
+namespace, like a notebook, in a fresh directory), and one followed by a text block prints that
+text; the worked example script runs (on a shorter stream)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,21 @@ from script_runner import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "online.md"
-# a python block directly followed by a text block; neither part crosses a code fence
-PAIR = re.compile(r"```python\n((?:(?!```).)*)```\s*```text\n((?:(?!```).)*)```", re.DOTALL)
+# a python block, and the text block directly after it if there is one; no part crosses a fence
+BLOCK = re.compile(r"```python\n((?:(?!```).)*)```(?:\s*```text\n((?:(?!```).)*)```)?", re.DOTALL)
 
 
-def test_doc_examples_print_what_they_show():
-    pairs = PAIR.findall(DOC.read_text(encoding="utf-8"))
-    assert len(pairs) == 2
+def test_doc_blocks_run_and_print_what_they_show(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = BLOCK.findall(DOC.read_text(encoding="utf-8"))
+    assert len(blocks) == 3 and all(shown for _, shown in blocks)
     namespace: dict = {}
-    for code, shown in pairs:  # blocks share a namespace, like a notebook
+    for code, shown in blocks:
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             exec(compile(code, str(DOC), "exec"), namespace)
         assert buf.getvalue() == shown, f"block:\n{code}"
+    assert (tmp_path / "online_run" / "online.json").is_file()
 
 
 @pytest.mark.slow

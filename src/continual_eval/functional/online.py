@@ -247,7 +247,8 @@ def recent_mode(
             ``labels[0]``, counted from ``labels[0]`` (negative; any negative value when unknown,
             ``-(2**62)`` when never seen), used to break ties (``window=None`` only).
 
-    Cost: ``O(L + P C)`` time and ``O(P C)`` memory for the ``P <= 2Q`` distinct window ends.
+    Cost: ``O(L + Q + P C)`` time and ``O(P C)`` memory for the ``P <= 2Q`` distinct window
+    ends (a batch's samples share one).
 
     >>> labels = torch.tensor([0, 0, 1, 1, 1, 2])
     >>> recent_mode(labels, torch.tensor([0, 2, 4, 6]), 3, num_classes=3)
@@ -283,10 +284,13 @@ def recent_mode(
     last.scatter_reduce_(0, bucket * num_classes + labels, positions, reduce="amax")
     # last[m, c]: the last position < P[m] holding label c
     last = last.view(rows, num_classes).cummax(0).values[:-1]
-    at_end = torch.searchsorted(points, ends)
+    # one prediction per distinct window (queries share them: a batch's samples share a cutoff)
+    distinct, inverse = torch.unique(ends, return_inverse=True)
+    at_end = torch.searchsorted(points, distinct)
     window_counts = counts[at_end]
-    if starts is not None:
-        window_counts = window_counts - counts[torch.searchsorted(points, starts)]
+    if window is not None:
+        start_of = torch.searchsorted(points, (distinct - window).clamp(min=0))
+        window_counts = window_counts - counts[start_of]
     elif counts_before is not None:
         window_counts = window_counts + counts_before.to(device, torch.int64).unsqueeze(0)
     recency = last[at_end]
@@ -296,7 +300,8 @@ def recent_mode(
     best = window_counts.max(dim=1, keepdim=True).values
     tied = (window_counts == best) & (best > 0)
     choice = torch.where(tied, recency, torch.full_like(recency, never - 1)).argmax(dim=1)
-    return torch.where(best.squeeze(1) > 0, choice, torch.full_like(choice, -1))
+    prediction = torch.where(best.squeeze(1) > 0, choice, torch.full_like(choice, -1))
+    return prediction[inverse]
 
 
 def last_label(labels: Tensor, ends: Tensor, *, before: int = -1) -> Tensor:
