@@ -339,6 +339,9 @@ def test_bad_input_is_refused_with_its_reason(tmp_path):
     cb = OnlineEvalCallback(dirpath=tmp_path / "b", verbose=False)
     with pytest.raises(ValueError, match=r"cannot read the stream ahead.*RandomSampler"):
         trainer(tmp_path, [cb]).fit(Learner(make_net()), shuffled)
+    cb = OnlineEvalCallback(stream=TensorDataset(x, y), dirpath=tmp_path / "e", verbose=False)
+    with pytest.raises(ValueError, match=r"RandomSampler\) while stream= holds the stream"):
+        trainer(tmp_path, [cb]).fit(Learner(make_net()), shuffled)
     dataset = TensorDataset(x, y)  # what Lightning puts into a training loader under DDP:
     shuffling = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True)
     cb = OnlineEvalCallback(near_future_delays=[], dirpath=tmp_path / "d", verbose=False)

@@ -74,7 +74,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 
 from continual_eval.online.held_out import HeldOutSets
 from continual_eval.online.plot import ONLINE_PNG, plot_online
@@ -386,6 +386,11 @@ class OnlineEvalCallback(Callback):
                     "batch_size (not a custom batch_sampler)"
                 )
             problem = readable_order(loader) if self.stream is None else None
+            if isinstance(sampler, RandomSampler) and self.stream is not None:
+                problem = (
+                    "the training loader shuffles (a RandomSampler) while stream= holds the stream "
+                    "in order: the batches read ahead would not be the ones trained next"
+                )
             if problem is not None:
                 raise ValueError(
                     f"OnlineEvalCallback: cannot read the stream ahead: {problem}. Pass the "

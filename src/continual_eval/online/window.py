@@ -75,30 +75,32 @@ class WindowBuffer:
         class score is NaN or infinite has the label :data:`~continual_eval.online.scoring.
         NONFINITE` (checked here, once per window, on the device)."""
         parts = [] if self.merged is None else [self.merged.to(device)]
-        if self.pieces:
-            preds = torch.cat([p.pred.reshape(-1) for p in self.pieces]).to(device, torch.int64)
-            tops = [
-                torch.zeros(p.pred.numel(), device=p.pred.device) if p.top is None else p.top
-                for p in self.pieces
-            ]
-            top = torch.cat([t.reshape(-1).to(device, torch.float32) for t in tops])
-            preds = torch.where((top - top) == 0, preds, torch.full_like(preds, NONFINITE))
-            targets = torch.cat([p.target.reshape(-1) for p in self.pieces]).to(device, torch.int64)
-            sizes = [p.pred.numel() for p in self.pieces]
-            host = torch.cat(
+        pieces = self.pieces
+        if pieces:
+            preds = torch.cat([p.pred.reshape(-1) for p in pieces]).to(device, torch.int64)
+            scored = [p.top.reshape(-1) for p in pieces if p.top is not None]
+            if scored:
+                with_top = torch.tensor([p.top is not None for p in pieces])
+                finite = torch.ones(preds.shape[0], dtype=torch.bool, device=device)
+                top = torch.cat(scored).to(device, torch.float32)
+                sizes = torch.tensor([p.pred.numel() for p in pieces])
+                finite[with_top.repeat_interleave(sizes).to(device)] = (top - top) == 0
+                preds = torch.where(finite, preds, torch.full_like(preds, NONFINITE))
+            targets = torch.cat([p.target.reshape(-1) for p in pieces]).to(device, torch.int64)
+            # per piece: step, offset, first position, stride, cutoff, classes, size
+            meta = torch.tensor(
                 [
-                    torch.stack(
-                        [
-                            torch.full((n,), p.step, dtype=torch.int64),
-                            torch.full((n,), p.offset, dtype=torch.int64),
-                            p.first + p.stride * torch.arange(n, dtype=torch.int64),
-                            torch.full((n,), p.cutoff, dtype=torch.int64),
-                            torch.full((n,), p.classes, dtype=torch.int64),
-                        ],
-                        dim=1,
-                    )
-                    for p, n in zip(self.pieces, sizes, strict=True)
-                ]
+                    [p.step, p.offset, p.first, p.stride, p.cutoff, p.classes, p.pred.numel()]
+                    for p in pieces
+                ],
+                dtype=torch.int64,
+            )
+            per_row = meta.repeat_interleave(meta[:, 6], dim=0)
+            starts = meta[:, 6].cumsum(0) - meta[:, 6]
+            slot = torch.arange(per_row.shape[0]) - starts.repeat_interleave(meta[:, 6])
+            position = per_row[:, 2] + per_row[:, 3] * slot
+            host = torch.stack(
+                [per_row[:, 0], per_row[:, 1], position, per_row[:, 4], per_row[:, 5]], dim=1
             ).to(device)
             parts.append(
                 torch.stack(
