@@ -188,8 +188,9 @@ class OnlineEvalCallback(Callback):
     Args:
         near_future_delays: delays (in training batches) of the near-future accuracy; the delay
             must be long enough for the stream's labels to decorrelate, which the blind scores
-            show (a warning says when the blind ``mode`` predictor beats the ``prior`` one at the
-            longest delay by more than ``blind_margin``). ``[]``: none.
+            show (a warning says when, at the longest delay, the blind ``mode`` predictor beats
+            chance, the larger of the ``prior`` predictor's score and ``1 / classes seen``, by more
+            than ``blind_margin``). ``[]``: none.
         label_delays: label delays (in training batches) to score; ``[]``: none (default).
         window_batches: training batches per window (the unit of the record, the logs and the
             picture).
@@ -702,6 +703,7 @@ class OnlineEvalCallback(Callback):
             stream_start=start,
             stream_end=end,
             global_step=self.optimizer_steps,
+            classes_seen=int((self.blind.counts > 0).sum()),
             scores=scores,
             cost=WindowCost(
                 samples=stage.samples,
@@ -865,15 +867,17 @@ class OnlineEvalCallback(Callback):
                 "accuracy and the held-out curves instead",
                 stacklevel=2,
             )
-        if self.near_future_delays:
+        if self.near_future_delays and self.results.windows:
             key = f"near_future/{self.near_future_delays[-1]}"
             recent, prior = summary[key]["blind"]["mode"], summary[key]["blind"]["prior"]
-            if recent is not None and prior is not None and recent - prior > self.blind_margin:
+            # chance: the label frequencies' own predictor, or 1 / classes for balanced labels
+            chance = max(prior or 0.0, 1 / max(1, self.results.windows[-1].classes_seen))
+            if recent is not None and recent - chance > self.blind_margin:
                 warnings.warn(
                     f"OnlineEvalCallback: at the longest near-future delay "
                     f"({self.near_future_delays[-1]} batches) the recent-label predictor still "
-                    f"scores {recent:.4f} against {prior:.4f} for the label frequencies: the "
-                    "labels are still correlated that far ahead; raise near_future_delays",
+                    f"scores {recent:.4f} against a chance level of {chance:.4f}: the labels are "
+                    "still correlated that far ahead; raise near_future_delays",
                     stacklevel=2,
                 )
 

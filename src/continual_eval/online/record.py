@@ -120,7 +120,8 @@ class OnlineWindow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ``first_batch``/``last_batch``: training batches counted from the run's start (inclusive);
     ``stream_start``/``stream_end``: the stream positions ``[start, end)`` trained in the window
     (samples of all ranks; padding excluded); ``global_step``: optimizer steps of the run at the
-    window's end.
+    window's end; ``classes_seen``: the distinct labels the stream has shown by the window's
+    end (``1 / classes_seen`` is chance for balanced labels).
     """
 
     index: NonNegative
@@ -129,6 +130,7 @@ class OnlineWindow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stream_start: NonNegative
     stream_end: NonNegative
     global_step: NonNegative
+    classes_seen: NonNegative
     scores: dict[str, ScoreCounts]
     cost: WindowCost
 
