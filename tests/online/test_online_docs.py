@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from continual_eval.online import read_online
 from script_runner import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,3 +46,32 @@ def test_worked_example_script_runs(tmp_path):
     assert [r.split()[0] for r in rows[1:4]] == ["0.5", "0.05", "0.005"]
     for lr in ("0.5", "0.05", "0.005"):
         assert (tmp_path / f"lr_{lr}" / "online.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_config_runs_through_the_lightning_cli(tmp_path):
+    """configs/online_autocorrelated.yaml through ``python -m continual_eval.online.synthetic``
+    (a shorter stream): the callback gets the datamodule's segment sets and writes its files."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "continual_eval.online.synthetic",
+            "--config",
+            str(ROOT / "configs" / "online_autocorrelated.yaml"),
+            "--data.num_samples",
+            "1500",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = read_online(tmp_path / "mlp" / "version_0")
+    assert results.protocol.near_future_delays == [1, 45]
+    assert results.held_out is not None and results.held_out.segment_starts == [0, 375, 750, 1125]
+    assert results.windows[-1].stream_end == 1500
