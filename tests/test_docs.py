@@ -5,7 +5,8 @@
   notebook) and run in a fresh temporary directory. A block followed directly by a ``text`` block
   must print exactly that text. A block preceded by ``<!-- skip -->`` is not run (none is today;
   the marker is for shell-like or long-running examples). docs/stream.md's blocks are executed by
-  tests/stream/test_stream_docs.py; here it is only checked that all of them are covered there.
+  tests/stream/test_stream_docs.py (here it is only checked that all of them are covered there),
+  docs/online.md's by tests/online/test_online_docs.py.
 * ``mkdocs build --strict`` builds the site (mkdocs.yml, API reference from the docstrings) with
   warnings as errors and without the theme's end-of-life banner; skipped when mkdocs is not
   installed (``pip install -e ".[docs]"``). Over the built HTML: no raw reST role (``:func:``,
@@ -194,7 +195,7 @@ def test_every_docs_page_is_in_the_nav():
     in_nav = set(pages(config["nav"]))
     on_disk = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     assert in_nav == on_disk
-    executed = {p.removeprefix("docs/") for p in PAGES} | {"stream.md"}
+    executed = {p.removeprefix("docs/") for p in PAGES} | {"stream.md", "online.md"}
     guides = {p for p in on_disk if not p.startswith("api/")}
     assert guides <= executed, guides - executed
 

@@ -1,0 +1,44 @@
+"""Online continual learning evaluation: prequential, near-future, label-delay and blind-baseline
+accuracy over a stream, held-out curves over time, and the compute beside them.
+
+* :class:`OnlineEvalCallback` (:mod:`continual_eval.online.callback`): the Lightning callback;
+* :class:`OnlineResults`, :func:`read_online` (:mod:`continual_eval.online.record`): the record
+  and its ``online.json``;
+* :func:`plot_online` (:mod:`continual_eval.online.plot`): the picture;
+* the pure tensor functions behind them: :mod:`continual_eval.functional.online`.
+
+See docs/online.md.
+"""
+
+from continual_eval.online.callback import OnlineEvalCallback
+from continual_eval.online.plot import ONLINE_PNG, plot_online
+from continual_eval.online.record import (
+    BLIND_PREDICTORS,
+    ONLINE_FILE,
+    HeldOut,
+    HeldOutEvaluation,
+    OnlineResults,
+    OnlineWindow,
+    Protocol,
+    ScoreCounts,
+    WindowCost,
+    read_online,
+    score_key,
+)
+
+__all__ = [
+    "BLIND_PREDICTORS",
+    "ONLINE_FILE",
+    "ONLINE_PNG",
+    "HeldOut",
+    "HeldOutEvaluation",
+    "OnlineEvalCallback",
+    "OnlineResults",
+    "OnlineWindow",
+    "Protocol",
+    "ScoreCounts",
+    "WindowCost",
+    "plot_online",
+    "read_online",
+    "score_key",
+]
