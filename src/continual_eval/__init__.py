@@ -13,8 +13,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "ContinualEvalCallback": "continual_eval.callback",
-    "fit_tasks": "continual_eval.callback",
-    "scheduled_task": "continual_eval.callback",
+    "fit_tasks": "continual_eval.training",
+    "scheduled_task": "continual_eval.training",
+    "StepEvaluation": "continual_eval.options",
     "continual_metrics": "continual_eval.functional",
     "continual_metrics_curve": "continual_eval.functional",
     "ContinualMetrics": "continual_eval.metric",
@@ -41,6 +42,7 @@ __all__ = [
     "ContinualResults",
     "MatrixResults",
     "Reference",
+    "StepEvaluation",
     "TaskAgnosticAccuracyScorer",
     "TaskAwareAccuracyScorer",
     "__version__",
@@ -59,7 +61,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+    from continual_eval.callback import ContinualEvalCallback
     from continual_eval.class_incremental_results import ClassIncrementalResults
     from continual_eval.evaluation.class_incremental import (
         TaskAgnosticAccuracyScorer,
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from continual_eval.functional import continual_metrics, continual_metrics_curve
     from continual_eval.metric import ContinualMetrics
+    from continual_eval.options import StepEvaluation
     from continual_eval.plotting import (
         plot_accuracy_curves,
         plot_accuracy_matrix,
@@ -81,6 +84,7 @@ if TYPE_CHECKING:  # pragma: no cover
         load_results,
         results_to_curves,
     )
+    from continual_eval.training import fit_tasks, scheduled_task
 
 
 def __getattr__(name: str) -> Any:

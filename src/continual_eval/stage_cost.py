@@ -1,9 +1,10 @@
 r"""What each training stage cost: wall time of training and of the evaluation, peak memory,
 parameters, samples and optimizer steps trained, and the replay memory a method reports.
 
-The callback owns one :class:`StageCostRecorder`; it reads clocks only at stage boundaries and
-around its own evaluation (never inside a training step: no device sync is added there), and
-counts samples from the batches' host-side shapes.
+The callback owns one :class:`StageCostRecorder`, the meter of the stage in progress; it reads
+clocks only at stage boundaries and around its own evaluation (never inside a training step: no
+device sync is added there), and counts samples from the batches' host-side shapes. The costs of
+finished stages belong to the run record (:class:`~continual_eval.record.RunRecord`).
 
 Per stage ``i`` (one :class:`StageCost`):
 
@@ -14,9 +15,9 @@ Per stage ``i`` (one :class:`StageCost`):
   per-step evaluations of ``eval_every_n_steps``); a stage resumed from a checkpoint written
   inside it (``trainer.fit(ckpt_path=...)``) adds the time it had trained when the checkpoint was
   written to the time since the resume.
-* ``eval_seconds``: wall time of the end-of-stage evaluation and the recording of its row (what
-  the evaluation costs the user; the files and logs written after it are not counted), measured
-  on each rank (``results.json`` holds rank 0's).
+* ``eval_seconds``: wall time of the end-of-stage evaluation (the forward passes, the reduction
+  across ranks, the checks of its rows; the files and logs written after it are not counted),
+  measured on each rank (``results.json`` holds rank 0's).
 * ``peak_memory_bytes``: ``torch.cuda.max_memory_allocated`` over the stage on a CUDA device
   (reset at the stage start), else the process's peak resident set size so far
   (``ru_maxrss``; it never decreases), named by ``memory_kind``.
@@ -213,10 +214,10 @@ def _replay_memory(module: nn.Module) -> int | None:
 
 
 class StageCostRecorder:
-    """Clocks and counters of the current stage, and the :class:`StageCost` of finished ones."""
+    """Clocks and counters of the stage in progress; :meth:`finish_stage` gives its
+    :class:`StageCost`."""
 
     def __init__(self) -> None:
-        self.costs: list[StageCost] = []
         self._start: float | None = None
         self._samples = 0
         self._device: torch.device | None = None
@@ -273,9 +274,8 @@ class StageCostRecorder:
         optimizer_steps: int,
         replay_memory: int | _Unread | None = _UNREAD,
     ) -> StageCost:
-        """Record stage ``stage`` (replacing a record of the same stage: a re-run after resume,
-        and dropping later ones). ``replay_memory``: read from ``module``'s hook unless given
-        (:func:`read_replay_memory`)."""
+        """The cost of stage ``stage``, which ends now (the clock stops). ``replay_memory``: read
+        from ``module``'s hook unless given (:func:`read_replay_memory`)."""
         if isinstance(replay_memory, _Unread):
             replay_memory = read_replay_memory(module)
         device = self._device
@@ -296,19 +296,5 @@ class StageCostRecorder:
             optimizer_steps=int(optimizer_steps),
             replay_memory=replay_memory,
         )
-        self.costs = [c for c in self.costs if c.stage < stage] + [cost]
         self._start = None
         return cost
-
-    def summary(self) -> dict[str, Any]:
-        """Totals over the recorded stages and the model-size efficiency
-        (:func:`summarize_costs`)."""
-        return summarize_costs(self.costs)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"costs": [c.to_dict() for c in self.costs]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.costs = [StageCost.from_dict(c) for c in state.get("costs", [])]
-        self._start = None
-        self._samples = 0

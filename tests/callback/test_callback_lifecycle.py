@@ -16,7 +16,7 @@ import torch
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval import ContinualEvalCallback, fit_tasks, scheduled_task
 from continual_eval.results import (
     RESULTS_FILE,
     SCORES_FILE,
@@ -268,7 +268,7 @@ def test_resume_with_another_scorer_is_refused(tasks, tmp_path):
         eval_loaders(tasks), metric=MulticlassF1Score(num_classes=3), verbose=False
     )
     with pytest.raises(
-        ValueError, match="score_name: recorded 'accuracy', now 'MulticlassF1Score'"
+        ValueError, match=r"scorers: recorded \{'acc': 'accuracy'\}, now \{'MulticlassF1Score'"
     ):
         f1.load_state_dict(state)
 

@@ -8,7 +8,7 @@ import torch
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval import ContinualEvalCallback, fit_tasks, scheduled_task
 from continual_eval.results import load_results
 
 K = 2  # epochs per task
@@ -61,7 +61,7 @@ def test_epochs_per_task_resume_equals_uninterrupted(tasks, tmp_path, with_val):
     assert first.stages_completed == 2
     last = tmp_path / "cut" / "ckpt" / "last.ckpt"
     saved = torch.load(last, weights_only=False)["callbacks"][first.state_key]
-    assert len(saved["scores"]) == (1 if with_val else 2)
+    assert len(saved["record"]["matrices"]["acc"]["scores"]) == (1 if with_val else 2)
 
     resumed, resumed_model = scheduled_run(
         tasks, tmp_path / "cut", 3 * K, ckpt_path=last, with_val=with_val

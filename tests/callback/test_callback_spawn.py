@@ -15,8 +15,8 @@ import pytest
 import torch
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
 
+from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval._spawn_handover import SpawnHandover
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
 from continual_eval.results import check_results_files, load_results, results_to_tensors
 from script_runner import run_spawn_script
 
