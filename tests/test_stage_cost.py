@@ -77,7 +77,7 @@ def test_recorder_counts_every_stage() -> None:
         assert cost.replay_memory == 12
         assert cost.memory_kind == "process_peak_rss" and cost.peak_memory_bytes > 0
         costs.append(cost)
-        assert recorder.progress() is None  # the stage ended
+        assert recorder.progress(stage) is None  # the stage ended
     summary = summarize_costs(costs)
     assert summary["samples"] == 22 and summary["optimizer_steps"] == 6
     assert summary["model_size_efficiency"] == 1.0

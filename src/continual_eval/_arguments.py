@@ -11,8 +11,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from continual_eval._class_incremental_recorder import (
+    ClassIncrementalRecord,
+    class_incremental_scorers,
+)
 from continual_eval.evaluation import AccuracyScorer, MetricScorer, Scorer, make_scorer
+from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
 from continual_eval.options import StepEvaluation
+from continual_eval.record import MatrixSpec, RecordSection, RunRecord
 from continual_eval.results_schema import MAX_NAME_LENGTH, MAX_TASKS
 
 __all__ = [
@@ -23,8 +29,13 @@ __all__ = [
     "check_lca_beta",
     "check_loader_count",
     "check_metadata",
+    "check_same_run",
     "check_task_names",
+    "class_incremental_scorers",
     "resolve_scorers",
+    "run_record",
+    "step_settings",
+    "subset_description",
 ]
 
 
@@ -190,3 +201,82 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> None:
 
     walk(metadata, "")
     json.dumps(metadata, allow_nan=False)
+
+
+def check_same_run(
+    state: Mapping[str, Any],
+    record: RunRecord,
+    *,
+    epochs_per_task: int | None,
+    step_evaluation: StepEvaluation | None,
+    task_names: Sequence[str] | None,
+) -> None:
+    """Refuse a checkpoint's callback state recorded under settings that would relabel or mix
+    its rows (the record's own settings, see :meth:`RunRecord.settings_differ`, the schedule,
+    the per-step subset and the given task names)."""
+    recorded = state["record"]
+    if len(recorded["task_names"]) != record.num_tasks:
+        raise ValueError(
+            f"the checkpoint's ContinualEvalCallback state has {len(recorded['task_names'])} "
+            f"tasks but {record.num_tasks} test dataloaders were given"
+        )
+    differ = record.settings_differ(recorded)
+    for key, old, new in (
+        ("epochs_per_task", state["epochs_per_task"], epochs_per_task),
+        ("eval_every_n_steps", state["step_evaluation"], step_settings(step_evaluation)),
+        ("task_names", recorded["task_names"], list(task_names or recorded["task_names"])),
+    ):
+        if old != new:
+            differ.append((key, old, new))
+    if differ:
+        raise ValueError(
+            "ContinualEvalCallback: the checkpoint's state was recorded with other settings; "
+            "resuming would relabel or mix its rows: "
+            + "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differ)
+            + ". Resume with the recorded settings, or start a new run (no checkpoint)"
+        )
+
+
+def step_settings(steps: StepEvaluation | None) -> dict[str, Any] | None:
+    """What of the per-step settings a checkpoint's rows depend on (the subset)."""
+    if steps is None:
+        return None
+    return {"subset": steps.subset, "subset_seed": steps.subset_seed}
+
+
+def run_record(
+    scorers: Mapping[str, Scorer],
+    task_names: Sequence[str],
+    *,
+    steps: StepEvaluation | None,
+    **settings: Any,
+) -> RunRecord:
+    """The run record of the callback's scorers (a matrix each, the primary first) and settings
+    (``forgetting``, ``metadata``, ``run_id``, ``reference``, ``lca_beta``), with the step curves
+    when ``steps`` and the class-incremental section when the scorers hold the task-agnostic
+    one."""
+    sections: list[RecordSection] = []
+    agnostic = scorers.get(AGNOSTIC_NAME)
+    if isinstance(agnostic, TaskAgnosticAccuracyScorer):
+        sections.append(ClassIncrementalRecord(agnostic, task_names))
+    return RunRecord(
+        {name: MatrixSpec.of(scorer) for name, scorer in scorers.items()},
+        task_names,
+        step_curves=steps is not None,
+        sections=sections,
+        **settings,
+    )
+
+
+def subset_description(
+    steps: StepEvaluation | None, samples_per_task: Sequence[int]
+) -> dict[str, Any] | None:
+    """The fixed subset of the per-step evaluations as ``results.json`` describes it."""
+    if steps is None or steps.subset is None:
+        return None
+    return {
+        "size": steps.subset,
+        "seed": steps.subset_seed,
+        "samples_per_task": list(samples_per_task),
+        "rule": "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])",
+    }

@@ -1,16 +1,26 @@
-"""Checks of the Trainer a ``ContinualEvalCallback`` fit starts with, before anything trains:
-a schedule that fits the tasks and switches the training data at every stage, and a fit that
-would train something."""
+"""Checks of the Trainer a ``ContinualEvalCallback`` fit starts with, before anything trains
+(a schedule that fits the tasks and switches the training data at every stage, a fit that would
+train something), and the messages of fits and stages that end without training."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning.pytorch import Trainer
 
-__all__ = ["check_fit_trains", "check_schedule", "too_many_stages"]
+__all__ = [
+    "check_fit_trains",
+    "check_schedule",
+    "empty_fit",
+    "schedule_end_problem",
+    "too_many_stages",
+    "unsharded_loaders",
+    "untrained_stage",
+]
 
 
 def too_many_stages(stage: int, num_tasks: int) -> ValueError:
@@ -71,3 +81,54 @@ def check_fit_trains(trainer: Trainer, stages_completed: int, num_tasks: int) ->
             "model, train_dataloaders) to run a task sequence on one Trainer, or a new "
             "Trainer per task"
         )
+
+
+def schedule_end_problem(
+    epoch: int, max_epochs: int | None, k: int, stages: int, task_names: Sequence[str]
+) -> str | None:
+    """Why a fit over a schedule of ``k`` epochs per task ended (after ``epoch`` epochs) with
+    stages unrecorded, in words; ``None`` when it did not."""
+    T = len(task_names)
+    planned = T if max_epochs in (None, -1) else min(T, max_epochs // k)
+    if epoch % k:
+        return (
+            f"ContinualEvalCallback: training stopped inside stage {epoch // k} after "
+            f"{epoch % k} of its {k} epochs; that stage is not recorded"
+        )
+    if stages < planned:
+        return (
+            f"ContinualEvalCallback: training ended after {stages} of {planned} scheduled "
+            f"stages: stage {stages} (task {stages}, {task_names[stages]!r}) ended without a "
+            "training step (its train dataloader yielded no batch, or the fit was stopped). "
+            f"Stages 0..{stages - 1} are recorded"
+        )
+    return None
+
+
+def untrained_stage(stage: int, task_names: Sequence[str]) -> str:
+    """The warning of a scheduled stage that ended without a training step."""
+    return (
+        f"ContinualEvalCallback: stage {stage} (task {stage}, {task_names[stage]!r}) ended "
+        "without a training step: its train dataloader yielded no batch. The row is recorded "
+        "from the unchanged model"
+    )
+
+
+def empty_fit(stage: int, task_names: Sequence[str], results_dir: Path | None) -> RuntimeError:
+    """The error of a fit (one per task) that trained nothing."""
+    name = task_names[stage] if stage < len(task_names) else "?"
+    return RuntimeError(
+        f"ContinualEvalCallback: the fit for stage {stage} (task {stage}, {name!r}) trained "
+        "nothing and no row was recorded: its train dataloader yielded no batch (or "
+        "limit_train_batches=0). Everything recorded before is kept in "
+        f"{results_dir or 'the results directory'}"
+    )
+
+
+def unsharded_loaders(unsharded: Collection[int]) -> str:
+    """The warning of test loaders that cannot be sharded across ranks."""
+    return (
+        f"ContinualEvalCallback: test dataloaders {sorted(unsharded)} cannot be sharded (an "
+        "iterable dataset, a custom sampler or batch sampler, or not a torch DataLoader); rank 0 "
+        "scores them alone"
+    )

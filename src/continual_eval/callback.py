@@ -1,23 +1,15 @@
 """``ContinualEvalCallback``: the accuracy matrix of a continual-learning run from one callback.
 
-Attach it to a Trainer and train the task sequence in either of the two usual ways:
-
-* one ``trainer.fit`` per task (a new Trainer per task with the same callback instance, or one
-  Trainer driven by :func:`~continual_eval.fit_tasks`); a stage ends in ``on_train_end``;
-* one ``fit`` over a schedule with ``epochs_per_task=k``: the training data switches every ``k``
-  epochs, with ``Trainer(reload_dataloaders_every_n_epochs=1)`` and a ``train_dataloader`` returning
-  ``loaders[scheduled_task(self.trainer, k)]``; a stage ends at the end of every ``k``-th epoch.
-
-The callback holds the hooks and the argument handling; what is measured lives in its
-:class:`~continual_eval.record.RunRecord` (no Lightning there), which builds the results.
+A stage ends in ``on_train_end`` (one ``fit`` per task) or at the end of every ``k``-th epoch
+(one ``fit`` over a schedule, ``epochs_per_task=k``). The callback holds the hooks and the
+argument handling; what is measured lives in its :class:`~continual_eval.record.RunRecord` (no
+Lightning there), which builds the results.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import os
-import time
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
@@ -31,11 +23,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from continual_eval import _arguments as args
-from continual_eval._class_incremental_recorder import (
-    ClassIncrementalRecord,
-    class_incremental_scorers,
+from continual_eval._fit_checks import (
+    check_fit_trains,
+    check_schedule,
+    empty_fit,
+    schedule_end_problem,
+    too_many_stages,
+    unsharded_loaders,
+    untrained_stage,
 )
-from continual_eval._fit_checks import check_fit_trains, check_schedule, too_many_stages
 from continual_eval._loader_list import as_loader_list
 from continual_eval._reference_argument import check_reference_length, resolve_reference
 from continual_eval._results_directory import (
@@ -45,129 +41,99 @@ from continual_eval._results_directory import (
 )
 from continual_eval._spawn_handover import SpawnHandover
 from continual_eval._train_generators import TrainGenerators
+from continual_eval._trainer_scoring import TrainerScoring
 from continual_eval.evaluation import Scorer, TaskLoaders
-from continual_eval.evaluation.class_incremental import (
-    AGNOSTIC_NAME,
-    TaskAgnosticAccuracyScorer,
-)
-from continual_eval.evaluation.trainer_evaluation import (
-    evaluate_under_trainer,
-    module_test_loaders,
-)
+from continual_eval.evaluation.trainer_evaluation import module_test_loaders
 from continual_eval.functional import FORGETTING_CONVENTIONS
 from continual_eval.loggers import (
     format_matrix_table,
     log_baseline,
     log_stage,
     log_step,
-    stage_key_collisions,
+    refuse_key_collisions,
+    stage_line,
 )
 from continual_eval.metric import ContinualMetrics
 from continual_eval.options import StepEvaluation
-from continual_eval.record import MatrixSpec, RunRecord, Scored
+from continual_eval.record import RunRecord
 from continual_eval.results import ContinualResults
 from continual_eval.rng import collect_rng_states, set_rng_states
-from continual_eval.stage_cost import StageCostRecorder, read_replay_memory
+from continual_eval.stage_cost import StageCostRecorder
+from continual_eval.step_curves import StepCurves
 
 __all__ = ["ContinualEvalCallback"]
 
 _STATE_VERSION = 1
-_SUBSET_RULE = "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])"
 
 
 class ContinualEvalCallback(Callback):
     r"""Score every task after every training stage; record ``R``, the baseline and the metrics.
 
     ``R[i, j]`` is the score on task ``j``'s test set after training stage ``i``; ``b[j]`` the
-    untrained model's, measured once before the first training step.
-
-    Stages: one ``fit`` per task (a new Trainer per task with this same callback, or one Trainer
-    driven by :func:`~continual_eval.fit_tasks`), or one ``fit`` over a schedule with
-    ``epochs_per_task=k``, which needs ``Trainer(reload_dataloaders_every_n_epochs=1)`` and a
-    ``train_dataloader()`` returning ``loaders[scheduled_task(self.trainer, k)]`` (refused before
-    training otherwise).
-
+    untrained model's, measured once before the first training step. Stages: one ``fit`` per
+    task (a new Trainer per task with this same callback, or one Trainer driven by
+    :func:`~continual_eval.fit_tasks`), or one ``fit`` over a schedule (``epochs_per_task``).
     Batches: ``continual_eval_step(self, batch, task_id) -> (preds, target)`` when the
-    LightningModule defines it; else ``(x, y)`` is scored as ``module(x)`` and ``(x, y, t)`` as
-    ``module(x, t)``. ``preds`` are class scores ``[N, C, ...]`` (argmax over dim 1) or labels
-    shaped like ``target``. Non-finite scores, labels outside ``[0, C)`` and outputs of the wrong
-    structure are errors naming the task, the test dataloader and the batch.
-
-    Files: ``results.json`` and ``scores.csv`` go to the run's own directory (``dirpath``),
-    printed once at the start; a directory holding another run's results is never written to.
-    Cost: every stage's cost goes to ``results.json``'s ``cost`` section and to the loggers (see
-    :mod:`continual_eval.stage_cost`); a replay method reports its memory size by defining
-    ``continual_eval_memory_size(self) -> int``.
+    LightningModule defines it, else ``(x, y)`` is scored as ``module(x)`` and ``(x, y, t)`` as
+    ``module(x, t)``; bad outputs are errors naming the task, the test dataloader and the batch.
+    ``results.json`` and ``scores.csv`` go to the run's own directory, rewritten after every
+    stage; every stage's cost goes to its ``cost`` section (:mod:`continual_eval.stage_cost`).
+    What is recorded lives in :attr:`record` (:class:`~continual_eval.record.RunRecord`).
 
     Args:
-        test_dataloaders: one test loader per task (index = task id). When ``None``, the
-            datamodule's (else the module's) ``test_dataloader()`` must return such a list.
+        test_dataloaders: one test loader per task (index = task id); ``None``: the datamodule's
+            (else the module's) ``test_dataloader()`` must return such a list.
         task_names: names for logs and files (default ``task_0``, ``task_1``, ...).
         epochs_per_task: ``k`` for a single ``fit`` over a schedule (stage ``i`` = epochs
-            ``[i*k, (i+1)*k)``); ``None`` (default) for one ``fit`` per task.
-        evaluate: ``"all"`` tasks after every stage, or ``"needed"``: only ``j <= i + 1``, the cells
-            the metrics read (others recorded as not evaluated).
-        metric: a torchmetrics ``Metric`` (instance or factory) replacing accuracy; shorthand for
-            one scorer.
-        scorers: several score matrices from the same forward passes: a mapping ``name ->
-            scorer`` (or a list, named by each scorer's ``name``); a scorer is ``"accuracy"``, a
-            torchmetrics ``Metric`` (instance or factory) or an object with the scorer protocol
-            of :mod:`continual_eval.evaluation`. Each gets its own ``R``, baseline, metrics, log
-            keys (``{prefix}{name}/...``; the accuracy scorer keeps ``{prefix}acc`` ...),
-            ``scores_<name>.csv`` and step curves; the first is the primary one. Default
-            ``{"acc": "accuracy"}``.
+            ``[i*k, (i+1)*k)``), with ``Trainer(reload_dataloaders_every_n_epochs=1)`` and a
+            ``train_dataloader()`` returning ``loaders[scheduled_task(self.trainer, k)]``;
+            ``None`` (default) for one ``fit`` per task.
+        evaluate: ``"all"`` tasks after every stage, or ``"needed"``: only ``j <= i + 1``, the
+            cells the metrics read.
+        metric: a torchmetrics ``Metric`` (instance or factory) replacing accuracy.
+        scorers: several score matrices from the same forward passes, ``name -> scorer`` (or a
+            list, named by each scorer's ``name``): ``"accuracy"``, ``"loss"``, ``"top5"``, a
+            torchmetrics ``Metric`` or an object with the scorer protocol of
+            :mod:`continual_eval.evaluation`; the first is the primary one. Each gets its own
+            ``R``, baseline, metrics, log keys (``{prefix}{name}/...``), ``scores_<name>.csv``
+            and curves. Default ``{"acc": "accuracy"}``.
         prefix: prefix of every logged key.
         dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, from
-            the first logger (its ``log_dir``, the W&B run's files directory,
-            ``default_root_dir/continual_eval/<run id>`` for MLflow), or without a logger a new
-            ``default_root_dir/continual_eval/version_N``.
+            the first logger (its ``log_dir``; MLflow: ``default_root_dir/continual_eval/<run
+            id>``), without a logger a new ``default_root_dir/continual_eval/version_N``.
         metadata: free-form JSON-serialisable dict stored in ``results.json``.
         forgetting: forgetting convention, ``"peak"`` or ``"chaudhry"``.
         log_images: also log the matrix as a heatmap where the logger supports images.
         verbose: print a line per stage and the full table at the end of the run.
-        inference_mode: use ``torch.inference_mode`` (else ``torch.no_grad``; gloo always uses
-            ``no_grad``, like Lightning's own loops).
-        eval_every_n_steps: ``k`` (or a :class:`~continual_eval.StepEvaluation`, which also
-            sets a fixed subset of samples per task for these evaluations): inside every stage,
-            also score the tasks seen so far and the current one (``j <= stage``) every ``k``
-            optimizer steps, from ``on_train_batch_end`` (RNG states, train/eval flags and grads
-            are restored or left alone). The step is the callback's cumulative optimizer-step
-            counter, which continues across fits. The curves, min-ACC, WC-ACC and the per-task
+        inference_mode: ``torch.inference_mode`` (else ``torch.no_grad``; gloo: ``no_grad``).
+        eval_every_n_steps: ``k``, or a :class:`~continual_eval.StepEvaluation` (which also sets
+            a fixed subset per task): also score the tasks ``j <= stage`` every ``k`` optimizer
+            steps inside every stage (training is unchanged); the curves, min-ACC, WC-ACC and
             stability gap (De Lange et al., ICLR 2023) of every scorer go to ``results.json``,
-            the loggers (``{prefix}step/{task}``) and ``accuracy_curves.png``. ``None`` (default):
-            off.
-        cache_test_batches: keep collated test batches on the evaluation device after their first
-            pass. ``None`` (default): on for the loaders the per-step evaluations read that
-            :func:`~continual_eval.evaluation.cache_safety` deems safe; ``True``: cache every
-            test loader (you vouch that batches never change); ``False``: never. Dropped when
-            the device, rank/world size or test loader objects change.
+            the loggers and ``accuracy_curves.png``. ``None`` (default): off.
+        cache_test_batches: keep collated test batches on the evaluation device. ``None``
+            (default): for the loaders the per-step evaluations read that
+            :func:`~continual_eval.evaluation.cache_safety` deems safe; ``True``: every loader
+            (you vouch that batches never change); ``False``: never.
         cache_max_bytes: cap on the cached bytes (default 256 MiB).
-        overwrite: a run never writes into a results directory holding another run's
-            ``results.json`` (the fit stops before training, naming it); ``True`` replaces it.
-        restore_rng_states: store the Python, NumPy, torch (CPU and CUDA) random states and the
-            states of the train loaders' own ``torch.Generator`` objects in the callback's
-            checkpoint state and restore them when a fit resumes from it, so that the resumed
-            run draws what an uninterrupted one draws (which resumes are bitwise: see
-            ``docs/callback.md``, "Resuming"; the others warn when they resume).
-        reference: reference scores of the primary scorer, one per task (a model trained on each
-            task alone, or on all tasks jointly): a ``[T]`` tensor or sequence, a mapping
-            ``{"scores": [T], "auc": [T], "kind": ...}``, a :class:`~continual_eval.Reference`
-            from :func:`~continual_eval.train_reference`, or a path to a reference run's
-            ``results.json`` or an isolated reference's directory. ``results.json`` then holds a
-            ``reference`` section (intransigence, forward transfer against isolated training,
-            and with learning curves Continual World's normalised forward transfer).
-        lca_beta: ``beta`` of the learning curve area ``LCA_beta`` (Chaudhry et al., ICLR 2019)
-            in every matrix's ``plasticity``; needs ``eval_every_n_steps=1``.
-        task_classes: class-incremental evaluation of a single-head model (one logit per class
-            id): one list of class ids per task, or
-            :func:`~continual_eval.task_classes_from_loaders` of the test loaders. The callback
-            then adds the matrices ``acc_task_aware`` (argmax over task ``j``'s classes) and
-            ``acc_task_agnostic`` (argmax over the classes of the tasks ``<= max(i, j)``) after
-            ``scorers``, records every stage's confusion counts of the seen tasks and writes the
-            ``class_incremental`` section of ``results.json`` (see
-            :mod:`continual_eval.evaluation.class_incremental`). Class ids are checked at
-            construction (at most ``MAX_CLASSES``), against the model's outputs at its first
-            batch.
+        overwrite: ``True`` replaces another run's ``results.json`` in the results directory
+            (by default the fit stops before training, naming it).
+        restore_rng_states: store the Python, NumPy and torch random states and the train
+            loaders' own generators in the checkpoint state and restore them at a resume (which
+            resumes are bitwise: docs/callback.md, "Resuming"; the others warn).
+        reference: reference scores of the primary scorer, one per task: a ``[T]`` tensor or
+            sequence, a mapping ``{"scores", "auc", "kind"}``, a :class:`~continual_eval.Reference`
+            (:func:`~continual_eval.train_reference`), or a reference run's path; adds the
+            ``reference`` section (intransigence, forward transfer against isolated training).
+        lca_beta: ``beta`` of the learning curve area (Chaudhry et al., ICLR 2019) in every
+            matrix's ``plasticity``; needs ``eval_every_n_steps=1``.
+        task_classes: class-incremental evaluation of a single-head model: one list of class
+            ids per task (or :func:`~continual_eval.task_classes_from_loaders`). Adds the
+            matrices ``acc_task_aware`` and ``acc_task_agnostic`` after ``scorers`` (see
+            :mod:`continual_eval.evaluation.class_incremental`) and the ``class_incremental``
+            section (confusion counts of the seen tasks after every stage). Class ids are
+            checked at construction (below ``MAX_CLASSES``) and against the model's outputs at
+            its first batch.
     """
 
     def __init__(
@@ -214,7 +180,7 @@ class ContinualEvalCallback(Callback):
         self.overwrite, self.restore_rng_states = overwrite, restore_rng_states
         self.scorers: dict[str, Scorer] = args.resolve_scorers(scorers, metric)
         if task_classes is not None:  # the two class-incremental matrices, after the user's
-            self.scorers.update(class_incremental_scorers(task_classes, self.scorers))
+            self.scorers.update(args.class_incremental_scorers(task_classes, self.scorers))
         self.primary = next(iter(self.scorers))
         self.scorer: Scorer = self.scorers[self.primary]
         #: the ``reference=`` argument resolved (checked against the primary scorer)
@@ -238,7 +204,7 @@ class ContinualEvalCallback(Callback):
         self._restored = self._dir_checked = self._warned_unsharded = False
         self._recorded_results_dir: str | None = None
         self._results_dir: Path | None = None
-        self._stage_start_step = self._fit_step_base = self._fit_steps_before = 0
+        self._fit_step_base = self._fit_steps_before = 0
         self._trained_this_fit = False
         self._cost = StageCostRecorder()  # the stage in progress: clocks read at its boundaries
         # a checkpoint's counters of the stage it was written inside, until on_train_start
@@ -268,21 +234,17 @@ class ContinualEvalCallback(Callback):
 
     @property
     def task_names(self) -> list[str] | None:
-        if self._record is not None:
-            return self._record.task_names
-        return self._given_names
+        return self._given_names if self._record is None else self._record.task_names
 
     @property
     def num_tasks(self) -> int | None:
         """``T``, known once the test loaders are (at construction or at the first fit)."""
-        record = self.record
-        return None if record is None else record.num_tasks
+        return None if self.record is None else self.record.num_tasks
 
     @property
     def metrics(self) -> ContinualMetrics | None:
         """The primary scorer's :class:`ContinualMetrics` (``None`` before the first fit)."""
-        record = self.record
-        return None if record is None else record.matrices[self.primary]
+        return None if self.record is None else self.record.matrices[self.primary]
 
     @property
     def matrices(self) -> dict[str, Tensor]:
@@ -293,8 +255,7 @@ class ContinualEvalCallback(Callback):
     @property
     def stages_completed(self) -> int:
         """Stages recorded so far (rows of R)."""
-        record = self.record
-        return 0 if record is None else record.num_stages
+        return 0 if self.record is None else self.record.num_stages
 
     @property
     def scores(self) -> Tensor:
@@ -314,65 +275,44 @@ class ContinualEvalCallback(Callback):
         self._sync_from_child()
         return self._results_dir
 
+    @property
+    def steps_trained(self) -> int:
+        """Optimizer steps of the whole run so far (the step of per-step evaluations; unlike
+        ``trainer.global_step`` it continues across fits)."""
+        return 0 if self.record is None else self.record.steps_trained
+
     def results(self) -> dict[str, Any]:
         """The ``results.json`` document of the stages so far."""
         return self.continual_results().to_dict()
 
     def continual_results(self) -> ContinualResults:
-        """The results of the stages so far as a typed
-        :class:`~continual_eval.results.ContinualResults` (:meth:`RunRecord.continual_results`);
-        ``to_dict()`` is the ``results.json`` document."""
-        record = self.record
-        if record is None:
+        """The typed results of the stages so far (:meth:`RunRecord.continual_results`)."""
+        if self.record is None:
             raise RuntimeError("ContinualEvalCallback has no results yet: no fit has started")
-        return record.continual_results()
-
-    @property
-    def steps_trained(self) -> int:
-        """Optimizer steps of the whole run so far: the step of per-step evaluations (unlike
-        ``trainer.global_step`` it continues across fits)."""
-        record = self.record
-        return 0 if record is None else record.steps_trained
+        return self.record.continual_results()
 
     def curves(self, name: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``(step [N], stage [N], scores [N, T])`` of the evaluations inside and at the end of
-        the stages (NaN = not evaluated) for the scorer ``name`` (default: the primary one);
-        empty unless ``eval_every_n_steps`` is set."""
-        record = self.record
-        if record is None:
-            empty = torch.zeros(0, dtype=torch.int64)
-            return empty, empty, torch.zeros(0, 0, dtype=torch.float64)
-        return record.curves.tensors(record.num_tasks, name)
+        the stages for the scorer ``name`` (default: the primary one); empty unless
+        ``eval_every_n_steps`` is set."""
+        return (
+            StepCurves([self.primary]).tensors(0)
+            if self.record is None
+            else (self.record.curves.tensors(self.record.num_tasks, name))
+        )
 
     # ------------------------------------------------------------------ the record
     def _new_record(self, task_names: Sequence[str]) -> RunRecord:
-        agnostic = self.scorers.get(AGNOSTIC_NAME)
-        sections = []
-        if isinstance(agnostic, TaskAgnosticAccuracyScorer):
-            sections.append(ClassIncrementalRecord(agnostic, task_names))
-        return RunRecord(
-            {name: MatrixSpec.of(scorer) for name, scorer in self.scorers.items()},
+        return args.run_record(
+            self.scorers,
             task_names,
             forgetting=self.forgetting,
             metadata=self.metadata,
             run_id=self.run_id,
             reference=self.reference,
             lca_beta=self.lca_beta,
-            step_curves=self.step_evaluation is not None,
-            sections=sections,
+            steps=self.step_evaluation,
         )
-
-    def _subset_description(self) -> dict[str, Any] | None:
-        steps = self.step_evaluation
-        if steps is None or steps.subset is None:
-            return None
-        sizes = list(self._task_loaders.subset_sizes) if self._task_loaders is not None else []
-        return {
-            "size": steps.subset,
-            "seed": steps.subset_seed,
-            "samples_per_task": sizes,
-            "rule": _SUBSET_RULE,
-        }
 
     def _set_loaders(self, loaders: list[Any]) -> None:
         T = len(loaders)
@@ -382,7 +322,9 @@ class ContinualEvalCallback(Callback):
                 f"ContinualEvalCallback recorded a run of {self._record.num_tasks} tasks but "
                 f"{T} test dataloaders were given"
             )
-        record = self._record or self._new_record(self._given_names or _default_names(T))
+        record = self._record or self._new_record(
+            self._given_names or [f"task_{j}" for j in range(T)]
+        )
         steps = self.step_evaluation
         self._task_loaders = TaskLoaders(
             loaders,
@@ -394,7 +336,7 @@ class ContinualEvalCallback(Callback):
             per_step=steps is not None,
         )
         self._loaders, self._record = loaders, record
-        record.step_subset = self._subset_description()
+        record.step_subset = args.subset_description(steps, self._task_loaders.subset_sizes)
 
     def _prepare_fit(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._loaders is None:
@@ -403,12 +345,7 @@ class ContinualEvalCallback(Callback):
         unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
         if unsharded and trainer.is_global_zero and not self._warned_unsharded:
             self._warned_unsharded = True
-            warnings.warn(
-                f"ContinualEvalCallback: test dataloaders {sorted(unsharded)} cannot be "
-                "sharded (an iterable dataset, a custom sampler or batch sampler, or not a torch "
-                "DataLoader); rank 0 scores them alone",
-                stacklevel=2,
-            )
+            warnings.warn(unsharded_loaders(unsharded), stacklevel=2)
         if trainer.is_global_zero and self._results_dir is None:
             self._results_dir = choose_results_dir(
                 trainer, self.dirpath, recorded=self._recorded_results_dir, run_id=self.run_id
@@ -436,10 +373,10 @@ class ContinualEvalCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"version": _STATE_VERSION, "run_id": self.run_id}
         state["epochs_per_task"] = self.epochs_per_task
-        state["step_evaluation"] = _step_settings(self.step_evaluation)
+        state["step_evaluation"] = args.step_settings(self.step_evaluation)
         if self._record is not None:
             state["record"] = self._record.state_dict()
-            progress = self._stage_progress()
+            progress = self._cost.progress(self._record.num_stages) or self._resumed_progress
             if progress is not None:  # written inside a stage: what it has trained so far
                 state["stage_progress"] = progress
         if self._results_dir is not None:
@@ -458,16 +395,20 @@ class ContinualEvalCallback(Callback):
                 f"ContinualEvalCallback state has version {state_dict.get('version')!r}; expected "
                 f"{_STATE_VERSION}"
             )
-        recorded = state_dict.get("record")
-        record = self._record
+        recorded, record = state_dict.get("record"), self._record
         if recorded is not None:
             record = record or self._new_record(recorded["task_names"])
-            self._check_same_run(state_dict, record)
+            args.check_same_run(
+                state_dict,
+                record,
+                epochs_per_task=self.epochs_per_task,
+                step_evaluation=self.step_evaluation,
+                task_names=self._given_names,
+            )
             record.load_state_dict(recorded, keep_task_names=self._given_names is not None)
-        self.run_id = str(state_dict["run_id"])
+        self._record, self.run_id = record, str(state_dict["run_id"])
         if record is not None:
             record.run_id = self.run_id
-        self._record = record
         self._recorded_results_dir = state_dict.get("results_dir")
         self._restored = True
         self._resumed_progress = state_dict.get("stage_progress")
@@ -476,59 +417,6 @@ class ContinualEvalCallback(Callback):
         if self.restore_rng_states and "rng_states" in state_dict:
             set_rng_states(state_dict["rng_states"])
             self._generators.load_state_dict(state_dict.get("train_generators"))
-
-    def _check_same_run(self, state: Mapping[str, Any], record: RunRecord) -> None:
-        """Refuse a state recorded under settings that would relabel or mix its rows."""
-        recorded = state["record"]
-        if len(recorded["task_names"]) != record.num_tasks:
-            raise ValueError(
-                f"the checkpoint's ContinualEvalCallback state has {len(recorded['task_names'])} "
-                f"tasks but {record.num_tasks} test dataloaders were given"
-            )
-        differ = record.settings_differ(recorded)
-        for key, old, new in (
-            ("epochs_per_task", state.get("epochs_per_task"), self.epochs_per_task),
-            (
-                "eval_every_n_steps",
-                state.get("step_evaluation"),
-                _step_settings(self.step_evaluation),
-            ),
-            ("task_names", recorded["task_names"], self._given_names or recorded["task_names"]),
-        ):
-            if old != new:
-                differ.append((key, old, new))
-        if differ:
-            raise ValueError(
-                "ContinualEvalCallback: the checkpoint's state was recorded with other settings; "
-                "resuming would relabel or mix its rows: "
-                + "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differ)
-                + ". Resume with the recorded settings, or start a new run (no checkpoint)"
-            )
-
-    def _stage_progress(self) -> dict[str, Any] | None:
-        """The counters of the stage in progress (its index, ``trainer.global_step`` at its start,
-        this rank's samples and training seconds so far), ``None`` between stages; a loaded one
-        not taken over yet is kept as loaded."""
-        current = self._cost.progress()
-        if current is None or self._record is None:
-            return self._resumed_progress
-        return {"stage": self._record.num_stages, "start_step": self._stage_start_step, **current}
-
-    def _resume_stage_progress(self, trainer: Trainer) -> None:
-        """In ``on_train_start``: a fit resumed (``ckpt_path``) from a checkpoint written inside
-        the stage now training continues its counters, so its cost equals an uninterrupted
-        stage's. A checkpoint's counters are used once, and never by a fit that did not resume
-        the training loop (e.g. ``fit_tasks(ckpt_path=...)`` retrains the stage from its start)."""
-        progress, self._resumed_progress = self._resumed_progress, None
-        if (
-            progress is None
-            or trainer.ckpt_path is None
-            or int(progress["stage"]) != self.stages_completed
-            or int(progress["start_step"]) > trainer.global_step
-        ):
-            return
-        self._stage_start_step = int(progress["start_step"])
-        self._cost.resume_stage(progress)
 
     # ------------------------------------------------------------------ spawned processes
     def __getstate__(self) -> dict[str, Any]:
@@ -567,30 +455,10 @@ class ContinualEvalCallback(Callback):
         self._dir_checked = published.dir_checked
 
     # ------------------------------------------------------------------ evaluation
-    def _evaluate(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        task_ids: Sequence[int],
-        *,
-        stage: int,
-        subset: bool = False,
-    ) -> Scored:
-        """Score ``task_ids`` with every scorer; ``stage`` is ``-1`` for the baseline, else the
-        stage being trained (per-step evaluations) or just finished."""
-        assert self._task_loaders is not None and self._record is not None
-        evaluation = evaluate_under_trainer(
-            trainer,
-            pl_module,
-            self._task_loaders,
-            task_ids,
-            self.scorers,
-            inference_mode=self.inference_mode,
-            task_names=self._record.task_names,
-            subset=subset,
-            stage=stage,
-        )
-        return Scored.from_evaluation(list(self.scorers), evaluation, self._record.num_tasks)
+    @property
+    def _scoring(self) -> TrainerScoring:
+        assert self._task_loaders is not None
+        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode)
 
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
@@ -600,7 +468,8 @@ class ContinualEvalCallback(Callback):
         assert record is not None and self._task_loaders is not None
         stage = record.num_stages
         subset = self._task_loaders.subsets is not None
-        scored = self._evaluate(trainer, pl_module, range(stage + 1), stage=stage, subset=subset)
+        tasks = range(stage + 1)
+        scored = self._scoring.score(trainer, pl_module, record, tasks, stage=stage, subset=subset)
         record.record_step(step, stage, scored.rows, full=not subset)
         if trainer.is_global_zero:
             log_step(
@@ -616,15 +485,8 @@ class ContinualEvalCallback(Callback):
         record = self._record
         assert record is not None
         if trainer.loggers:  # every rank, before anything is measured (no collective)
-            collisions = stage_key_collisions(record.continual_results(), self.prefix)
-            if collisions:
-                raise ValueError(
-                    "ContinualEvalCallback: two different values would be logged under the same "
-                    f"key{'s' if len(collisions) > 1 else ''} {', '.join(map(repr, collisions))}"
-                    " (a task named like a metric, or a scorer named like the primary's score or "
-                    "`cost`): rename the task or the scorer. Nothing was trained"
-                )
-        scored = self._evaluate(trainer, pl_module, range(record.num_tasks), stage=-1)
+            refuse_key_collisions(record.continual_results(), self.prefix)
+        scored = self._scoring.score(trainer, pl_module, record, range(record.num_tasks), stage=-1)
         _as_callback_error(record.record_baseline, scored)
         if trainer.is_global_zero:
             log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
@@ -635,20 +497,8 @@ class ContinualEvalCallback(Callback):
         T = record.num_tasks
         if stage >= T:
             raise too_many_stages(stage, T)
-        # the stage's cost: its training clock stops before the evaluation starts
-        train_seconds = self._cost.train_seconds()
-        samples = self._stage_samples(trainer)
-        eval_start = time.perf_counter()
-        tasks = range(T) if self.evaluate == "all" else range(min(stage + 2, T))
-        scored = self._evaluate(trainer, pl_module, tasks, stage=stage)
-        cost = self._cost.finish_stage(
-            stage,
-            pl_module,
-            train_seconds=train_seconds,
-            eval_seconds=time.perf_counter() - eval_start,
-            samples=samples,
-            optimizer_steps=trainer.global_step - self._stage_start_step,
-            replay_memory=read_replay_memory(pl_module),  # may raise: before anything is recorded
+        scored, cost = self._scoring.stage_end(
+            trainer, pl_module, record, self._cost, stage, evaluate=self.evaluate
         )
         # every rank records the same rows: reduced across ranks before this point
         notes = _as_callback_error(record.record_stage, stage, scored, cost)
@@ -668,33 +518,17 @@ class ContinualEvalCallback(Callback):
                     prefix=self.prefix,
                 )
         if trainer.is_global_zero:
-            self._log_stage(trainer, self._write(trainer), stage)
-
-    def _log_stage(self, trainer: Trainer, results: ContinualResults, stage: int) -> None:
-        log_stage(
-            trainer.loggers,
-            results,
-            stage,
-            prefix=self.prefix,
-            log_images=self.log_images,
-            results_dir=self._results_dir,
-        )
-        if self.verbose:
-            m = results.primary.metrics
-            rank_zero_info(
-                f"[continual-eval] stage {stage + 1}/{results.num_tasks} "
-                f"({results.task_names[stage]}; row {stage} of R): "
-                + "  ".join(f"{k}={v:.4f}" for k, v in m.items() if math.isfinite(v))
+            results = self._write(trainer)
+            log_stage(
+                trainer.loggers,
+                results,
+                stage,
+                prefix=self.prefix,
+                log_images=self.log_images,
+                results_dir=self._results_dir,
             )
-
-    def _stage_samples(self, trainer: Trainer) -> int:
-        """Samples trained in the current stage, summed over the ranks: one reduce at the stage
-        end (outside any training step) in which every rank takes part."""
-        samples = self._cost.samples
-        if trainer.world_size > 1:
-            local = torch.tensor(samples, dtype=torch.int64, device=trainer.strategy.root_device)
-            samples = int(trainer.strategy.reduce(local, reduce_op="sum").item())
-        return samples
+            if self.verbose:
+                rank_zero_info(stage_line(results, stage))
 
     def _write(self, trainer: Trainer | None = None) -> ContinualResults:
         """Build the results, write their files (rank 0, once the directory is known) and, in a
@@ -735,9 +569,12 @@ class ContinualEvalCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._stage_start_step = trainer.global_step
-        self._cost.start_stage(pl_module.device)  # a stage (or the rest of a resumed one) starts
-        self._resume_stage_progress(trainer)
+        # a stage (or the rest of a resumed one) starts; a fit resumed (ckpt_path) from a
+        # checkpoint written inside this stage continues its counters (used once)
+        self._cost.start_stage(pl_module.device, trainer.global_step)
+        progress, self._resumed_progress = self._resumed_progress, None
+        if progress is not None and trainer.ckpt_path is not None:
+            self._cost.resume_stage(progress, stage=self.stages_completed, step=trainer.global_step)
         self._fit_step_base = trainer.global_step
         self._fit_steps_before = self.steps_trained
         note = self._generators.on_train_start(trainer, self.epochs_per_task)
@@ -763,8 +600,7 @@ class ContinualEvalCallback(Callback):
         if stage >= self.num_tasks:
             raise too_many_stages(stage, self.num_tasks)
         if trainer.current_epoch % k == 0:
-            self._stage_start_step = trainer.global_step
-            self._cost.start_stage(pl_module.device)
+            self._cost.start_stage(pl_module.device, trainer.global_step)
 
     @override
     def on_train_batch_end(
@@ -789,14 +625,8 @@ class ContinualEvalCallback(Callback):
         stage = (trainer.current_epoch + 1) // k - 1
         if stage != self.stages_completed:
             return
-        if trainer.global_step == self._stage_start_step and trainer.is_global_zero:
-            assert self.task_names is not None
-            warnings.warn(
-                f"ContinualEvalCallback: stage {stage} (task {stage}, "
-                f"{self.task_names[stage]!r}) ended without a training step: its train "
-                "dataloader yielded no batch. The row is recorded from the unchanged model",
-                stacklevel=2,
-            )
+        if trainer.global_step == self._cost.start_step and trainer.is_global_zero:
+            warnings.warn(untrained_stage(stage, self.task_names or []), stacklevel=2)
         self._record_stage(trainer, pl_module, stage)
 
     @override
@@ -806,7 +636,7 @@ class ContinualEvalCallback(Callback):
         if k is None:
             self._record_stage(trainer, pl_module, self.stages_completed)
         elif trainer.is_global_zero:
-            note = _schedule_end_problem(
+            note = schedule_end_problem(
                 trainer.current_epoch,
                 trainer.max_epochs,
                 k,
@@ -820,28 +650,10 @@ class ContinualEvalCallback(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         stage = self.stages_completed
         if self.epochs_per_task is None and not self._trained_this_fit:
-            names = self.task_names or []
-            name = names[stage] if stage < len(names) else "?"
-            raise RuntimeError(
-                f"ContinualEvalCallback: the fit for stage {stage} (task {stage}, {name!r}) "
-                "trained nothing and no row was recorded: its train dataloader yielded no batch "
-                "(or limit_train_batches=0). Everything recorded before is kept in "
-                f"{self._results_dir or 'the results directory'}"
-            )
+            raise empty_fit(stage, self.task_names or [], self._results_dir)
         done = stage == self.num_tasks or self.epochs_per_task is not None
         if trainer.is_global_zero and self.verbose and done and stage:
             rank_zero_info(format_matrix_table(self.continual_results()))
-
-
-def _default_names(num_tasks: int) -> list[str]:
-    return [f"task_{j}" for j in range(num_tasks)]
-
-
-def _step_settings(steps: StepEvaluation | None) -> dict[str, Any] | None:
-    """What of the per-step settings a checkpoint's rows depend on."""
-    if steps is None:
-        return None
-    return {"subset": steps.subset, "subset_seed": steps.subset_seed}
 
 
 def _as_callback_error(record: Any, *values: Any) -> Any:
@@ -850,24 +662,3 @@ def _as_callback_error(record: Any, *values: Any) -> Any:
         return record(*values)
     except ValueError as err:
         raise ValueError(f"ContinualEvalCallback: {err}") from err
-
-
-def _schedule_end_problem(
-    epoch: int, max_epochs: int | None, k: int, stages: int, task_names: Sequence[str]
-) -> str | None:
-    """Why a fit over a schedule ended with stages unrecorded, in words (``None``: it did
-    not)."""
-    planned = len(task_names) if max_epochs in (None, -1) else min(len(task_names), max_epochs // k)
-    if epoch % k:
-        return (
-            f"ContinualEvalCallback: training stopped inside stage {epoch // k} after "
-            f"{epoch % k} of its {k} epochs; that stage is not recorded"
-        )
-    if stages < planned:
-        return (
-            f"ContinualEvalCallback: training ended after {stages} of {planned} scheduled "
-            f"stages: stage {stages} (task {stages}, {task_names[stages]!r}) ended without a "
-            "training step (its train dataloader yielded no batch, or the fit was stopped). "
-            f"Stages 0..{stages - 1} are recorded"
-        )
-    return None

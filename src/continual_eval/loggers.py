@@ -81,7 +81,9 @@ __all__ = [
     "log_baseline",
     "log_stage",
     "log_step",
+    "refuse_key_collisions",
     "stage_key_collisions",
+    "stage_line",
     "stage_scalars",
     "step_scalars",
 ]
@@ -177,6 +179,17 @@ def _format_one_table(
     )
 
 
+def stage_line(results: ContinualResults, stage: int) -> str:
+    """The line printed after stage ``stage`` (``verbose``): its place in the sequence and the
+    primary matrix's finite metrics."""
+    metrics = results.primary.metrics
+    return (
+        f"[continual-eval] stage {stage + 1}/{results.num_tasks} ({results.task_names[stage]}; "
+        f"row {stage} of R): "
+        + "  ".join(f"{k}={v:.4f}" for k, v in metrics.items() if math.isfinite(v))
+    )
+
+
 def stage_scalars(
     results: ContinualResults | Mapping[str, Any], stage: int, *, prefix: str = "continual/"
 ) -> dict[str, float]:
@@ -260,6 +273,19 @@ def stage_key_collisions(results: ContinualResults, prefix: str) -> list[str]:
         keys += [f"{base}{key}" for key in ("min_acc", "wc_acc", "anytime_acc", "lca", "auc_fwt")]
         keys += [f"{base}{tag}/{task}" for _, tag in _GAP_TAGS for task in names]
     return sorted(key for key, count in collections.Counter(keys).items() if count > 1)
+
+
+def refuse_key_collisions(results: ContinualResults, prefix: str) -> None:
+    """A ``ValueError`` naming the keys under which two different values would be logged
+    (:func:`stage_key_collisions`), before anything is measured."""
+    collisions = stage_key_collisions(results, prefix)
+    if collisions:
+        raise ValueError(
+            "ContinualEvalCallback: two different values would be logged under the same "
+            f"key{'s' if len(collisions) > 1 else ''} {', '.join(map(repr, collisions))} (a task "
+            "named like a metric, or a scorer named like the primary's score or `cost`): rename "
+            "the task or the scorer. Nothing was trained"
+        )
 
 
 def _plasticity_values(plasticity: Plasticity) -> tuple[tuple[str, float | None], ...]:

@@ -218,12 +218,16 @@ class StageCostRecorder:
     :class:`StageCost`."""
 
     def __init__(self) -> None:
+        #: ``trainer.global_step`` when the stage in progress started (its optimizer steps are
+        #: counted from there)
+        self.start_step = 0
         self._start: float | None = None
         self._samples = 0
         self._device: torch.device | None = None
 
-    def start_stage(self, device: torch.device) -> None:
-        """A stage's training starts (or resumes) now on ``device``."""
+    def start_stage(self, device: torch.device, step: int = 0) -> None:
+        """A stage's training starts (or resumes) now on ``device``, at optimizer step ``step``."""
+        self.start_step = step
         self._device = device
         self._samples = 0
         if device.type == "cuda":
@@ -249,19 +253,31 @@ class StageCostRecorder:
         """Samples trained on this rank in the current stage."""
         return self._samples
 
-    def progress(self) -> dict[str, Any] | None:
-        """The current stage's counters so far, for a checkpoint written inside it: ``samples``
-        (this rank's) and ``train_seconds`` (no device sync); ``None`` between stages."""
+    def progress(self, stage: int) -> dict[str, Any] | None:
+        """The counters of stage ``stage``, in progress, for a checkpoint written inside it: its
+        index, ``start_step``, ``samples`` (this rank's) and ``train_seconds`` (no device sync);
+        ``None`` between stages."""
         if self._start is None:
             return None
-        return {"samples": self._samples, "train_seconds": time.perf_counter() - self._start}
+        return {
+            "stage": stage,
+            "start_step": self.start_step,
+            "samples": self._samples,
+            "train_seconds": time.perf_counter() - self._start,
+        }
 
-    def resume_stage(self, progress: Mapping[str, Any]) -> None:
-        """Continue the stage just started (:meth:`start_stage`) from a checkpoint's
-        :meth:`progress`: its samples and training time count too."""
-        self._samples += int(progress.get("samples", 0))
+    def resume_stage(self, progress: Mapping[str, Any], *, stage: int, step: int) -> bool:
+        """Continue stage ``stage``, just started (:meth:`start_stage`) at optimizer step
+        ``step``, from a checkpoint's :meth:`progress` written inside it: its start step,
+        samples and training time count too. ``False`` (nothing changes) when the progress is of
+        another stage or of a later step (the fit did not resume that stage's training)."""
+        if int(progress["stage"]) != stage or int(progress["start_step"]) > step:
+            return False
+        self.start_step = int(progress["start_step"])
+        self._samples += int(progress["samples"])
         if self._start is not None:
-            self._start -= max(0.0, float(progress.get("train_seconds", 0.0)))
+            self._start -= max(0.0, float(progress["train_seconds"]))
+        return True
 
     def finish_stage(
         self,

@@ -10,7 +10,10 @@ import copy
 import csv
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -740,3 +743,56 @@ def test_fit_command_with_the_class_incremental_config(tmp_path, monkeypatch):
     # the two configs differ only in the method
     replay = (ROOT / "configs" / "digits_class_incremental_replay.yaml").read_text()
     assert "replay_capacity: 100" in replay and "method: replay" in replay
+
+
+# ---------------------------------------------------------------------------------------------
+# bounds before allocation
+_BOUNDED_MEMORY = """
+import json, resource, sys, time
+limit = 3 * 2**30  # address space: torch and Lightning fit, an [10**9] int64 table does not
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from continual_eval import ContinualEvalCallback
+loader = DataLoader(TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)))
+start = time.perf_counter()
+try:
+    ContinualEvalCallback([loader, loader], task_classes=[[0, 1], [2, 10**9]])
+    outcome = ("accepted", "")
+except Exception as err:
+    outcome = (type(err).__name__, str(err))
+print(json.dumps([*outcome, time.perf_counter() - start]))
+"""
+
+
+@pytest.mark.slow
+def test_a_huge_class_id_is_refused_fast_with_bounded_memory():
+    """``task_classes`` holding the id 10**9 is refused by the cap before anything is sized by
+    the ids (a per-id table would take 8 GB): under a 3 GiB address-space limit the callback
+    raises the cap's ValueError, not an allocation failure, within a fraction of a second."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOUNDED_MEMORY],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kind, message, seconds = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert kind == "ValueError", message
+    assert "task 1 lists class id 1000000000" in message and "at most 5000 classes" in message
+    assert seconds < 5
+
+
+def test_class_id_and_confusion_cell_caps_are_checked_before_the_scorers_are_built():
+    from continual_eval._class_incremental_recorder import check_class_id_bounds
+
+    with pytest.raises(ValueError, match="task 0 lists class id 5000"):
+        check_class_id_bounds(torch.tensor([[5000, 1]]))
+    # 2**25 cells: 3 stages of 3345 x 3345 counts is too many, 2 stages are not
+    with pytest.raises(ValueError, match=r"3 tasks over class ids 0 \.\. 3344"):
+        check_class_id_bounds([[0], [1], [3344]])
+    check_class_id_bounds([[0], [3344]])
+    check_class_id_bounds([[0, "x"], 7])  # left to check_task_classes, which names them
+    with pytest.raises(ValueError, match="task 1 lists class id 5000"):
+        ContinualEvalCallback(task_loaders(), task_classes=[[0], [5000]])
