@@ -355,6 +355,7 @@ def test_step_curves_keep_every_scorer_and_load_old_states():
         StepCurves(["acc", "loss"]).load_state_dict(state)
 
 
+@pytest.mark.slow
 def test_stale_temporaries_of_every_csv_removed(tmp_path):
     import subprocess
     import sys

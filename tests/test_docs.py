@@ -179,6 +179,7 @@ def test_every_docs_page_is_in_the_nav():
     assert guides <= executed, guides - executed
 
 
+@pytest.mark.slow
 def test_site_builds_strict(tmp_path):
     if any(importlib.util.find_spec(name) is None for name in ("mkdocs", "mkdocstrings")):
         pytest.skip('mkdocs/mkdocstrings not installed: pip install -e ".[docs]" to build the site')

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import continual_eval
 
 
@@ -16,6 +18,7 @@ def test_public_names_resolve():
     assert set(continual_eval.__all__) <= set(dir(continual_eval))
 
 
+@pytest.mark.slow
 def test_import_and_cli_help_load_no_lightning():
     code = (
         "import sys, continual_eval, continual_eval.stream, continual_eval.cli\n"

@@ -15,8 +15,8 @@ from continual_eval._class_incremental_recorder import (
     ClassIncrementalRecord,
     class_incremental_scorers,
 )
-from continual_eval.evaluation import AccuracyScorer, MetricScorer, Scorer, make_scorer
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
+from continual_eval.evaluation.scorers import AccuracyScorer, MetricScorer, Scorer, make_scorer
 from continual_eval.options import StepEvaluation
 from continual_eval.record import MatrixSpec, RecordSection, RunRecord
 from continual_eval.results_schema import MAX_NAME_LENGTH, MAX_TASKS

@@ -55,13 +55,14 @@ def check_class_id_bounds(task_classes: Any) -> None:
         for c in _ids(classes):
             if isinstance(c, bool) or not isinstance(c, numbers.Integral):
                 continue
+            c = int(c)
             if c >= MAX_CLASSES:
                 raise ValueError(
                     f"task_classes: task {task} lists class id {c}; results.json holds at most "
                     f"{MAX_CLASSES} classes (ids 0 .. {MAX_CLASSES - 1}), and a model has one "
                     "output per class id"
                 )
-            largest = max(largest, int(c))
+            largest = max(largest, c)
     C = largest + 1
     if num_tasks * C * C > MAX_CONFUSION_CELLS:
         raise ValueError(
@@ -71,9 +72,7 @@ def check_class_id_bounds(task_classes: Any) -> None:
         )
 
 
-def class_incremental_scorers(
-    task_classes: Any, names: Iterable[str]
-) -> dict[str, TaskAwareAccuracyScorer | TaskAgnosticAccuracyScorer]:
+def class_incremental_scorers(task_classes: Any, names: Iterable[str]) -> dict[str, Any]:
     """The matrices ``acc_task_aware`` and ``acc_task_agnostic`` of ``task_classes`` (bounds
     checked first, :func:`check_class_id_bounds`), refused when ``names`` (the user's scorers)
     already hold one of them. The task-aware scorer leaves the check of targets outside a task's

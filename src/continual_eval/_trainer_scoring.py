@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from continual_eval.evaluation import Scorer, TaskLoaders
+from continual_eval.evaluation import Scorer
+from continual_eval.evaluation.task_loaders import TaskLoaders
 from continual_eval.evaluation.trainer_evaluation import evaluate_under_trainer
 from continual_eval.record import RunRecord, Scored
 from continual_eval.stage_cost import StageCost, StageCostRecorder, read_replay_memory

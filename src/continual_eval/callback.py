@@ -42,7 +42,8 @@ from continual_eval._results_directory import (
 from continual_eval._spawn_handover import SpawnHandover
 from continual_eval._train_generators import TrainGenerators
 from continual_eval._trainer_scoring import TrainerScoring
-from continual_eval.evaluation import Scorer, TaskLoaders
+from continual_eval.evaluation import Scorer
+from continual_eval.evaluation.task_loaders import TaskLoaders
 from continual_eval.evaluation.trainer_evaluation import module_test_loaders
 from continual_eval.functional import FORGETTING_CONVENTIONS
 from continual_eval.loggers import (

@@ -24,7 +24,9 @@ def scheduled_task(trainer: Trainer, epochs_per_task: int) -> int:
     counts epochs already started, so it is also right while a resumed fit reloads its data (when
     ``trainer.current_epoch`` still shows the last finished epoch).
     """
-    return trainer.fit_loop.epoch_progress.current.processed // epochs_per_task
+    # the fit loop's epoch progress is a _Progress of _ProcessedTracker counters at run time
+    processed: int = trainer.fit_loop.epoch_progress.current.processed  # type: ignore[attr-defined]
+    return processed // epochs_per_task
 
 
 def spawns_processes(trainer: Trainer) -> bool:
@@ -35,7 +37,8 @@ def spawns_processes(trainer: Trainer) -> bool:
 
 
 def _find_callbacks(trainer: Trainer) -> list[ContinualEvalCallback]:
-    found = [cb for cb in trainer.callbacks if isinstance(cb, ContinualEvalCallback)]
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set by the callback connector
+    found = [cb for cb in callbacks if isinstance(cb, ContinualEvalCallback)]
     if not found:
         raise ValueError("fit_tasks needs a ContinualEvalCallback in trainer.callbacks, found none")
     return found

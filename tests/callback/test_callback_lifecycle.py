@@ -115,6 +115,7 @@ def test_results_json_is_written_last_and_names_the_csv(tasks, tmp_path, monkeyp
     assert "written with" in check_results_files(tmp_path)
 
 
+@pytest.mark.slow
 def test_failed_write_leaves_no_temporary_and_stale_ones_are_removed(tmp_path, monkeypatch):
     document = {"format_version": 1, "num_tasks": 1, "stages_completed": 0, "scores": []}
     document["baseline"] = [0.5]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -147,12 +148,21 @@ def test_schedule_killed_at_any_epoch_resumes_bitwise(tmp_path):
     states; the callback restores both (the generators' at on_train_start, replaying the draws
     Lightning made from them while setting up the fit)."""
     generators = "own"  # each task's loader shuffles with its own seeded torch.Generator
-    _schedule_run("full", tmp_path / "full", generators)
+    epochs = (2, 3, 5)
+
+    def kill_and_resume(epoch: int) -> None:
+        _schedule_run(f"killed:{epoch}", tmp_path / f"kill{epoch}", generators)
+        _schedule_run("resume", tmp_path / f"kill{epoch}", generators)
+
+    # the four runs are independent processes: side by side, the test waits for the slowest
+    with ThreadPoolExecutor(max_workers=len(epochs) + 1) as pool:
+        runs = [pool.submit(_schedule_run, "full", tmp_path / "full", generators)]
+        runs += [pool.submit(kill_and_resume, epoch) for epoch in epochs]
+        for run in runs:
+            run.result()
     full = torch.load(tmp_path / "full" / "full.pt")
-    for epoch in (2, 3, 5):
+    for epoch in epochs:
         cut = tmp_path / f"kill{epoch}"
-        _schedule_run(f"killed:{epoch}", cut, generators)
-        _schedule_run("resume", cut, generators)
         resumed = torch.load(cut / "resume.pt")
         assert torch.equal(resumed["scores"], full["scores"]), epoch
         for key, value in full["weights"].items():
