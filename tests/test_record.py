@@ -240,7 +240,12 @@ def test_scored_from_an_evaluation_spreads_rows_over_the_tasks():
 
 def test_step_curves_state_refuses_rows_of_other_lengths():
     curves = StepCurves(["acc", "loss"])
-    curves.add(4, 0, {"acc": row([0.5, 0.4, 0.3]), "loss": row([1.0, 0.8, 0.6])}, full=True)
+    subset = {"acc": row([0.4, 0.4, 0.3]), "loss": row([1.1, 0.8, 0.6])}
+    assert curves.add(4, 0, subset, full=False) is None
+    # a stage end at the step of a subset evaluation replaces it; a subset row is not returned
+    full = {"acc": row([0.5, 0.4, 0.3]), "loss": row([1.0, 0.8, 0.6])}
+    assert curves.add(4, 0, full, full=True) is None
+    assert len(curves) == 1 and curves.full == [True]
     state = curves.state_dict()
     again = StepCurves(["acc", "loss"])
     again.load_state_dict(state)

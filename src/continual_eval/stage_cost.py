@@ -135,10 +135,9 @@ def summarize_costs(costs: Sequence[StageCost]) -> dict[str, Any]:
     """Totals over ``costs`` (``train_seconds``, ``eval_seconds``, ``samples``,
     ``optimizer_steps``), the largest ``peak_memory_bytes`` and the :func:`model_size_efficiency`
     of their parameter counts (every value ``None`` without a stage). The efficiency is ``None``
-    unless ``costs`` are the stages ``0, 1, ..., s-1`` in order (its first count is stage 0's; a
-    run resumed from a checkpoint without costs lacks the earlier stages), and for a model
-    without parameters at some stage (a non-parametric learner keeping its state in buffers: MS
-    is undefined)."""
+    unless ``costs`` are the stages ``0, 1, ..., s-1`` in order (its first count is stage 0's),
+    and for a model without parameters at some stage (a non-parametric learner keeping its state
+    in buffers: MS is undefined)."""
     if not costs:  # nothing measured: absent, never 0
         return dict.fromkeys(_SUMMARY_KEYS)
     stages = [c.stage for c in costs]
