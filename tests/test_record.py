@@ -37,12 +37,13 @@ def row(values) -> torch.Tensor:
 
 def confusion_blocks(stage: int) -> torch.Tensor:
     """``[T, 2, 6]`` blocks as the task-agnostic scorer reports them: row r of task j counts the
-    samples of class ``TASK_CLASSES[j][r]`` by predicted class (made-up counts)."""
+    samples of class ``TASK_CLASSES[j][r]`` by predicted class (made-up counts; every class has
+    6 test samples at every stage, as fixed test sets give)."""
     blocks = torch.zeros(T, 2, 6, dtype=torch.int64)
     for j in range(T):
         for r, c in enumerate(TASK_CLASSES[j]):
-            blocks[j, r, c] = 5 + stage  # right
-            blocks[j, r, (c + 2) % 6] = 1 + j  # taken for a class of the next task
+            blocks[j, r, c] = 5 - stage  # right
+            blocks[j, r, (c + 2) % 6] = 1 + stage  # taken for a class of the next task
     return blocks
 
 
