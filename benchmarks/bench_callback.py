@@ -35,8 +35,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from continual_eval import evaluation
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, evaluation, fit_tasks
 from continual_eval.evaluation import (
     AccuracyScorer,
     LossScorer,

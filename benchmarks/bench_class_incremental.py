@@ -33,7 +33,7 @@ import torch
 from bench_callback import FEATURES, MLP  # the same model (run from benchmarks/)
 from torch.utils.data import DataLoader, TensorDataset
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 
 
 def make_data(classes: int, tasks: int, test_size: int, train_size: int, batch_size: int):

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 
 
 class Model(pl.LightningModule):  # any module whose forward(x) returns class logits

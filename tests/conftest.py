@@ -1,7 +1,68 @@
-"""Shared test set-up: make the plain-loop references in tests/ importable, keep plots headless."""
+"""Shared test set-up: make the plain-loop references in tests/ importable, keep plots headless,
+and mark the tests that touch Lightning or torchmetrics behaviour ``lightning``."""
 
+import ast
+import functools
 import os
 import sys
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 sys.path.insert(0, os.path.dirname(__file__))
+
+#: what the lowest-versions pass of .ci/run checks: Lightning, torchmetrics, and the modules of
+#: this package built on them (a torchmetrics Metric, the callback, the evaluation engine, ...)
+_VERSIONED = (
+    "lightning",
+    "torchmetrics",
+    "continual_eval.callback",
+    "continual_eval.evaluation",
+    "continual_eval.experiments",
+    "continual_eval.metric",
+    "continual_eval.references",
+    "continual_eval.stream.callback",
+    "continual_eval.training",
+)
+_CALLBACK_TESTS = Path(__file__).resolve().parent / "callback"
+
+
+def _versioned(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in _VERSIONED)
+
+
+def _imported_modules(node: ast.AST) -> list[str]:
+    """The modules an import statement reads (``from continual_eval import X``: X's module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom) or node.level or node.module is None:
+        return []
+    if node.module != "continual_eval":
+        return [node.module]
+    import continual_eval
+
+    return [
+        getattr(getattr(continual_eval, alias.name, None), "__module__", None) or node.module
+        for alias in node.names
+    ]
+
+
+@functools.cache
+def _touches_versioned_library(path: Path) -> bool:
+    """Whether the file (a test module, or a source module whose docstring examples run as
+    tests) imports, anywhere in it, Lightning, torchmetrics or a module of this package built on
+    them, or is one of the callback tests (every one of them drives a Trainer)."""
+    if path.is_relative_to(_CALLBACK_TESTS):
+        return True
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    return any(_versioned(m) for node in ast.walk(tree) for m in _imported_modules(node))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _touches_versioned_library(Path(item.path).resolve()):
+            item.add_marker(pytest.mark.lightning)

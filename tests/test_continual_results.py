@@ -35,7 +35,6 @@ from continual_eval.results import (
     check_results_files,
 )
 from continual_eval.results.schema import convert_document
-from continual_eval.step_curves import StepCurves
 from reference import reference_curve, reference_metrics, reference_per_task
 
 NAN = math.nan
@@ -289,35 +288,6 @@ def test_inconsistent_matrices_refused():
         ContinualResults.from_tensors({"a": ScoreMatrix("accuracy", R, b)}, task_names="ab")
     with pytest.raises(KeyError, match="no matrix 'f1'"):
         two_matrices()["f1"]
-
-
-# ---------------------------------------------------------------------- the recorder
-def test_step_curves_keep_every_scorer_and_load_old_states():
-    curves = StepCurves(["acc", "loss"])
-    row = torch.tensor([0.5, 0.4, 0.3], dtype=torch.float64)
-    assert curves.add(4, 0, {"acc": row, "loss": 2 * row}, full=False) is None
-    replaced = curves.add(4, 0, {"acc": row + 0.1, "loss": 2 * row + 0.1}, full=True)
-    assert replaced is None  # the replaced row was a subset row
-    replaced = curves.add(4, 0, {"acc": row, "loss": 2 * row}, full=True)
-    assert replaced is not None and same(replaced["loss"], [1.1, NAN, NAN])
-    curves.add(6, 1, {"acc": row, "loss": 2 * row}, full=True)
-    steps, stage, loss = curves.tensors(3, "loss")
-    assert steps.tolist() == [4, 6] and stage.tolist() == [0, 1]
-    assert same(loss, [[1.0, NAN, NAN], [1.0, 0.8, NAN]])  # later tasks NaN
-    state = curves.state_dict()
-    again = StepCurves(["acc", "loss"])
-    again.load_state_dict(state)
-    assert same(again.tensors(3, "loss")[2], loss) and again.full == [True, True]
-    # a checkpoint written when only the primary scorer was evaluated per step
-    old = {k: v for k, v in state.items() if k != "curve_matrices"}
-    older = StepCurves(["acc", "loss"])
-    older.load_state_dict(old)
-    assert same(older.tensors(3)[2], curves.tensors(3)[2])
-    assert older.tensors(3, "loss")[2].shape == (2, 3)
-    assert torch.isnan(older.tensors(3, "loss")[2]).all()
-    state["curve_matrices"]["loss"].pop()
-    with pytest.raises(ValueError, match="'loss' have 1 rows for 2 steps"):
-        StepCurves(["acc", "loss"]).load_state_dict(state)
 
 
 def test_stale_temporaries_of_every_csv_removed(tmp_path):

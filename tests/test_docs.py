@@ -42,6 +42,7 @@ PAGES = [
     "docs/performance.md",
     "docs/compatibility.md",
     "docs/continual_evaluation.md",
+    "docs/architecture.md",
     "README.md",
 ]
 

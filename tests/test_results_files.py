@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.results import ContinualResults, ScoreMatrix, check_results_files
 from continual_eval.results.files import (
     CLAIM_FILE,

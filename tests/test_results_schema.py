@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from continual_eval import StepEvaluation
 from continual_eval.experiments.logistic import CircleGridTasks, LogisticClassifier
 from continual_eval.experiments.stream import fit_stream
 from continual_eval.results import (
@@ -107,8 +108,7 @@ def test_accepts_real_run_with_curves(tmp_path: Path) -> None:
             "dirpath": tmp_path,
             "log_images": False,
             "verbose": False,
-            "eval_every_n_steps": 2,
-            "step_eval_subset": 20,
+            "eval_every_n_steps": StepEvaluation(2, subset=20),
         },
         metadata={"experiment": "logistic", "method": "sgd", "seed": 0},
         reference="joint",

@@ -14,6 +14,7 @@ import continual_eval
 ROOT = Path(__file__).resolve().parents[1]
 LOWEST = ROOT / ".ci" / "lowest.txt"
 PINNED = ("lightning", "torchmetrics")
+pytestmark = pytest.mark.lightning  # checks the lowest-versions pass itself
 
 
 def _pins() -> dict[str, str]:

@@ -1,7 +1,11 @@
 """continual-eval: continual-learning evaluation for PyTorch Lightning and torchmetrics.
 
-The public names are imported on first use (PEP 562), so ``import continual_eval`` and the
-``continual-eval`` command do not pay for torch and Lightning until a name needs them.
+The names below are the package's promise (with those of its public subpackages
+:mod:`continual_eval.evaluation`, :mod:`continual_eval.functional`,
+:mod:`continual_eval.results` and :mod:`continual_eval.stream`); anything else may change
+between releases (see docs/architecture.md, "What is public"). They are imported on first use
+(PEP 562), so ``import continual_eval`` and the ``continual-eval`` command do not pay for torch
+and Lightning until a name needs them.
 """
 
 from __future__ import annotations
@@ -13,37 +17,29 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "ContinualEvalCallback": "continual_eval.callback",
-    "fit_tasks": "continual_eval.callback",
-    "scheduled_task": "continual_eval.callback",
-    "continual_metrics": "continual_eval.functional",
-    "continual_metrics_curve": "continual_eval.functional",
+    "StepEvaluation": "continual_eval.options",
+    "fit_tasks": "continual_eval.training",
+    "scheduled_task": "continual_eval.training",
     "ContinualMetrics": "continual_eval.metric",
     "ContinualResults": "continual_eval.results",
-    "MatrixResults": "continual_eval.results",
-    "plot_accuracy_curves": "continual_eval.plotting",
-    "plot_accuracy_matrix": "continual_eval.plotting",
-    "plot_task_trajectories": "continual_eval.plotting",
-    "ClassIncrementalResults": "continual_eval.results",
-    "TaskAgnosticAccuracyScorer": "continual_eval.evaluation.class_incremental",
-    "TaskAwareAccuracyScorer": "continual_eval.evaluation.class_incremental",
-    "task_classes_from_loaders": "continual_eval.evaluation.class_incremental",
-    "plot_confusion_matrix": "continual_eval.plotting",
+    "continual_metrics": "continual_eval.functional",
     "Reference": "continual_eval.results",
     "train_reference": "continual_eval.references",
+    "task_classes_from_loaders": "continual_eval.evaluation.class_incremental",
+    "plot_accuracy_curves": "continual_eval.plotting",
+    "plot_accuracy_matrix": "continual_eval.plotting",
+    "plot_confusion_matrix": "continual_eval.plotting",
+    "plot_task_trajectories": "continual_eval.plotting",
 }
 
 __all__ = [
-    "ClassIncrementalResults",
     "ContinualEvalCallback",
     "ContinualMetrics",
     "ContinualResults",
-    "MatrixResults",
     "Reference",
-    "TaskAgnosticAccuracyScorer",
-    "TaskAwareAccuracyScorer",
+    "StepEvaluation",
     "__version__",
     "continual_metrics",
-    "continual_metrics_curve",
     "fit_tasks",
     "plot_accuracy_curves",
     "plot_accuracy_matrix",
@@ -55,14 +51,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
-    from continual_eval.evaluation.class_incremental import (
-        TaskAgnosticAccuracyScorer,
-        TaskAwareAccuracyScorer,
-        task_classes_from_loaders,
-    )
-    from continual_eval.functional import continual_metrics, continual_metrics_curve
+    from continual_eval.callback import ContinualEvalCallback
+    from continual_eval.evaluation.class_incremental import task_classes_from_loaders
+    from continual_eval.functional import continual_metrics
     from continual_eval.metric import ContinualMetrics
+    from continual_eval.options import StepEvaluation
     from continual_eval.plotting import (
         plot_accuracy_curves,
         plot_accuracy_matrix,
@@ -70,12 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
         plot_task_trajectories,
     )
     from continual_eval.references import train_reference
-    from continual_eval.results import (
-        ClassIncrementalResults,
-        ContinualResults,
-        MatrixResults,
-        Reference,
-    )
+    from continual_eval.results import ContinualResults, Reference
+    from continual_eval.training import fit_tasks, scheduled_task
 
 
 def __getattr__(name: str) -> Any:

@@ -1,39 +1,127 @@
-"""Checks of ``ContinualEvalCallback``'s arguments, done at construction: the test loaders,
-the scorers and the metadata (what a run writes to ``results.json`` must be JSON)."""
+"""Checks of ``ContinualEvalCallback``'s arguments, done at construction (each names the argument
+and what is wrong): the choices and flags, the task names, the scorers, the metadata (what a run
+writes to ``results.json`` must be JSON), the per-step options, and at the first fit the number
+of test loaders."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from continual_eval.evaluation import AccuracyScorer, MetricScorer, Scorer, make_scorer
+from continual_eval._class_incremental_recorder import (
+    ClassIncrementalRecord,
+    class_incremental_scorers,
+)
+from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
+from continual_eval.evaluation.scorers import AccuracyScorer, MetricScorer, Scorer, make_scorer
+from continual_eval.options import StepEvaluation
+from continual_eval.record import MatrixSpec, RecordSection, RunRecord
+from continual_eval.results.schema import MAX_NAME_LENGTH, MAX_TASKS
 
-__all__ = ["as_loader_list", "check_metadata", "resolve_scorers"]
+__all__ = [
+    "check_cache",
+    "check_choice",
+    "check_epochs_per_task",
+    "check_flags",
+    "check_lca_beta",
+    "check_loader_count",
+    "check_metadata",
+    "check_same_run",
+    "check_task_names",
+    "class_incremental_scorers",
+    "resolve_scorers",
+    "run_record",
+    "step_settings",
+    "subset_description",
+]
 
 
-def as_loader_list(loaders: Any, source: str) -> list[Any]:
-    if isinstance(loaders, Mapping) or not isinstance(loaders, Sequence):
-        raise TypeError(
-            f"{source} must be a list with one test loader per task (index = task id), got "
-            f"{type(loaders).__name__}"
+def check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_flags(**flags: object) -> None:
+    """Every flag is ``True`` or ``False``."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+
+
+def check_epochs_per_task(epochs_per_task: object) -> int | None:
+    if epochs_per_task is not None and (
+        not isinstance(epochs_per_task, int)
+        or isinstance(epochs_per_task, bool)
+        or epochs_per_task < 1
+    ):
+        raise ValueError(f"epochs_per_task must be a positive int or None, got {epochs_per_task!r}")
+    return epochs_per_task
+
+
+def check_lca_beta(lca_beta: object, steps: StepEvaluation | None) -> int | None:
+    """``LCA_beta`` reads the score after each of the first ``beta`` optimizer steps of every
+    stage: it needs per-step evaluations every step."""
+    if lca_beta is None:
+        return None
+    if not isinstance(lca_beta, int) or isinstance(lca_beta, bool) or lca_beta < 0:
+        raise ValueError(f"lca_beta must be a non-negative int or None, got {lca_beta!r}")
+    if steps is None or (lca_beta > 0 and steps.every_n_steps != 1):
+        every = None if steps is None else steps.every_n_steps
+        raise ValueError(
+            f"lca_beta={lca_beta} reads the score of every stage's task after each of its "
+            f"first {lca_beta} optimizer steps (from the per-step evaluations): set "
+            f"eval_every_n_steps=1 (got {every})"
         )
-    loader_list: list[Any] = list(loaders)
-    for j, loader in enumerate(loader_list):
-        if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
-            raise TypeError(
-                f"{source}: test dataloader {j} is a {type(loader).__name__}, not an iterable of "
-                "batches; give a DataLoader (or another re-iterable) per task"
+    return lca_beta
+
+
+def check_cache(cache_test_batches: object, cache_max_bytes: object) -> None:
+    if cache_test_batches not in (None, True, False):
+        raise ValueError(
+            f"cache_test_batches must be None (auto), True or False, got {cache_test_batches!r}"
+        )
+    if (
+        not isinstance(cache_max_bytes, int)
+        or isinstance(cache_max_bytes, bool)
+        or cache_max_bytes < 0
+    ):
+        raise ValueError(f"cache_max_bytes must be a non-negative int, got {cache_max_bytes!r}")
+
+
+def check_task_names(task_names: object) -> list[str] | None:
+    """The names as a list: strings of 1 to ``MAX_NAME_LENGTH`` characters."""
+    if task_names is None:
+        return None
+    if (
+        isinstance(task_names, str)
+        or not isinstance(task_names, Sequence)
+        or not all(isinstance(n, str) for n in task_names)
+    ):
+        raise TypeError(f"task_names must be a list of strings, got {task_names!r}")
+    for j, name in enumerate(task_names):
+        if not name or len(name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                f"task_names[{j}] has {len(name)} characters; a task name must have 1 to "
+                f"{MAX_NAME_LENGTH} (the results.json limit readers enforce)"
             )
-        if isinstance(loader, Iterator):
-            raise TypeError(
-                f"{source}: test dataloader {j} is a {type(loader).__name__}, an iterator that can "
-                "be read only once (the baseline would use it up); every test set is read after "
-                "every stage: give a DataLoader, a list of batches, or another re-iterable object"
-            )
-    return loader_list
+    return list(task_names)
+
+
+def check_loader_count(num_loaders: int, task_names: Sequence[str] | None) -> None:
+    """At least one and at most ``MAX_TASKS`` test loaders, one per given task name."""
+    if num_loaders > MAX_TASKS:
+        raise ValueError(
+            f"{num_loaders} test dataloaders; results.json holds at most {MAX_TASKS} tasks"
+        )
+    if num_loaders == 0:
+        raise ValueError("ContinualEvalCallback needs at least one test dataloader (one per task)")
+    if task_names is not None and len(task_names) != num_loaders:
+        raise ValueError(
+            f"task_names has {len(task_names)} names for {num_loaders} test dataloaders"
+        )
 
 
 _SCORER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -113,3 +201,82 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> None:
 
     walk(metadata, "")
     json.dumps(metadata, allow_nan=False)
+
+
+def check_same_run(
+    state: Mapping[str, Any],
+    record: RunRecord,
+    *,
+    epochs_per_task: int | None,
+    step_evaluation: StepEvaluation | None,
+    task_names: Sequence[str] | None,
+) -> None:
+    """Refuse a checkpoint's callback state recorded under settings that would relabel or mix
+    its rows (the record's own settings, see :meth:`RunRecord.settings_differ`, the schedule,
+    the per-step subset and the given task names)."""
+    recorded = state["record"]
+    if len(recorded["task_names"]) != record.num_tasks:
+        raise ValueError(
+            f"the checkpoint's ContinualEvalCallback state has {len(recorded['task_names'])} "
+            f"tasks but {record.num_tasks} test dataloaders were given"
+        )
+    differ = record.settings_differ(recorded)
+    for key, old, new in (
+        ("epochs_per_task", state["epochs_per_task"], epochs_per_task),
+        ("eval_every_n_steps", state["step_evaluation"], step_settings(step_evaluation)),
+        ("task_names", recorded["task_names"], list(task_names or recorded["task_names"])),
+    ):
+        if old != new:
+            differ.append((key, old, new))
+    if differ:
+        raise ValueError(
+            "ContinualEvalCallback: the checkpoint's state was recorded with other settings; "
+            "resuming would relabel or mix its rows: "
+            + "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differ)
+            + ". Resume with the recorded settings, or start a new run (no checkpoint)"
+        )
+
+
+def step_settings(steps: StepEvaluation | None) -> dict[str, Any] | None:
+    """What of the per-step settings a checkpoint's rows depend on (the subset)."""
+    if steps is None:
+        return None
+    return {"subset": steps.subset, "subset_seed": steps.subset_seed}
+
+
+def run_record(
+    scorers: Mapping[str, Scorer],
+    task_names: Sequence[str],
+    *,
+    steps: StepEvaluation | None,
+    **settings: Any,
+) -> RunRecord:
+    """The run record of the callback's scorers (a matrix each, the primary first) and settings
+    (``forgetting``, ``metadata``, ``run_id``, ``reference``, ``lca_beta``), with the step curves
+    when ``steps`` and the class-incremental section when the scorers hold the task-agnostic
+    one."""
+    sections: list[RecordSection] = []
+    agnostic = scorers.get(AGNOSTIC_NAME)
+    if isinstance(agnostic, TaskAgnosticAccuracyScorer):
+        sections.append(ClassIncrementalRecord(agnostic, task_names))
+    return RunRecord(
+        {name: MatrixSpec.of(scorer) for name, scorer in scorers.items()},
+        task_names,
+        step_curves=steps is not None,
+        sections=sections,
+        **settings,
+    )
+
+
+def subset_description(
+    steps: StepEvaluation | None, samples_per_task: Sequence[int]
+) -> dict[str, Any] | None:
+    """The fixed subset of the per-step evaluations as ``results.json`` describes it."""
+    if steps is None or steps.subset is None:
+        return None
+    return {
+        "size": steps.subset,
+        "seed": steps.subset_seed,
+        "samples_per_task": list(samples_per_task),
+        "rule": "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])",
+    }

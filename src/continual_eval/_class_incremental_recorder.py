@@ -1,12 +1,14 @@
-"""What ``ContinualEvalCallback(task_classes=...)`` keeps besides its matrices: the two
-class-incremental scorers it adds, and the confusion counts of every stage (its checkpoint state
-and the ``class_incremental`` section of ``results.json``)."""
+"""What ``ContinualEvalCallback(task_classes=...)`` adds: the two class-incremental scorers
+(:func:`class_incremental_scorers`) and the record's section of the confusion counts of every
+stage (:class:`ClassIncrementalRecord`, its checkpoint state and the ``class_incremental``
+section of ``results.json``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import warnings
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,122 +20,153 @@ from continual_eval.evaluation.class_incremental import (
     TaskAgnosticAccuracyScorer,
     TaskAwareAccuracyScorer,
 )
-from continual_eval.results import ClassIncrementalResults
+from continual_eval.functional.class_incremental import TaskClasses
+from continual_eval.record import Scored
+from continual_eval.results import ClassIncrementalResults, ContinualResults
 from continual_eval.results.class_incremental import encode_confusion
 from continual_eval.results.schema import MAX_CLASSES, MAX_CONFUSION_CELLS
 
-__all__ = ["ClassIncrementalRecorder"]
+__all__ = ["ClassIncrementalRecord", "check_class_id_bounds", "class_incremental_scorers"]
 
 
-class ClassIncrementalRecorder:
-    """The callback's class-incremental part: adds ``acc_task_aware`` and ``acc_task_agnostic``
-    to its scorers, collects each stage's confusion counts of the seen tasks (``j <= i``) from
-    the task-agnostic scorer after the stage's evaluation, and checks every stage's two rows
-    against each other."""
+def _ids(classes: Any) -> list[Any]:
+    """One task's class ids as a list, without sizing anything by their values (a tensor is
+    flattened; something that is not a collection of ids is left to ``check_task_classes``)."""
+    if isinstance(classes, Tensor):
+        return classes.reshape(-1).tolist()
+    if isinstance(classes, Iterable) and not isinstance(classes, (str, bytes)):
+        return list(classes)
+    return []
 
-    def __init__(self, task_classes: Any, scorers: dict[str, Any]) -> None:
-        for name in (AWARE_NAME, AGNOSTIC_NAME):
-            if name in scorers:
+
+def check_class_id_bounds(task_classes: Any) -> None:
+    """Refuse ``task_classes`` whose class ids, or whose ``tasks x classes**2`` confusion cells,
+    exceed what ``results.json`` holds (:data:`~continual_eval.results.schema.MAX_CLASSES`,
+    :data:`~continual_eval.results.schema.MAX_CONFUSION_CELLS`): read id by id, before anything is
+    sized by them (a per-id table of an id of 10**9 would take gigabytes). Other problems (no
+    class, a negative or non-integer id, a class in two tasks) are left to
+    :func:`~continual_eval.functional.class_incremental.check_task_classes`."""
+    tasks = task_classes.tolist() if isinstance(task_classes, Tensor) else task_classes
+    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Iterable):
+        return
+    largest, num_tasks = -1, 0
+    for task, classes in enumerate(tasks):
+        num_tasks += 1
+        for c in _ids(classes):
+            if isinstance(c, bool) or not isinstance(c, numbers.Integral):
+                continue
+            c = int(c)
+            if c >= MAX_CLASSES:
                 raise ValueError(
-                    f"scorers already name a matrix {name!r}; with task_classes the callback adds "
-                    f"the matrices {AWARE_NAME!r} and {AGNOSTIC_NAME!r} itself: rename yours"
+                    f"task_classes: task {task} lists class id {c}; results.json holds at most "
+                    f"{MAX_CLASSES} classes (ids 0 .. {MAX_CLASSES - 1}), and a model has one "
+                    "output per class id"
                 )
-        self.aware = TaskAwareAccuracyScorer(task_classes)
-        self.agnostic = TaskAgnosticAccuracyScorer(task_classes)
-        # the task-agnostic scorer checks the same targets against the same task's classes
-        self.aware.check_targets = False
-        #: the task classes as given (plain ints), one list per task
-        self.task_classes: list[list[int]] = [list(c) for c in self.agnostic.class_lists]
-        T, C = len(self.task_classes), self.agnostic.num_class_ids
-        if C > MAX_CLASSES or T * C * C > MAX_CONFUSION_CELLS:
+            largest = max(largest, c)
+    C = largest + 1
+    if num_tasks * C * C > MAX_CONFUSION_CELLS:
+        raise ValueError(
+            f"task_classes: {num_tasks} tasks over class ids 0 .. {C - 1} would record "
+            f"{num_tasks} confusion matrices of {C} x {C} counts; results.json holds at most "
+            f"{MAX_CONFUSION_CELLS} confusion cells (stages x classes**2)"
+        )
+
+
+def class_incremental_scorers(task_classes: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The matrices ``acc_task_aware`` and ``acc_task_agnostic`` of ``task_classes`` (bounds
+    checked first, :func:`check_class_id_bounds`), refused when ``names`` (the user's scorers)
+    already hold one of them. The task-aware scorer leaves the check of targets outside a task's
+    classes to the task-agnostic one, which counts them on the same batches."""
+    taken = set(names)
+    for name in (AWARE_NAME, AGNOSTIC_NAME):
+        if name in taken:
             raise ValueError(
-                f"task_classes: {T} tasks over class ids 0 .. {C - 1} would record {T} confusion "
-                f"matrices of {C} x {C} counts; results.json holds at most {MAX_CLASSES} classes "
-                f"and {MAX_CONFUSION_CELLS} confusion cells (stages x classes**2)"
+                f"scorers already name a matrix {name!r}; with task_classes the callback adds "
+                f"the matrices {AWARE_NAME!r} and {AGNOSTIC_NAME!r} itself: rename yours"
             )
-        scorers[AWARE_NAME] = self.aware
-        scorers[AGNOSTIC_NAME] = self.agnostic
+    check_class_id_bounds(task_classes)
+    return {
+        AWARE_NAME: TaskAwareAccuracyScorer(task_classes, check_targets=False),
+        AGNOSTIC_NAME: TaskAgnosticAccuracyScorer(task_classes),
+    }
+
+
+class ClassIncrementalRecord:
+    """The record's class-incremental section (:class:`~continual_eval.record.RecordSection`):
+    after every stage, the confusion counts of the seen tasks (``j <= i``) from the task-agnostic
+    scorer's details, and a warning naming the tasks where the task-aware accuracy is below the
+    task-agnostic one (impossible with a right ``task_classes``).
+
+    Args:
+        scorer: the run's task-agnostic scorer (its task classes and class count).
+        task_names: one name per task, for the warnings.
+    """
+
+    key = "class_incremental"
+
+    def __init__(self, scorer: TaskAgnosticAccuracyScorer, task_names: Sequence[str]) -> None:
+        #: the task classes as given (plain ints), one list per task
+        self.task_classes: list[list[int]] = [list(c) for c in scorer.class_lists]
+        self._checked: TaskClasses = scorer.task_classes
+        self.num_classes = scorer.num_class_ids
+        self.task_names = list(task_names)
+        if len(self.task_classes) != len(self.task_names):
+            raise ValueError(
+                f"task_classes has {len(self.task_classes)} class-id lists for "
+                f"{len(self.task_names)} test dataloaders; give one list per task"
+            )
         self._confusion: dict[int, Tensor] = {}  # stage -> [C, C] int64 (CPU)
         self._encoded: dict[int, str] = {}  # stage -> encode_confusion() of it, made once
-        self._warned: set[int] = set()
-
-    @classmethod
-    def attach(cls, task_classes: Any, scorers: dict[str, Any]) -> ClassIncrementalRecorder | None:
-        """``None`` without ``task_classes``; else a recorder whose scorers are now in
-        ``scorers`` (after the user's, so the primary matrix stays theirs)."""
-        if task_classes is None:
-            return None
-        return cls(task_classes, scorers)
-
-    @property
-    def num_classes(self) -> int:
-        return self.agnostic.num_class_ids
-
-    def check_num_tasks(self, num_tasks: int) -> None:
-        """One class-id list per test dataloader."""
-        if len(self.task_classes) != num_tasks:
-            raise ValueError(
-                f"task_classes has {len(self.task_classes)} class-id lists for {num_tasks} test "
-                "dataloaders; give one list per task"
-            )
-
-    def reset(self) -> None:
-        self._confusion = {}
-        self._encoded = {}
-        self._warned = set()
 
     # ------------------------------------------------------------------ recording
-    def record_stage(
-        self,
-        stage: int,
-        rows: Mapping[str, Tensor],
-        *,
-        task_names: Sequence[str],
-        warn: bool = True,
-    ) -> None:
-        """After stage ``stage``'s evaluation: its confusion counts (the reduced blocks of the
-        seen tasks ``j <= stage``) and, with ``warn``, a warning naming the cells where the
-        task-aware accuracy is below the task-agnostic one."""
-        C = self.num_classes
-        confusion = torch.zeros(C, C, dtype=torch.int64)
-        for task, block in self.agnostic.last_confusion.items():
+    def check_stage(self, stage: int, scored: Scored) -> None:
+        """The evaluation must hold the task-agnostic scorer's confusion blocks of every seen
+        task."""
+        blocks = scored.details.get(AGNOSTIC_NAME)
+        seen = [j for j in scored.task_ids if j <= stage]
+        if blocks is None or len(blocks) != len(scored.task_ids) or len(seen) != stage + 1:
+            raise ValueError(
+                f"stage {stage}: the evaluation holds no confusion counts of the "
+                f"{AGNOSTIC_NAME!r} scorer for the seen tasks 0 .. {stage}"
+            )
+
+    def record_stage(self, stage: int, scored: Scored) -> list[str]:
+        """Record the stage's confusion counts: the reduced blocks of the seen tasks summed into
+        one ``[C, C]`` matrix (row = true class id); returns the inverted-accuracy warning."""
+        blocks = scored.details[AGNOSTIC_NAME]
+        confusion = torch.zeros(self.num_classes, self.num_classes, dtype=torch.int64)
+        for task, block in zip(scored.task_ids, blocks, strict=True):
             if task <= stage:
                 classes = torch.tensor(self.task_classes[task], dtype=torch.long)
                 confusion.index_add_(0, classes, block[: len(classes)])
         self._confusion[stage] = confusion
         self._encoded.pop(stage, None)
-        if warn and stage not in self._warned:
-            self._warn_inverted(stage, rows, task_names)
+        return self._inverted(stage, scored.rows)
 
-    def _warn_inverted(
-        self, stage: int, rows: Mapping[str, Tensor], task_names: Sequence[str]
-    ) -> None:
+    def _inverted(self, stage: int, rows: Mapping[str, Tensor]) -> list[str]:
         aware, agnostic = rows.get(AWARE_NAME), rows.get(AGNOSTIC_NAME)
         if aware is None or agnostic is None:
-            return
+            return []
         cells = [
-            f"{task_names[j]} ({a:.4f} < {b:.4f})"
+            f"{self.task_names[j]} ({a:.4f} < {b:.4f})"
             for j, (a, b) in enumerate(zip(aware.tolist(), agnostic.tolist(), strict=True))
             if math.isfinite(a) and math.isfinite(b) and a < b
         ]
         if not cells:
-            return
-        self._warned.add(stage)
-        warnings.warn(
+            return []
+        return [
             f"ContinualEvalCallback: after stage {stage} the task-aware accuracy is below the "
             f"task-agnostic one on {len(cells)} task(s): "
             + ", ".join(cells[:10])
             + (", ..." if len(cells) > 10 else "")
             + ". The argmax over a task's own classes is right whenever the argmax over a "
             "superset of them is, so this cannot happen when task_classes matches the model's "
-            "outputs and the test sets: check the class ids of task_classes",
-            stacklevel=3,
-        )
+            "outputs and the test sets: check the class ids of task_classes"
+        ]
 
     # ------------------------------------------------------------------ results
     def confusion(self, num_stages: int) -> Tensor:
-        """``[num_stages, C, C]`` int64: each recorded stage's counts, zeros for a stage without
-        (recorded before this state existed)."""
+        """``[num_stages, C, C]`` int64: each recorded stage's counts."""
         C = self.num_classes
         out = torch.zeros(num_stages, C, C, dtype=torch.int64)
         for stage, matrix in self._confusion.items():
@@ -141,19 +174,21 @@ class ClassIncrementalRecorder:
                 out[stage] = matrix
         return out
 
-    def results(self, num_stages: int, forgetting: str) -> ClassIncrementalResults:
-        """The ``class_incremental`` section of the stages so far."""
+    def add_to(self, results: ContinualResults) -> ContinualResults:
+        """``results`` with the ``class_incremental`` section of its stages."""
+        num_stages = results.primary.num_stages
         confusion = self.confusion(num_stages)
         for stage in range(num_stages):
             if stage not in self._encoded:
                 self._encoded[stage] = encode_confusion(confusion[stage])
-        return ClassIncrementalResults.compute(
+        section = ClassIncrementalResults.compute(
             self.task_classes,
             confusion,
-            forgetting=forgetting,
+            forgetting=results.forgetting,
             confusion_text=[self._encoded[stage] for stage in range(num_stages)],
-            checked=self.agnostic.task_classes,
+            checked=self._checked,
         )
+        return dataclasses.replace(results, class_incremental=section)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -163,21 +198,18 @@ class ClassIncrementalRecorder:
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """Restore the recorded counts; ``None`` (a checkpoint written without them): none, so
-        the stages recorded there have no confusion counts. A state of other ``task_classes`` is
-        refused."""
-        self._encoded = {}
+        """Restore the recorded counts; a state of other ``task_classes`` is refused (nothing
+        changes)."""
         if state is None:
-            self._confusion = {}
-            return
-        recorded = [list(c) for c in state.get("task_classes", [])]
+            raise ValueError("the state holds no class-incremental counts")
+        recorded = [list(c) for c in state["task_classes"]]
         if recorded != self.task_classes:
             raise ValueError(
-                "ContinualEvalCallback: the checkpoint's state was recorded with other "
-                f"task_classes ({recorded}, now {self.task_classes}); resume with the recorded "
-                "task_classes, or start a new run"
+                f"the state was recorded with other task_classes ({recorded}, now "
+                f"{self.task_classes}); resume with the recorded task_classes, or start a new run"
             )
         self._confusion = {
             int(stage): torch.as_tensor(m).to("cpu", torch.int64).clone()
-            for stage, m in state.get("confusion", {}).items()
+            for stage, m in state["confusion"].items()
         }
+        self._encoded = {}

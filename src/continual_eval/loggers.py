@@ -53,10 +53,11 @@ Call these on global rank 0 only (Lightning's logger methods are rank-zero-only 
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,9 @@ __all__ = [
     "log_baseline",
     "log_stage",
     "log_step",
+    "refuse_key_collisions",
     "stage_key_collisions",
+    "stage_line",
     "stage_scalars",
     "step_scalars",
 ]
@@ -177,6 +180,17 @@ def _format_one_table(
     )
 
 
+def stage_line(results: ContinualResults, stage: int) -> str:
+    """The line printed after stage ``stage`` (``verbose``): its place in the sequence and the
+    primary matrix's finite metrics."""
+    metrics = results.primary.metrics
+    return (
+        f"[continual-eval] stage {stage + 1}/{results.num_tasks} ({results.task_names[stage]}; "
+        f"row {stage} of R): "
+        + "  ".join(f"{k}={v:.4f}" for k, v in metrics.items() if math.isfinite(v))
+    )
+
+
 def stage_scalars(
     results: ContinualResults | Mapping[str, Any], stage: int, *, prefix: str = "continual/"
 ) -> dict[str, float]:
@@ -260,6 +274,19 @@ def stage_key_collisions(results: ContinualResults, prefix: str) -> list[str]:
         keys += [f"{base}{key}" for key in ("min_acc", "wc_acc", "anytime_acc", "lca", "auc_fwt")]
         keys += [f"{base}{tag}/{task}" for _, tag in _GAP_TAGS for task in names]
     return sorted(key for key, count in collections.Counter(keys).items() if count > 1)
+
+
+def refuse_key_collisions(results: ContinualResults, prefix: str) -> None:
+    """A ``ValueError`` naming the keys under which two different values would be logged
+    (:func:`stage_key_collisions`), before anything is measured."""
+    collisions = stage_key_collisions(results, prefix)
+    if collisions:
+        raise ValueError(
+            "ContinualEvalCallback: two different values would be logged under the same "
+            f"key{'s' if len(collisions) > 1 else ''} {', '.join(map(repr, collisions))} (a task "
+            "named like a metric, or a scorer named like the primary's score or `cost`): rename "
+            "the task or the scorer. Nothing was trained"
+        )
 
 
 def _plasticity_values(plasticity: Plasticity) -> tuple[tuple[str, float | None], ...]:
@@ -446,72 +473,104 @@ def log_stage(
     results = _as_results(results)
     scalars = stage_scalars(results, stage, prefix=prefix)
     tags = _tags(results, prefix, "matrix")
-    curves_tags = _tags(results, prefix, "curves")
-    primary_tag = tags[results.primary_name]
-    figures: dict[str, Any] = {}
-    curves_figures: dict[str, Any] = {}
-    has_curves = results.steps is not None
     image_loggers = any(
         isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
     )
-    document: dict[str, Any] | None = None
-    if log_images and (image_loggers or (has_curves and results_dir is not None)):
+    figures: dict[str, Any] = {}
+    if log_images and (image_loggers or (results.steps is not None and results_dir is not None)):
         try:
-            for name in results.matrices:
-                if image_loggers:
-                    figures[tags[name]] = _figure(results, name)
-                if has_curves and results[name].step_scores is not None:
-                    fig = _curves_figure(results, name)
-                    curves_figures[curves_tags[name]] = fig
-                    if results_dir is not None:
-                        Path(results_dir).mkdir(parents=True, exist_ok=True)
-                        png = curves_png_name(name, name == results.primary_name)
-                        fig.savefig(Path(results_dir) / png, dpi=100)
-            section = results.class_incremental
-            if image_loggers and section is not None and stage < section.num_stages:
-                figures[f"{prefix}class_il/confusion"] = section.confusion_figure(stage)
+            figures = _stage_figures(results, stage, prefix, results_dir, image_loggers)
         except ModuleNotFoundError as err:
             warnings.warn(f"ContinualEvalCallback: no figure logged ({err})", stacklevel=2)
+    document = functools.cache(results.to_dict)  # built once, for the loggers that store it
     try:
         for logger in loggers:
-            if isinstance(logger, WandbLogger):
-                images = {**figures, **curves_figures}
-                _log_wandb(logger, results, stage, tags, images, scalars)  # one W&B step a stage
-            else:
-                logger.log_metrics(scalars, step=stage)
-            if isinstance(logger, TensorBoardLogger):
-                for tag, fig in {**figures, **curves_figures}.items():
-                    logger.experiment.add_figure(tag, fig, global_step=stage, close=False)
-                logger.experiment.add_text(
-                    primary_tag, format_matrix_table(results, markdown=True), global_step=stage
-                )
-            elif isinstance(logger, MLFlowLogger):
-                run_id = logger.run_id
-                for tag, fig in {**figures, **curves_figures}.items():
-                    logger.experiment.log_figure(run_id, fig, f"{tag}_stage_{stage:03d}.png")
-                document = document or results.to_dict()
-                logger.experiment.log_dict(run_id, document, f"{prefix}results.json")
-                if results_dir is not None:
-                    folder = prefix.rstrip("/") or None
-                    for csv_path in sorted(Path(results_dir).glob("scores*.csv")):
-                        logger.experiment.log_artifact(run_id, str(csv_path), folder)
-            elif isinstance(logger, CSVLogger):
-                log_dir = Path(logger.log_dir)
-                if results_dir is None or log_dir.resolve() != Path(results_dir).resolve():
-                    document = document or results.to_dict()
-                    for name in results.matrices:
-                        primary = name == results.primary_name
-                        write_scores_csv(
-                            log_dir / scores_csv_name(name, primary),
-                            document,
-                            None if primary else name,
-                        )
+            _log_stage_to(
+                logger,
+                results,
+                stage,
+                scalars,
+                tags,
+                figures,
+                document,
+                prefix=prefix,
+                results_dir=results_dir,
+            )
             logger.save()
     finally:
-        for figure in (*figures.values(), *curves_figures.values()):
+        for figure in figures.values():
             import matplotlib.pyplot as plt
 
             plt.close(figure)
+
+
+def _stage_figures(
+    results: ContinualResults,
+    stage: int,
+    prefix: str,
+    results_dir: str | Path | None,
+    image_loggers: bool,
+) -> dict[str, Any]:
+    """Tag -> figure of the stage: every matrix's heatmap (for the loggers that take images),
+    its step curves (also saved as ``curves_png_name`` in ``results_dir``) and the
+    class-incremental confusion matrix."""
+    tags, curves_tags = _tags(results, prefix, "matrix"), _tags(results, prefix, "curves")
+    figures: dict[str, Any] = {}
+    for name in results.matrices:
+        if image_loggers:
+            figures[tags[name]] = _figure(results, name)
+        if results.steps is not None and results[name].step_scores is not None:
+            fig = _curves_figure(results, name)
+            figures[curves_tags[name]] = fig
+            if results_dir is not None:
+                Path(results_dir).mkdir(parents=True, exist_ok=True)
+                png = curves_png_name(name, name == results.primary_name)
+                fig.savefig(Path(results_dir) / png, dpi=100)
+    section = results.class_incremental
+    if image_loggers and section is not None and stage < section.num_stages:
+        figures[f"{prefix}class_il/confusion"] = section.confusion_figure(stage)
+    return figures
+
+
+def _log_stage_to(
+    logger: Logger,
+    results: ContinualResults,
+    stage: int,
+    scalars: dict[str, float],
+    tags: dict[str, str],
+    figures: dict[str, Any],
+    document: Callable[[], dict[str, Any]],
+    *,
+    prefix: str,
+    results_dir: str | Path | None,
+) -> None:
+    """One logger's share of :func:`log_stage` (what it can show of the stage)."""
+    if isinstance(logger, WandbLogger):
+        _log_wandb(logger, results, stage, tags, figures, scalars)  # one W&B step a stage
+    else:
+        logger.log_metrics(scalars, step=stage)
+    if isinstance(logger, TensorBoardLogger):
+        for tag, fig in figures.items():
+            logger.experiment.add_figure(tag, fig, global_step=stage, close=False)
+        primary_tag = tags[results.primary_name]
+        table = format_matrix_table(results, markdown=True)
+        logger.experiment.add_text(primary_tag, table, global_step=stage)
+    elif isinstance(logger, MLFlowLogger):
+        run_id = logger.run_id
+        for tag, fig in figures.items():
+            logger.experiment.log_figure(run_id, fig, f"{tag}_stage_{stage:03d}.png")
+        logger.experiment.log_dict(run_id, document(), f"{prefix}results.json")
+        if results_dir is not None:
+            folder = prefix.rstrip("/") or None
+            for csv_path in sorted(Path(results_dir).glob("scores*.csv")):
+                logger.experiment.log_artifact(run_id, str(csv_path), folder)
+    elif isinstance(logger, CSVLogger):
+        log_dir = Path(logger.log_dir)
+        if results_dir is None or log_dir.resolve() != Path(results_dir).resolve():
+            for name in results.matrices:
+                primary = name == results.primary_name
+                path = log_dir / scores_csv_name(name, primary)
+                write_scores_csv(path, document(), None if primary else name)
 
 
 def _log_wandb(

@@ -45,7 +45,7 @@ import contextlib
 import copy
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,9 @@ from torch.utils.data import (
 )
 
 from continual_eval.callback import ContinualEvalCallback
+from continual_eval.options import StepEvaluation
 from continual_eval.results.reference import Reference, ReferenceCurve
-from continual_eval.rng import collect_rng_states, set_rng_states
+from continual_eval.rng import collect_rng_states, loader_generators, set_rng_states
 
 __all__ = [
     "REFERENCE_DIRS",
@@ -168,24 +169,6 @@ def _default_copy(model: LightningModule) -> LightningModule:
     return copy.deepcopy(model)
 
 
-def _loader_generators(loaders: Iterable[Any]) -> list[torch.Generator]:
-    """The ``torch.Generator`` objects ``loaders`` draw from (a loader's ``generator``, its
-    sampler's and its batch sampler's sampler's), each once: the global random state does not
-    cover them."""
-    found: dict[int, torch.Generator] = {}
-    for loader in loaders:
-        batch_sampler = getattr(loader, "batch_sampler", None)
-        for owner in (
-            loader,
-            getattr(loader, "sampler", None),
-            getattr(batch_sampler, "sampler", None),
-        ):
-            generator = getattr(owner, "generator", None)
-            if isinstance(generator, torch.Generator):
-                found[id(generator)] = generator
-    return list(found.values())
-
-
 @contextlib.contextmanager
 def _caller_rng(
     generators: Sequence[torch.Generator] = (),
@@ -269,7 +252,7 @@ def train_reference(
     trainer_factory: Callable[[], Trainer],
     joint_dataloader: Any = None,
     task_names: Sequence[str] | None = None,
-    eval_every_n_steps: int | None = None,
+    eval_every_n_steps: int | StepEvaluation | None = None,
     callback_kwargs: Mapping[str, Any] | None = None,
     seed: int | None = None,
     dirpath: str | os.PathLike[str] | None = None,
@@ -295,16 +278,16 @@ def train_reference(
             :func:`union_dataloader` of ``train_dataloaders``.
         task_names: one name per task (default ``task_0``, ...).
         eval_every_n_steps: ``"isolated"`` only: also score copy ``j`` on task ``j`` every ``k``
-            optimizer steps (the callback's per-step evaluation), returned as
+            optimizer steps (an int ``k``, or a :class:`~continual_eval.StepEvaluation` with a
+            fixed subset; the callback's per-step evaluation), returned as
             :attr:`Reference.curves` (the reference learning curves of plasticity metrics such as
             Continual World's normalised forward transfer, which compares areas under them).
         callback_kwargs: further :class:`~continual_eval.ContinualEvalCallback` arguments
-            (``scorers``, ``metric``, ``inference_mode``, ``step_eval_subset``, ...), the
-            continual run's, so the reference is scored the same way. Those that
-            :func:`train_reference` sets itself (test loaders, names, dirpath, metadata,
-            ``evaluate="all"``, ``verbose=False``, ``log_images=False``, ``eval_every_n_steps``)
-            are ignored, and so are ``step_eval_subset*`` without ``eval_every_n_steps``;
-            ``epochs_per_task`` is refused.
+            (``scorers``, ``metric``, ``inference_mode``, ...), the continual run's, so the
+            reference is scored the same way. Those that :func:`train_reference` sets itself
+            (test loaders, names, dirpath, metadata, ``evaluate="all"``, ``verbose=False``,
+            ``log_images=False``, ``eval_every_n_steps``, ``reference``, ``lca_beta``) are
+            ignored; ``epochs_per_task`` is refused.
         seed: ``seed_everything(seed + j)`` before copy ``j`` (isolated), ``seed_everything(seed)``
             before the joint copy; ``None``: every reference fit starts from the caller's random
             state. The caller's random state is restored afterwards in both cases.
@@ -324,6 +307,45 @@ def train_reference(
             ``callback_kwargs``.
     """
     kind = check_reference_kind(kind)
+    names = _check_reference_arguments(
+        kind, train_dataloaders, test_dataloaders, task_names, eval_every_n_steps, joint_dataloader
+    )
+    options = _scoring_options(callback_kwargs)
+    with contextlib.ExitStack() as stack:
+        loaders = [*train_dataloaders, *([] if joint_dataloader is None else [joint_dataloader])]
+        rewind = stack.enter_context(_caller_rng(loader_generators(loaders)))
+        root = Path(dirpath) if dirpath is not None else Path(stack.enter_context(_temporary()))
+        fits = _ReferenceFits(
+            model,
+            test_dataloaders,
+            names,
+            kind=kind,
+            trainer_factory=trainer_factory,
+            callback_kwargs={"eval_every_n_steps": eval_every_n_steps, **options},
+            copy_model=copy_model or _default_copy,
+            rewind=rewind,
+        )
+        if kind == "joint":
+            union = joint_dataloader
+            if union is None:
+                union = union_dataloader(train_dataloaders)
+            fits.fit(list(range(len(names))), union, root, seed)
+        else:
+            for j, loader in enumerate(train_dataloaders):
+                fits.fit([j], loader, root / f"task_{j}", None if seed is None else seed + j)
+        return fits.reference(keep_dirs=dirpath is not None)
+
+
+def _check_reference_arguments(
+    kind: str,
+    train_dataloaders: Sequence[Any],
+    test_dataloaders: Sequence[Any],
+    task_names: Sequence[str] | None,
+    eval_every_n_steps: int | StepEvaluation | None,
+    joint_dataloader: Any,
+) -> list[str]:
+    """The task names of a reference (default ``task_j``), after checking that the loaders and
+    options fit ``kind``."""
     num_tasks = len(train_dataloaders)
     if num_tasks == 0:
         raise ValueError("train_reference needs at least one task (train_dataloaders is empty)")
@@ -342,6 +364,12 @@ def train_reference(
         )
     if joint_dataloader is not None and kind != "joint":
         raise ValueError("joint_dataloader is for kind='joint'")
+    return names
+
+
+def _scoring_options(callback_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The continual run's callback options that also score the reference (those
+    :func:`train_reference` sets itself dropped; ``epochs_per_task`` refused)."""
     options = dict(callback_kwargs or {})
     if options.get("epochs_per_task") is not None:
         raise ValueError(
@@ -349,80 +377,91 @@ def train_reference(
         )
     for key in _SET_HERE:
         options.pop(key, None)
-    if eval_every_n_steps is None:  # options of the per-step evaluations, not asked for here
-        options.pop("step_eval_subset", None)
-        options.pop("step_eval_subset_seed", None)
-    make_copy = copy_model or _default_copy
-    runs: list[tuple[ContinualEvalCallback, Trainer]] = []
-    with contextlib.ExitStack() as stack:
-        loaders = [*train_dataloaders, *([] if joint_dataloader is None else [joint_dataloader])]
-        rewind = stack.enter_context(_caller_rng(_loader_generators(loaders)))
-        keep = dirpath is not None
-        root = Path(dirpath) if dirpath is not None else Path(stack.enter_context(_temporary()))
+    return options
 
-        def fit(
-            task_ids: list[int], train_loader: Any, run_dir: Path, run_seed: int | None
-        ) -> None:
-            trainer = _new_trainer(trainer_factory, runs[0][1].max_epochs if runs else None)
-            callback = ContinualEvalCallback(
-                [test_dataloaders[j] for j in task_ids],
-                task_names=[names[j] for j in task_ids],
-                evaluate="all",
-                dirpath=run_dir,
-                metadata={"reference_run": kind, "tasks": [names[j] for j in task_ids]},
-                eval_every_n_steps=eval_every_n_steps,
-                verbose=False,
-                log_images=False,
-                **options,
-            )
-            _callbacks(trainer).append(callback)
-            rewind(run_seed)  # a copy that re-initialises draws from the caller's state too
-            fresh = make_copy(model)
-            if fresh is model:
-                raise ValueError("copy_model returned the model itself, not a copy")
-            rewind(run_seed)
-            trainer.fit(fresh, train_dataloaders=train_loader)
-            runs.append((callback, trainer))
 
-        if kind == "joint":
-            union = joint_dataloader
-            if union is None:
-                union = union_dataloader(train_dataloaders)
-            fit(list(range(num_tasks)), union, root, seed)
-            scores, baseline = runs[0][0].scores[0], runs[0][0].baseline
+class _ReferenceFits:
+    """The reference models of one :func:`train_reference` call: one Trainer and one scoring
+    callback per model, every fit from the caller's random state (``rewind``)."""
+
+    def __init__(
+        self,
+        model: LightningModule,
+        test_dataloaders: Sequence[Any],
+        names: Sequence[str],
+        *,
+        kind: str,
+        trainer_factory: Callable[[], Trainer],
+        callback_kwargs: Mapping[str, Any],
+        copy_model: Callable[[LightningModule], LightningModule],
+        rewind: Callable[[int | None], None],
+    ) -> None:
+        self.model, self.test_dataloaders, self.names, self.kind = (
+            model,
+            test_dataloaders,
+            list(names),
+            kind,
+        )
+        self.trainer_factory, self.callback_kwargs = trainer_factory, dict(callback_kwargs)
+        self.copy_model, self.rewind = copy_model, rewind
+        self.runs: list[tuple[ContinualEvalCallback, Trainer]] = []
+
+    def fit(self, task_ids: list[int], train_loader: Any, run_dir: Path, seed: int | None) -> None:
+        """Train a fresh copy of the model on ``train_loader``, scored on ``task_ids``."""
+        budget = self.runs[0][1].max_epochs if self.runs else None
+        trainer = _new_trainer(self.trainer_factory, budget)
+        tasks = [self.names[j] for j in task_ids]
+        callback = ContinualEvalCallback(
+            [self.test_dataloaders[j] for j in task_ids],
+            task_names=tasks,
+            evaluate="all",
+            dirpath=run_dir,
+            metadata={"reference_run": self.kind, "tasks": tasks},
+            verbose=False,
+            log_images=False,
+            **self.callback_kwargs,
+        )
+        _callbacks(trainer).append(callback)
+        self.rewind(seed)  # a copy that re-initialises draws from the caller's state too
+        fresh = self.copy_model(self.model)
+        if fresh is self.model:
+            raise ValueError("copy_model returned the model itself, not a copy")
+        self.rewind(seed)
+        trainer.fit(fresh, train_dataloaders=train_loader)
+        self.runs.append((callback, trainer))
+
+    def reference(self, *, keep_dirs: bool) -> Reference:
+        """What the fits measured: the joint copy's scores on every task, or copy ``j``'s on
+        task ``j`` (with per-step evaluations, its curve)."""
+        callbacks = [callback for callback, _ in self.runs]
+        if self.kind == "joint":
+            scores, baseline = callbacks[0].scores[0], callbacks[0].baseline
         else:
-            for j in range(num_tasks):
-                fit(
-                    [j],
-                    train_dataloaders[j],
-                    root / f"task_{j}",
-                    None if seed is None else seed + j,
-                )
-            scores = torch.stack([callback.scores[0, 0] for callback, _ in runs])
-            baseline = torch.stack([callback.baseline[0] for callback, _ in runs])
+            scores = torch.stack([callback.scores[0, 0] for callback in callbacks])
+            baseline = torch.stack([callback.baseline[0] for callback in callbacks])
         curves = None
-        if eval_every_n_steps is not None:
+        if self.callback_kwargs.get("eval_every_n_steps") is not None:
             curves = tuple(
                 ReferenceCurve(step.to(torch.int64), values[:, 0].to(torch.float64))
-                for step, _, values in (callback.curves() for callback, _ in runs)
+                for step, _, values in (callback.curves() for callback in callbacks)
             )
-    primary = runs[0][0].scorer
-    return Reference(
-        kind=kind,
-        scores=scores.to(torch.float64).clone(),
-        baseline=baseline.to(torch.float64).clone(),
-        epochs=int(runs[0][1].max_epochs or 0),
-        steps_trained=tuple(int(trainer.global_step) for _, trainer in runs),
-        score_name=str(primary.name),
-        higher_is_better=bool(primary.higher_is_better),
-        task_names=tuple(names),
-        curves=curves,
-        results_dirs=tuple(
-            Path(callback.results_dir)
-            for callback, _ in runs
-            if keep and callback.results_dir is not None
-        ),
-    )
+        primary = callbacks[0].scorer
+        return Reference(
+            kind=self.kind,
+            scores=scores.to(torch.float64).clone(),
+            baseline=baseline.to(torch.float64).clone(),
+            epochs=int(self.runs[0][1].max_epochs or 0),
+            steps_trained=tuple(int(trainer.global_step) for _, trainer in self.runs),
+            score_name=str(primary.name),
+            higher_is_better=bool(primary.higher_is_better),
+            task_names=tuple(self.names),
+            curves=curves,
+            results_dirs=tuple(
+                Path(callback.results_dir)
+                for callback in callbacks
+                if keep_dirs and callback.results_dir is not None
+            ),
+        )
 
 
 def _temporary() -> contextlib.AbstractContextManager[str]:

@@ -1,9 +1,10 @@
 r"""What each training stage cost: wall time of training and of the evaluation, peak memory,
 parameters, samples and optimizer steps trained, and the replay memory a method reports.
 
-The callback owns one :class:`StageCostRecorder`; it reads clocks only at stage boundaries and
-around its own evaluation (never inside a training step: no device sync is added there), and
-counts samples from the batches' host-side shapes.
+The callback owns one :class:`StageCostRecorder`, the meter of the stage in progress; it reads
+clocks only at stage boundaries and around its own evaluation (never inside a training step: no
+device sync is added there), and counts samples from the batches' host-side shapes. The costs of
+finished stages belong to the run record (:class:`~continual_eval.record.RunRecord`).
 
 Per stage ``i`` (one :class:`StageCost`):
 
@@ -14,9 +15,9 @@ Per stage ``i`` (one :class:`StageCost`):
   per-step evaluations of ``eval_every_n_steps``); a stage resumed from a checkpoint written
   inside it (``trainer.fit(ckpt_path=...)``) adds the time it had trained when the checkpoint was
   written to the time since the resume.
-* ``eval_seconds``: wall time of the end-of-stage evaluation and the recording of its row (what
-  the evaluation costs the user; the files and logs written after it are not counted), measured
-  on each rank (``results.json`` holds rank 0's).
+* ``eval_seconds``: wall time of the end-of-stage evaluation (the forward passes, the reduction
+  across ranks, the checks of its rows; the files and logs written after it are not counted),
+  measured on each rank (``results.json`` holds rank 0's).
 * ``peak_memory_bytes``: ``torch.cuda.max_memory_allocated`` over the stage on a CUDA device
   (reset at the stage start), else the process's peak resident set size so far
   (``ru_maxrss``; it never decreases), named by ``memory_kind``.
@@ -134,10 +135,9 @@ def summarize_costs(costs: Sequence[StageCost]) -> dict[str, Any]:
     """Totals over ``costs`` (``train_seconds``, ``eval_seconds``, ``samples``,
     ``optimizer_steps``), the largest ``peak_memory_bytes`` and the :func:`model_size_efficiency`
     of their parameter counts (every value ``None`` without a stage). The efficiency is ``None``
-    unless ``costs`` are the stages ``0, 1, ..., s-1`` in order (its first count is stage 0's; a
-    run resumed from a checkpoint without costs lacks the earlier stages), and for a model
-    without parameters at some stage (a non-parametric learner keeping its state in buffers: MS
-    is undefined)."""
+    unless ``costs`` are the stages ``0, 1, ..., s-1`` in order (its first count is stage 0's),
+    and for a model without parameters at some stage (a non-parametric learner keeping its state
+    in buffers: MS is undefined)."""
     if not costs:  # nothing measured: absent, never 0
         return dict.fromkeys(_SUMMARY_KEYS)
     stages = [c.stage for c in costs]
@@ -213,16 +213,20 @@ def _replay_memory(module: nn.Module) -> int | None:
 
 
 class StageCostRecorder:
-    """Clocks and counters of the current stage, and the :class:`StageCost` of finished ones."""
+    """Clocks and counters of the stage in progress; :meth:`finish_stage` gives its
+    :class:`StageCost`."""
 
     def __init__(self) -> None:
-        self.costs: list[StageCost] = []
+        #: ``trainer.global_step`` when the stage in progress started (its optimizer steps are
+        #: counted from there)
+        self.start_step = 0
         self._start: float | None = None
         self._samples = 0
         self._device: torch.device | None = None
 
-    def start_stage(self, device: torch.device) -> None:
-        """A stage's training starts (or resumes) now on ``device``."""
+    def start_stage(self, device: torch.device, step: int = 0) -> None:
+        """A stage's training starts (or resumes) now on ``device``, at optimizer step ``step``."""
+        self.start_step = step
         self._device = device
         self._samples = 0
         if device.type == "cuda":
@@ -248,19 +252,31 @@ class StageCostRecorder:
         """Samples trained on this rank in the current stage."""
         return self._samples
 
-    def progress(self) -> dict[str, Any] | None:
-        """The current stage's counters so far, for a checkpoint written inside it: ``samples``
-        (this rank's) and ``train_seconds`` (no device sync); ``None`` between stages."""
+    def progress(self, stage: int) -> dict[str, Any] | None:
+        """The counters of stage ``stage``, in progress, for a checkpoint written inside it: its
+        index, ``start_step``, ``samples`` (this rank's) and ``train_seconds`` (no device sync);
+        ``None`` between stages."""
         if self._start is None:
             return None
-        return {"samples": self._samples, "train_seconds": time.perf_counter() - self._start}
+        return {
+            "stage": stage,
+            "start_step": self.start_step,
+            "samples": self._samples,
+            "train_seconds": time.perf_counter() - self._start,
+        }
 
-    def resume_stage(self, progress: Mapping[str, Any]) -> None:
-        """Continue the stage just started (:meth:`start_stage`) from a checkpoint's
-        :meth:`progress`: its samples and training time count too."""
-        self._samples += int(progress.get("samples", 0))
+    def resume_stage(self, progress: Mapping[str, Any], *, stage: int, step: int) -> bool:
+        """Continue stage ``stage``, just started (:meth:`start_stage`) at optimizer step
+        ``step``, from a checkpoint's :meth:`progress` written inside it: its start step,
+        samples and training time count too. ``False`` (nothing changes) when the progress is of
+        another stage or of a later step (the fit did not resume that stage's training)."""
+        if int(progress["stage"]) != stage or int(progress["start_step"]) > step:
+            return False
+        self.start_step = int(progress["start_step"])
+        self._samples += int(progress["samples"])
         if self._start is not None:
-            self._start -= max(0.0, float(progress.get("train_seconds", 0.0)))
+            self._start -= max(0.0, float(progress["train_seconds"]))
+        return True
 
     def finish_stage(
         self,
@@ -273,9 +289,8 @@ class StageCostRecorder:
         optimizer_steps: int,
         replay_memory: int | _Unread | None = _UNREAD,
     ) -> StageCost:
-        """Record stage ``stage`` (replacing a record of the same stage: a re-run after resume,
-        and dropping later ones). ``replay_memory``: read from ``module``'s hook unless given
-        (:func:`read_replay_memory`)."""
+        """The cost of stage ``stage``, which ends now (the clock stops). ``replay_memory``: read
+        from ``module``'s hook unless given (:func:`read_replay_memory`)."""
         if isinstance(replay_memory, _Unread):
             replay_memory = read_replay_memory(module)
         device = self._device
@@ -296,19 +311,5 @@ class StageCostRecorder:
             optimizer_steps=int(optimizer_steps),
             replay_memory=replay_memory,
         )
-        self.costs = [c for c in self.costs if c.stage < stage] + [cost]
         self._start = None
         return cost
-
-    def summary(self) -> dict[str, Any]:
-        """Totals over the recorded stages and the model-size efficiency
-        (:func:`summarize_costs`)."""
-        return summarize_costs(self.costs)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"costs": [c.to_dict() for c in self.costs]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.costs = [StageCost.from_dict(c) for c in state.get("costs", [])]
-        self._start = None
-        self._samples = 0

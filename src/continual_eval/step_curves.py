@@ -102,43 +102,33 @@ class StepCurves:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The rows under the checkpoint keys of the callback's state (``curve_*``): the primary
-        scorer's rows under ``curve_scores`` (as when only it was evaluated per step), every other
-        scorer's under ``curve_matrices[name]``."""
+        """The rows as plain values and CPU tensors: ``step``, ``stage``, ``full`` (one each per
+        evaluation) and ``rows`` (scorer -> its rows)."""
         return {
-            "curve_step": list(self.steps),
-            "curve_stage": list(self.stages),
-            "curve_scores": [row.clone() for row in self.scores],
-            "curve_full": list(self.full),
-            "curve_matrices": {
-                name: [row.clone() for row in self.rows[name]] for name in self.names[1:]
-            },
+            "step": list(self.steps),
+            "stage": list(self.stages),
+            "full": list(self.full),
+            "rows": {name: [row.clone() for row in self.rows[name]] for name in self.names},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Load :meth:`state_dict`'s keys from the callback's state. A state written when only
-        the primary scorer was evaluated per step (no ``curve_matrices``) leaves the other
-        scorers' rows NaN (not evaluated)."""
-        steps = [int(s) for s in state.get("curve_step", [])]
-        stages = [int(s) for s in state.get("curve_stage", [])]
-        primary = [row.double() for row in state.get("curve_scores", [])]
-        full = [bool(f) for f in state.get("curve_full", [True] * len(steps))]
-        if not len(steps) == len(stages) == len(primary) == len(full):
+        """Replace the rows by :meth:`state_dict`'s; refused (nothing changes) when the lengths
+        differ or the scorers are not :attr:`names`."""
+        steps = [int(s) for s in state["step"]]
+        stages = [int(s) for s in state["stage"]]
+        full = [bool(f) for f in state["full"]]
+        recorded = state["rows"]
+        if sorted(recorded) != sorted(self.names):
             raise ValueError(
-                "the checkpoint's step curves have rows of different lengths: "
-                f"{len(steps)} steps, {len(stages)} stages, {len(primary)} score "
-                f"rows, {len(full)} flags"
+                f"the step curves were recorded for the scorers {sorted(recorded)}, not "
+                f"{sorted(self.names)}"
             )
-        recorded = state.get("curve_matrices") or {}
-        rows = {self.primary: primary}
-        for name in self.names[1:]:
-            if name in recorded:
-                rows[name] = [row.double() for row in recorded[name]]
-                if len(rows[name]) != len(steps):
-                    raise ValueError(
-                        f"the checkpoint's step curves of {name!r} have {len(rows[name])} rows "
-                        f"for {len(steps)} steps"
-                    )
-            else:  # not evaluated per step when the state was written
-                rows[name] = [torch.full_like(row, math.nan) for row in primary]
+        rows = {name: [row.double() for row in recorded[name]] for name in self.names}
+        lengths = {len(steps), len(stages), len(full), *(len(r) for r in rows.values())}
+        if len(lengths) != 1:
+            raise ValueError(
+                "the step curves have rows of different lengths: "
+                f"{len(steps)} steps, {len(stages)} stages, {len(full)} flags, "
+                + ", ".join(f"{len(r)} {name!r} rows" for name, r in rows.items())
+            )
         self.steps, self.stages, self.full, self.rows = steps, stages, full, rows

@@ -6,15 +6,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer, seed_everything
 
+from continual_eval.callback import ContinualEvalCallback
 from continual_eval.lightning_log import without_cumulative_epoch_message
-
-if TYPE_CHECKING:  # pragma: no cover
-    from continual_eval.callback import ContinualEvalCallback
 
 __all__ = ["fit_tasks", "scheduled_task"]
 
@@ -26,15 +24,9 @@ def scheduled_task(trainer: Trainer, epochs_per_task: int) -> int:
     counts epochs already started, so it is also right while a resumed fit reloads its data (when
     ``trainer.current_epoch`` still shows the last finished epoch).
     """
-    return trainer.fit_loop.epoch_progress.current.processed // epochs_per_task
-
-
-def fit_already_done(trainer: Trainer) -> bool:
-    """Whether another ``fit`` on ``trainer`` would train nothing (max_steps/max_epochs reached)."""
-    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
-    if max_steps is not None and max_steps != -1 and trainer.global_step >= max_steps:
-        return True
-    return max_epochs is not None and max_epochs != -1 and trainer.current_epoch >= max_epochs
+    # the fit loop's epoch progress is a _Progress of _ProcessedTracker counters at run time
+    processed: int = trainer.fit_loop.epoch_progress.current.processed  # type: ignore[attr-defined]
+    return processed // epochs_per_task
 
 
 def spawns_processes(trainer: Trainer) -> bool:
@@ -45,9 +37,8 @@ def spawns_processes(trainer: Trainer) -> bool:
 
 
 def _find_callbacks(trainer: Trainer) -> list[ContinualEvalCallback]:
-    from continual_eval.callback import ContinualEvalCallback
-
-    found = [cb for cb in trainer.callbacks if isinstance(cb, ContinualEvalCallback)]
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set by the callback connector
+    found = [cb for cb in callbacks if isinstance(cb, ContinualEvalCallback)]
     if not found:
         raise ValueError("fit_tasks needs a ContinualEvalCallback in trainer.callbacks, found none")
     return found
@@ -69,7 +60,8 @@ def fit_tasks(
         trainer: one Trainer for the whole sequence (each task trains for the Trainer's
             ``max_epochs``; ``fit_loop.max_epochs`` is raised before every fit), or a factory
             ``task_id -> Trainer`` for a new Trainer per task. The Trainer(s) must hold at least
-            one :class:`ContinualEvalCallback` (the same instances across a factory's Trainers).
+            one :class:`~continual_eval.ContinualEvalCallback` (the same instances across a
+            factory's Trainers).
         model: the LightningModule, trained in place.
         train_dataloaders: one training loader per task.
         val_dataloaders: optional, one validation loader per task.
@@ -81,74 +73,38 @@ def fit_tasks(
             draws the same random numbers as an uninterrupted one.
 
     Returns:
-        The (first) :class:`ContinualEvalCallback` (``.scores``, ``.baseline``, ``.results()``).
+        The (first) :class:`~continual_eval.ContinualEvalCallback` (``.scores``, ``.baseline``,
+        ``.results()``).
 
     Raises:
         ValueError: no callback, a Trainer without a positive ``max_epochs``, or more tasks than
             test dataloaders.
     """
-    from lightning.pytorch import seed_everything
-
     factory = None if isinstance(trainer, Trainer) else trainer
     current = trainer if isinstance(trainer, Trainer) else None
-    epochs = None
-    if current is not None:
-        epochs = current.fit_loop.max_epochs
-        if epochs is None or epochs < 1 or current.fit_loop.max_steps != -1:
-            raise ValueError(
-                "fit_tasks on one Trainer needs Trainer(max_epochs=E) with E >= 1 epochs per task "
-                "and no max_steps; pass a factory (task_id -> Trainer) for other stopping rules"
-            )
-    if current is not None and spawns_processes(current) and len(train_dataloaders) > 1:
-        raise ValueError(
-            f"fit_tasks on one Trainer cannot run under strategy "
-            f"{type(current.strategy).__name__} with a spawn-based launcher: Lightning refuses a "
-            "second fit on such a Trainer. Pass a factory (task_id -> Trainer) for a new Trainer "
-            "per task"
-        )
+    epochs = None if current is None else _epochs_per_fit(current, len(train_dataloaders))
     if val_dataloaders is not None and len(val_dataloaders) != len(train_dataloaders):
         raise ValueError(
             f"{len(val_dataloaders)} val_dataloaders for {len(train_dataloaders)} train_dataloaders"
         )
-    start = 0
-    callbacks: list[ContinualEvalCallback] | None = None
+    start, callbacks = 0, None
     if ckpt_path is not None:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        model.load_state_dict(checkpoint["state_dict"])
         first = current if current is not None else factory(0)  # type: ignore[misc]
         callbacks = _find_callbacks(first)
-        for cb in callbacks:
-            if cb.state_key not in checkpoint.get("callbacks", {}):
-                raise ValueError(f"{ckpt_path} holds no state for {cb.state_key}")
-            cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
-        done = {cb.stages_completed for cb in callbacks}
-        if len(done) != 1:
-            raise ValueError(
-                f"{ckpt_path}: the callbacks recorded different numbers of stages {done}"
-            )
-        start = done.pop()
+        start = _resume(ckpt_path, model, callbacks)
         current = first if current is not None else None
     prebuilt = None
     if factory is not None and callbacks is None and start < len(train_dataloaders):
         prebuilt = factory(start)  # its callbacks tell the number of test loaders before training
     known = current if current is not None else prebuilt
-    for cb in callbacks or (_find_callbacks(known) if known is not None else []):
-        if cb.num_tasks is not None and cb.num_tasks < len(train_dataloaders):
-            raise ValueError(
-                f"fit_tasks: {len(train_dataloaders)} train dataloaders (tasks) but the "
-                f"ContinualEvalCallback has {cb.num_tasks} test dataloaders; every task needs "
-                "one test loader (index = task id). Nothing was trained"
-            )
+    _check_task_count(
+        callbacks or (_find_callbacks(known) if known is not None else []), len(train_dataloaders)
+    )
     for task in range(start, len(train_dataloaders)):
         if factory is not None:
             current = prebuilt if task == start and prebuilt is not None else factory(task)
         assert current is not None
-        found = _find_callbacks(current)
-        if callbacks is not None and [id(cb) for cb in found] != [id(cb) for cb in callbacks]:
-            raise ValueError(
-                "the factory's Trainers must share the same ContinualEvalCallback instances"
-            )
-        callbacks = found
+        callbacks = _same_callbacks(callbacks, _find_callbacks(current))
         if epochs is not None:
             current.fit_loop.max_epochs = current.current_epoch + epochs
         if seed is not None:
@@ -167,3 +123,62 @@ def fit_tasks(
     if callbacks is None:
         callbacks = _find_callbacks(current if current is not None else factory(0))  # type: ignore[misc]
     return callbacks[0]
+
+
+def _epochs_per_fit(trainer: Trainer, num_tasks: int) -> int:
+    """The epochs of each task on one Trainer (its ``max_epochs``), refused when that Trainer
+    cannot run a sequence."""
+    epochs = trainer.fit_loop.max_epochs
+    if epochs is None or epochs < 1 or trainer.fit_loop.max_steps != -1:
+        raise ValueError(
+            "fit_tasks on one Trainer needs Trainer(max_epochs=E) with E >= 1 epochs per task "
+            "and no max_steps; pass a factory (task_id -> Trainer) for other stopping rules"
+        )
+    if spawns_processes(trainer) and num_tasks > 1:
+        raise ValueError(
+            f"fit_tasks on one Trainer cannot run under strategy "
+            f"{type(trainer.strategy).__name__} with a spawn-based launcher: Lightning refuses a "
+            "second fit on such a Trainer. Pass a factory (task_id -> Trainer) for a new Trainer "
+            "per task"
+        )
+    return epochs
+
+
+def _resume(
+    ckpt_path: str | os.PathLike[str],
+    model: LightningModule,
+    callbacks: Sequence[ContinualEvalCallback],
+) -> int:
+    """Load a ``task_{i}.ckpt``'s weights into ``model`` and its states into ``callbacks``;
+    returns the first task to train (the stages they recorded)."""
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    model.load_state_dict(checkpoint["state_dict"])
+    for cb in callbacks:
+        if cb.state_key not in checkpoint.get("callbacks", {}):
+            raise ValueError(f"{ckpt_path} holds no state for {cb.state_key}")
+        cb.load_state_dict(checkpoint["callbacks"][cb.state_key])
+    done = {cb.stages_completed for cb in callbacks}
+    if len(done) != 1:
+        raise ValueError(f"{ckpt_path}: the callbacks recorded different numbers of stages {done}")
+    return done.pop()
+
+
+def _check_task_count(callbacks: Sequence[ContinualEvalCallback], num_tasks: int) -> None:
+    for cb in callbacks:
+        if cb.num_tasks is not None and cb.num_tasks < num_tasks:
+            raise ValueError(
+                f"fit_tasks: {num_tasks} train dataloaders (tasks) but the "
+                f"ContinualEvalCallback has {cb.num_tasks} test dataloaders; every task needs "
+                "one test loader (index = task id). Nothing was trained"
+            )
+
+
+def _same_callbacks(
+    before: list[ContinualEvalCallback] | None, found: list[ContinualEvalCallback]
+) -> list[ContinualEvalCallback]:
+    """A factory's Trainers must hold the same callback instances as the first one."""
+    if before is not None and [id(cb) for cb in found] != [id(cb) for cb in before]:
+        raise ValueError(
+            "the factory's Trainers must share the same ContinualEvalCallback instances"
+        )
+    return found

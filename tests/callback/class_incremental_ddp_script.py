@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 
 FEATURES = 5
 TASK_CLASSES = [[1, 0], [4, 2], [3, 5]]  # not in id order, not contiguous

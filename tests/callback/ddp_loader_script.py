@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation import EvaluationError
 
 TEST_SIZES = (41, 37, 41)

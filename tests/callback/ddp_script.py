@@ -27,7 +27,7 @@ from cl_helpers import (
     train_loaders,
 )
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 
 
 class Stream(IterableDataset):

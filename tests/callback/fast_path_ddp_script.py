@@ -20,8 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cl_helpers import Classifier, make_net, make_tasks, train_loaders
 
-from continual_eval import evaluation
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, evaluation, fit_tasks
 
 
 class Shifted(Dataset):

@@ -2,9 +2,9 @@
 
 Usage: python spawn_script.py OUT_DIR STRATEGY PATTERN, with STRATEGY ``ddp`` or ``ddp_spawn``
 and PATTERN ``schedule`` (one fit over 4 tasks, ``epochs_per_task=1``) or ``fit_tasks`` (one fit
-per task, a new Trainer each). Rank 0 saves the weights at the end of every stage; the process
-that started the run (the main process: under ``ddp_spawn`` it trains nothing itself) saves what
-its callback holds after training.
+per task over 2 tasks, a new Trainer each: each fit spawns its own processes). Rank 0 saves the
+weights at the end of every stage; the process that started the run (the main process: under
+``ddp_spawn`` it trains nothing itself) saves what its callback holds after training.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval import ContinualEvalCallback, fit_tasks, scheduled_task
 
-NUM_TASKS = 4
+#: tasks per pattern
+NUM_TASKS = {"schedule": 4, "fit_tasks": 2}
 
 
 class Scheduled(Classifier):
@@ -63,7 +64,7 @@ def trainer(strategy: str, out: Path, callbacks, **kwargs) -> pl.Trainer:
 
 def main(strategy: str, pattern: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tasks = make_tasks(NUM_TASKS)
+    tasks = make_tasks(NUM_TASKS[pattern])
     callback = ContinualEvalCallback(eval_loaders(tasks), dirpath=out / "results", verbose=False)
     if pattern == "schedule":
         callback.epochs_per_task = 1
@@ -71,7 +72,7 @@ def main(strategy: str, pattern: str, out: Path) -> None:
             strategy,
             out,
             [Snapshots(out), callback],
-            max_epochs=NUM_TASKS,
+            max_epochs=NUM_TASKS[pattern],
             reload_dataloaders_every_n_epochs=1,
         )
         run.fit(Scheduled(make_net(), train_loaders(tasks)))

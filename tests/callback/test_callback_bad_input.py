@@ -8,7 +8,7 @@ import torch
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from continual_eval.callback import ContinualEvalCallback, scheduled_task
+from continual_eval import ContinualEvalCallback, scheduled_task
 from continual_eval.evaluation import EvaluationError
 from continual_eval.results import ContinualResults
 

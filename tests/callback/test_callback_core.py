@@ -22,7 +22,7 @@ from cl_helpers import (
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval import ContinualEvalCallback, fit_tasks, scheduled_task
 from continual_eval.results import ContinualResults
 
 EPOCHS = 2

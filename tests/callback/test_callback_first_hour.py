@@ -8,7 +8,7 @@ import pytest
 import torch
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval import ContinualEvalCallback, fit_tasks, scheduled_task
 from continual_eval.results import ContinualResults
 
 

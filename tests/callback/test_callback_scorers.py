@@ -22,7 +22,7 @@ from cl_helpers import (
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation import TopKAccuracyScorer
 from continual_eval.results import ContinualResults, check_results_files
 
@@ -124,7 +124,7 @@ def test_every_matrix_equals_the_plain_torch_reference(run):
     )
     assert torch.equal(cb.scores, matrices["acc"])  # the primary matrix
     assert torch.allclose(
-        cb._matrices["loss"].baseline,
+        cb.record.matrices["loss"].baseline,
         torch.tensor(baseline["loss"], dtype=torch.float64),
         rtol=1e-6,
     )
@@ -249,5 +249,5 @@ def test_a_bad_row_of_one_scorer_records_no_matrix(tmp_path, bad_from):
         trainer.fit(model, train_loaders(tasks)[0])
     assert cb.stages_completed == 0
     assert all(len(rows) == 0 for rows in cb.matrices.values())
-    baselines = [m.baseline for m in cb._matrices.values()]
+    baselines = [m.baseline for m in cb.record.matrices.values()]
     assert all(torch.isnan(b).all() for b in baselines) is (bad_from == 0)

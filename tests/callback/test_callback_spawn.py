@@ -15,13 +15,13 @@ import pytest
 import torch
 from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
 
+from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval._spawn_handover import SpawnHandover
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
 from continual_eval.results import ContinualResults, check_results_files
 from script_runner import run_spawn_script
 
 HERE = Path(__file__).parent
-NUM_TASKS = 4
+NUM_TASKS = {"schedule": 4, "fit_tasks": 2}  # as spawn_script.py
 
 
 def plain_accuracy(state: dict, tasks) -> torch.Tensor:
@@ -45,17 +45,18 @@ def test_two_processes_record_every_stage_once(tmp_path, strategy, pattern):
     proc, out = run_spawn_script(HERE / "spawn_script.py", tmp_path, strategy, pattern)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    tasks = make_tasks(NUM_TASKS)
+    num_tasks = NUM_TASKS[pattern]
+    tasks = make_tasks(num_tasks)
     reference = torch.stack(
-        [plain_accuracy(torch.load(out / f"weights_{i}.pt"), tasks) for i in range(NUM_TASKS)]
+        [plain_accuracy(torch.load(out / f"weights_{i}.pt"), tasks) for i in range(num_tasks)]
     )
     assert not torch.equal(reference[0], reference[1])  # the stages differ: a repeat would show
 
     main = torch.load(out / "main_process.pt", weights_only=False)
-    assert main["stages"] == NUM_TASKS
+    assert main["stages"] == num_tasks
     assert torch.equal(main["scores"], reference)
     assert Path(main["results_dir"]) == out / "results"
-    assert main["results"]["stages_completed"] == NUM_TASKS
+    assert main["results"]["stages_completed"] == num_tasks
 
     on_disk = ContinualResults.load(out / "results")
     scores, baseline = on_disk.primary.scores, on_disk.primary.baseline

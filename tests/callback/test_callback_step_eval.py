@@ -26,7 +26,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval import ContinualEvalCallback, StepEvaluation, fit_tasks, scheduled_task
 from continual_eval.evaluation import BatchCache, cache_safety
 from continual_eval.results import ContinualResults
 
@@ -233,9 +233,7 @@ def test_subset_at_steps_full_sets_at_stage_ends(tasks, tmp_path):
         tasks,
         tmp_path,
         logger=CSVLogger(tmp_path, name="csv"),
-        eval_every_n_steps=K,
-        step_eval_subset=n,
-        step_eval_subset_seed=seed,
+        eval_every_n_steps=StepEvaluation(K, subset=n, subset_seed=seed),
         verbose=False,
     )
     got = cb.curves()
@@ -440,8 +438,8 @@ def test_default_leaves_results_unchanged(tasks, tmp_path):
     [
         ({"eval_every_n_steps": 0}, "eval_every_n_steps must be a positive int"),
         ({"eval_every_n_steps": 2.0}, "eval_every_n_steps must be a positive int"),
-        ({"step_eval_subset": 5}, "set eval_every_n_steps too"),
-        ({"eval_every_n_steps": 1, "step_eval_subset": -1}, "step_eval_subset must be"),
+        ({"eval_every_n_steps": True}, "eval_every_n_steps must be a positive int"),
+        ({"lca_beta": 2}, r"lca_beta=2 .* set eval_every_n_steps=1 \(got None\)"),
         ({"cache_test_batches": "yes"}, "cache_test_batches must be None"),
         ({"cache_max_bytes": -1}, "cache_max_bytes must be"),
     ],
@@ -456,8 +454,7 @@ def test_subset_needs_map_style_loaders(tasks):
     with pytest.raises(ValueError, match=r"test dataloader 1 \('task_1'\).*map-style"):
         ContinualEvalCallback(
             [DataLoader(TensorDataset(x, y)), list(zip(x, y, strict=True))],
-            eval_every_n_steps=1,
-            step_eval_subset=4,
+            eval_every_n_steps=StepEvaluation(1, subset=4),
         )
 
 
@@ -652,39 +649,14 @@ def test_every_scorer_gets_step_curves_from_the_same_forward_passes(tasks, tmp_p
     )
 
 
-def test_old_checkpoint_with_primary_curves_only_resumes(tasks, tmp_path):
-    """A checkpoint written when only the primary scorer was evaluated per step: the primary's
-    curves continue as an uninterrupted run's, the loss is NaN (not evaluated) before the
-    resume and scored after it."""
-    steps, stages, rows, _ = reference_curves(tasks, K, loss=True)
-    acc_rows, loss_rows = split_cells(rows)
-    cb = ContinualEvalCallback(
-        eval_loaders(tasks), scorers=SCORERS, eval_every_n_steps=K, verbose=False
-    )
-    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=EPOCHS))
-    fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks)[:1], checkpoint_dir=tmp_path)
-    checkpoint = torch.load(tmp_path / "task_0.ckpt", weights_only=False)
-    (state,) = [s for s in checkpoint["callbacks"].values() if "curve_step" in s]
-    assert set(state["curve_matrices"]) == {"loss"}
-    del state["curve_matrices"]
-    torch.save(checkpoint, tmp_path / "old.ckpt")
-
-    cb2 = ContinualEvalCallback(
-        eval_loaders(tasks), scorers=SCORERS, eval_every_n_steps=K, verbose=False
-    )
-    trainer = pl.Trainer(callbacks=[cb2], **trainer_kwargs(tmp_path, max_epochs=EPOCHS))
-    fit_tasks(
-        trainer,
-        Classifier(make_net(seed=1)),
-        train_loaders(tasks),
-        ckpt_path=tmp_path / "old.ckpt",
-    )
-    got = cb2.curves()
-    assert got[0].tolist() == steps and same(got[2], acc_rows)
-    loss = cb2.curves("loss")[2]
-    before = [n for n, s in enumerate(stages) if s == 0]
-    assert torch.isnan(loss[before]).all()
-    after = [n for n, s in enumerate(stages) if s > 0]
-    assert close(loss[after], [loss_rows[n] for n in after])
-    document = ContinualResults.load(cb2.results_dir).to_dict()  # valid, with the NaN rows as null
-    assert document["matrices"]["loss"]["step_scores"][0] == [None] * 3
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"every_n_steps": 0}, "every_n_steps must be a positive int"),
+        ({"every_n_steps": 1, "subset": -1}, "subset must be a positive int or None"),
+        ({"every_n_steps": 1, "subset": 4, "subset_seed": "0"}, "subset_seed must be an int"),
+    ],
+)
+def test_bad_step_evaluation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        StepEvaluation(**kwargs)

@@ -10,6 +10,10 @@ import copy
 import csv
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -20,7 +24,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation import (
     EvaluationError,
     TaskAgnosticAccuracyScorer,
@@ -489,11 +493,10 @@ def test_scorers_in_evaluate_tasks_match_the_loops(batch_size):
     agnostic = TaskAgnosticAccuracyScorer(TASK_CLASSES)
     every = TaskAgnosticAccuracyScorer(TASK_CLASSES, all_outputs=True)
     for stage in (-1, 0, 1):
-        agnostic.set_stage(stage)
-        every.set_stage(stage)
         result = evaluate_tasks(
-            model, task_loaders(batch_size), [0, 1], scorers=[aware, agnostic, every]
+            model, task_loaders(batch_size), [0, 1], scorers=[aware, agnostic, every], stage=stage
         )
+        assert result.details_by_scorer[0] is None  # the task-aware scorer counts no confusion
         for j in range(2):
             members = [n for n, t in enumerate(TASK_OF_SAMPLE) if t == j]
             logits, ys = TABLES[2][members], [LABELS[n] for n in members]
@@ -504,11 +507,12 @@ def test_scorers_in_evaluate_tasks_match_the_loops(batch_size):
             ]
             got = [float(s[j]) for s in result.scores_by_scorer]
             assert got == expected, (stage, j)
-            _, _, preds = reference_cell(logits, ys, allowed_agnostic(stage, j))
-            block = torch.zeros(2, 4, dtype=torch.int64)
-            for y, p in zip(ys, preds, strict=True):
-                block[TASK_CLASSES[j].index(y), p] += 1
-            assert torch.equal(agnostic.last_confusion[j], block)
+            for i, allowed in ((1, allowed_agnostic(stage, j)), (2, [0, 1, 2, 3])):
+                _, _, preds = reference_cell(logits, ys, allowed)
+                block = torch.zeros(2, 4, dtype=torch.int64)
+                for y, p in zip(ys, preds, strict=True):
+                    block[TASK_CLASSES[j].index(y), p] += 1
+                assert torch.equal(result.details_by_scorer[i][j], block), (stage, j, i)
         # with every output allowed, the task-agnostic accuracy differs from the task-aware one
         # on every cell of this table (0 vs 2/3 on task 0, 2/4 vs 3/4 on task 1)
         assert all(a != b for a, b in zip(*result.scores_by_scorer[::2], strict=True))
@@ -525,9 +529,8 @@ def test_all_outputs_with_wider_logits_needs_confusion_off():
     assert torch.equal(result.scores_by_scorer[0], result.scores_by_scorer[1])
     # seen-class restriction with wider logits: the extra outputs are never predicted
     seen = TaskAgnosticAccuracyScorer(TASK_CLASSES)
-    seen.set_stage(1)
     model.tables[..., 4:] = 100.0
-    result = evaluate_tasks(model, loaders, [0, 1], scorers=[seen, "accuracy"])
+    result = evaluate_tasks(model, loaders, [0, 1], scorers=[seen, "accuracy"], stage=1)
     assert result.scores_by_scorer[1].tolist() == [0.0, 0.0]
     assert result.scores_by_scorer[0].tolist() == [1 / 3, 1 / 4]  # TABLES[0], 4 classes seen
 
@@ -595,22 +598,22 @@ def test_wrong_task_classes_stop_the_fit_before_training(tmp_path, task_classes,
     assert model.trained_steps == 0
 
 
-def test_inverted_cells_warn_once_per_stage():
-    from continual_eval._class_incremental_recorder import ClassIncrementalRecorder
+def test_inverted_cells_warn(tmp_path):
+    """The record's section reports the cells where the task-aware accuracy is below the
+    task-agnostic one; the callback warns with it (rank 0), once per recorded stage."""
+    from continual_eval._class_incremental_recorder import ClassIncrementalRecord
+    from continual_eval.record import Scored
 
-    scorers: dict = {}
-    recorder = ClassIncrementalRecorder(TASK_CLASSES, scorers)
+    section = ClassIncrementalRecord(TaskAgnosticAccuracyScorer(TASK_CLASSES), ["a", "b"])
     rows = {
         "acc_task_aware": torch.tensor([0.5, 0.9], dtype=torch.float64),
         "acc_task_agnostic": torch.tensor([0.75, 0.1], dtype=torch.float64),
     }
-    with pytest.warns(UserWarning, match=r"task-aware accuracy is below .* a \(0.5000 < 0.7500\)"):
-        recorder.record_stage(0, rows, task_names=["a", "b"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        recorder.record_stage(0, rows, task_names=["a", "b"])  # once per stage
-        rows["acc_task_aware"] = torch.tensor([0.75, 0.9], dtype=torch.float64)
-        recorder.record_stage(1, rows, task_names=["a", "b"])  # equal is fine
+    blocks = torch.zeros(2, 2, 4, dtype=torch.int64)
+    (note,) = section.record_stage(0, Scored(rows, {"acc_task_agnostic": blocks}, (0, 1)))
+    assert re.search(r"task-aware accuracy is below .* a \(0.5000 < 0.7500\)", note)
+    rows["acc_task_aware"] = torch.tensor([0.75, 0.9], dtype=torch.float64)
+    assert section.record_stage(1, Scored(rows, {"acc_task_agnostic": blocks}, (0, 1))) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,7 +649,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert first.stages_completed == 2
     saved = torch.load(tmp_path / "cut" / "ckpt" / "task_1.ckpt", weights_only=False)
     state = saved["callbacks"][first.state_key]
-    assert sorted(state["class_incremental"]["confusion"]) == [0, 1]
+    assert sorted(state["record"]["sections"]["class_incremental"]["confusion"]) == [0, 1]
     resumed = run(train, tmp_path / "cut", ckpt_path=tmp_path / "cut" / "ckpt" / "task_1.ckpt")
     a, b = full.continual_results(), resumed.continual_results()
     assert torch.equal(a.class_incremental.confusion, b.class_incremental.confusion)
@@ -660,22 +663,6 @@ def test_resume_equals_uninterrupted(tmp_path):
     # the confusion counts change over the stages (the check above is not vacuous)
     assert not torch.equal(a.class_incremental.confusion[0], a.class_incremental.confusion[2])
 
-    # an older checkpoint (no counts): loads; its stages have no confusion (measures null)
-    old = dict(state)
-    del old["class_incremental"]
-    again = ContinualEvalCallback(test, task_classes=classes, verbose=False)
-    again.load_state_dict(copy.deepcopy(old))
-    section = again.continual_results().class_incremental
-    assert section.num_stages == 2 and int(section.confusion.sum()) == 0
-    assert section.to_section().seen_accuracy["sample"] == [None, None]
-    # a checkpoint written before several matrices were kept (the primary's rows only): the
-    # two class-incremental matrices have no recorded rows, refused with the settings named
-    single = {k: v for k, v in old.items() if k != "matrices"}
-    with pytest.raises(ValueError, match="scorers: recorded"):
-        ContinualEvalCallback(test, task_classes=classes).load_state_dict(copy.deepcopy(single))
-    plain = ContinualEvalCallback(test, verbose=False)  # its one matrix loads
-    plain.load_state_dict(copy.deepcopy(single))
-    assert torch.equal(plain.scores, a["acc"].scores[:2])
     # other task_classes: refused
     swapped = ContinualEvalCallback(test, task_classes=[classes[1], classes[0], classes[2]])
     with pytest.raises(ValueError, match="other task_classes"):
@@ -757,3 +744,56 @@ def test_fit_command_with_the_class_incremental_config(tmp_path, monkeypatch):
     # the two configs differ only in the method
     replay = (ROOT / "configs" / "digits_class_incremental_replay.yaml").read_text()
     assert "replay_capacity: 100" in replay and "method: replay" in replay
+
+
+# ---------------------------------------------------------------------------------------------
+# bounds before allocation
+_BOUNDED_MEMORY = """
+import json, resource, sys, time
+limit = 3 * 2**30  # address space: torch and Lightning fit, an [10**9] int64 table does not
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from continual_eval import ContinualEvalCallback
+loader = DataLoader(TensorDataset(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)))
+start = time.perf_counter()
+try:
+    ContinualEvalCallback([loader, loader], task_classes=[[0, 1], [2, 10**9]])
+    outcome = ("accepted", "")
+except Exception as err:
+    outcome = (type(err).__name__, str(err))
+print(json.dumps([*outcome, time.perf_counter() - start]))
+"""
+
+
+@pytest.mark.slow
+def test_a_huge_class_id_is_refused_fast_with_bounded_memory():
+    """``task_classes`` holding the id 10**9 is refused by the cap before anything is sized by
+    the ids (a per-id table would take 8 GB): under a 3 GiB address-space limit the callback
+    raises the cap's ValueError, not an allocation failure, within a fraction of a second."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOUNDED_MEMORY],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kind, message, seconds = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert kind == "ValueError", message
+    assert "task 1 lists class id 1000000000" in message and "at most 5000 classes" in message
+    assert seconds < 5
+
+
+def test_class_id_and_confusion_cell_caps_are_checked_before_the_scorers_are_built():
+    from continual_eval._class_incremental_recorder import check_class_id_bounds
+
+    with pytest.raises(ValueError, match="task 0 lists class id 5000"):
+        check_class_id_bounds(torch.tensor([[5000, 1]]))
+    # 2**25 cells: 3 stages of 3345 x 3345 counts is too many, 2 stages are not
+    with pytest.raises(ValueError, match=r"3 tasks over class ids 0 \.\. 3344"):
+        check_class_id_bounds([[0], [1], [3344]])
+    check_class_id_bounds([[0], [3344]])
+    check_class_id_bounds([[0, "x"], 7])  # left to check_task_classes, which names them
+    with pytest.raises(ValueError, match="task 1 lists class id 5000"):
+        ContinualEvalCallback(task_loaders(), task_classes=[[0], [5000]])

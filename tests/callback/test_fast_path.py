@@ -11,8 +11,7 @@ from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loa
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
-from continual_eval import evaluation
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, evaluation, fit_tasks
 from continual_eval.evaluation import evaluate_tasks, fast_loader, shard_dataloader
 from script_runner import run_script
 

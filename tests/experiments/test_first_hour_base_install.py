@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 EXTRA = 'pip install "continual-eval[experiments]"'
@@ -79,6 +81,7 @@ def run_without(
     )
 
 
+@pytest.mark.slow
 def test_sitecustomize_really_blocks(tmp_path: Path) -> None:
     """The harness itself: the blocked packages (installed here) do not import."""
     site = tmp_path / "site"
@@ -99,6 +102,7 @@ def test_sitecustomize_really_blocks(tmp_path: Path) -> None:
     assert proc.returncode == 7
 
 
+@pytest.mark.slow
 def test_fit_logistic_on_a_base_install_falls_back_to_csv(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -129,6 +133,7 @@ def test_fit_logistic_on_a_base_install_falls_back_to_csv(tmp_path: Path) -> Non
     assert f"continual-eval report {Path('runs/logistic/version_0')}" in skipped[0]
 
 
+@pytest.mark.slow
 def test_fit_digits_without_scikit_learn_names_the_extra(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()

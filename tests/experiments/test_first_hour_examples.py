@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 
 from continual_eval.experiments.logistic import CircleGridTasks, LogisticClassifier
 from continual_eval.experiments.stream import fit_stream
@@ -39,6 +40,7 @@ def printed_metrics(stdout: str) -> list[str]:
     return lines[start:]
 
 
+@pytest.mark.slow
 def test_attach_callback_example_is_seeded_and_quiet(tmp_path: Path) -> None:
     first, second = run_example(tmp_path), run_example(tmp_path)  # same cwd: version_0, version_1
     for proc in (first, second):

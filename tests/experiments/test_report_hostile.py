@@ -100,6 +100,7 @@ RSS_WRAPPER = (
 )
 
 
+@pytest.mark.slow
 def test_huge_task_name_bounded(tmp_path: Path) -> None:
     """A 10 MB task name once ran past 300 s and 5.8 GB: now refused within seconds."""
     huge = "A" * 10_000_000

@@ -16,7 +16,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from continual_eval.callback import ContinualEvalCallback, fit_tasks
+from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation.generation import GenerationScorer
 from continual_eval.experiments.language import (
     TOKENIZER,

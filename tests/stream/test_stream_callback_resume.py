@@ -50,6 +50,7 @@ def trace_rows(path: Path) -> list[tuple]:
     ]
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     proc = run_script(full, "full")

@@ -99,6 +99,7 @@ def test_bad_trace_is_a_clear_error(tmp_path, capsys):
     assert "unknown reward component 'goal'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_subprocess_dispatch(tmp_path):
     path = worked_example_file(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

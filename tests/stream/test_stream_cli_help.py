@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from continual_eval.stream.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +66,7 @@ def test_help_epilog_describes_the_trace_format() -> None:
     assert [json.loads(ln)["step"] for ln in examples] == [0, 1]
 
 
+@pytest.mark.slow
 def test_help_in_a_fresh_process_imports_no_lightning() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", HELP_IN_SUBPROCESS],

@@ -86,6 +86,7 @@ def test_boundary_values_are_accepted_and_used(trace_file, capsys, option, value
     assert res["per_regime"] == json.loads(json.dumps(reference["per_regime"]))
 
 
+@pytest.mark.slow
 def test_nan_alpha_with_json_is_a_clean_rc2_in_the_real_command(trace_file):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "continual_eval.stream.cli", str(trace_file)]

@@ -132,6 +132,7 @@ def test_good_ceiling_files_still_work(trace_file, tmp_path, capsys):
     assert (bound["per_step"], bound["final_step"], bound["derivation"]) == (1.0, 3.0, "explicit")
 
 
+@pytest.mark.slow
 def test_deeply_nested_line_through_the_real_command(tmp_path):
     path = write_lines(tmp_path, GOOD, DEEP)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

@@ -24,15 +24,16 @@ Ties go to the first maximum in class-id order among the allowed classes, as
 :func:`torch.argmax` breaks them.
 
 Both are count-based and batch-additive (integer counts, summed exactly across ranks by the
-loop's reduction). The evaluation loop calls ``set_task(j)`` right after ``start(device)``; the
-task-agnostic scorer also needs the stage, ``set_stage(i)`` (``ContinualEvalCallback`` sets it
-before each evaluation; default ``-1``). The task-agnostic scorer also counts its predictions in
-a confusion matrix: the rows of task ``j``'s classes (true class, in ``task_classes[j]``'s order)
-by predicted class id, ``[max_k |task_classes[k]|, C]`` int64 per task, accumulated on the device
-with one :func:`torch.bincount` per update and appended to its local counts after the problem
-counts (see ``num_problems`` in :class:`~continual_eval.evaluation.Scorer`), so it reduces
-exactly with the same collective. After the evaluation :attr:`TaskAgnosticAccuracyScorer.
-last_confusion` maps every task scored to its reduced block.
+loop's reduction). The evaluation loop calls ``set_task(j, stage)`` right after
+``start(device)`` (``evaluate_tasks(..., stage=i)``; ``-1`` for the untrained baseline); the
+task-agnostic scorer reads the stage from it (``None``: ``-1``). The task-agnostic scorer also
+counts its predictions in a confusion matrix: the rows of task ``j``'s classes (true class, in
+``task_classes[j]``'s order) by predicted class id, ``[max_k |task_classes[k]|, C]`` int64 per
+task, accumulated on the device with one :func:`torch.bincount` per update and appended to its
+local counts after the problem counts (see ``num_problems`` in
+:class:`~continual_eval.evaluation.Scorer`), so it reduces exactly with the same collective; its
+:meth:`TaskAgnosticAccuracyScorer.details` turns the reduced counts into the blocks, which the
+loop returns in :attr:`~continual_eval.evaluation.TaskEvaluation.details_by_scorer`.
 
 Targets are checked as by the built-in accuracy scorer (class indices, whole-number floats, or
 one-hot/probability rows), and also against the task: a target that is not one of
@@ -46,7 +47,7 @@ each, one pass).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -63,7 +64,6 @@ __all__ = [
     "AWARE_NAME",
     "TaskAgnosticAccuracyScorer",
     "TaskAwareAccuracyScorer",
-    "set_evaluation_stage",
     "task_classes_from_loaders",
 ]
 
@@ -105,6 +105,8 @@ class _ClassIncrementalScorer(_LabelScorer):
         #: the most classes of one task (the rows of a task's confusion block)
         self.max_task_classes = max(len(c) for c in self.class_lists)
         self._task: int | None = None
+        #: the stage of the evaluation (``-1``: the untrained baseline), from :meth:`set_task`
+        self.stage = -1
         self._cache: dict[tuple[Any, ...], Any] = {}
 
     @property
@@ -123,14 +125,20 @@ class _ClassIncrementalScorer(_LabelScorer):
         self._task = None
         self._outside: list[Tensor] = []
 
-    def set_task(self, task: int) -> None:
-        """The task whose test set the next updates score (called by the evaluation loop)."""
+    def set_task(self, task: int, stage: int | None = None) -> None:
+        """The task whose test set the next updates score and the evaluation's stage (``-1``
+        for the untrained baseline; ``None``: ``-1``), called by the evaluation loop."""
         if isinstance(task, bool) or not isinstance(task, int) or not 0 <= task < self.num_tasks:
             raise EvaluationError(
                 f"{self.name}: task {task!r} is not a task of task_classes (0 .. "
                 f"{self.num_tasks - 1}); give one class-id list per test dataloader"
             )
+        if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)):
+            raise EvaluationError(f"{self.name}: stage must be an int or None, got {stage!r}")
+        if stage is not None and stage < -1:
+            raise EvaluationError(f"{self.name}: stage must be >= -1, got {stage}")
         self._task = task
+        self.stage = -1 if stage is None else stage
 
     def local_counts(self) -> Tensor:
         """``[correct, total, out_of_range, not_whole, not_distribution, not_in_task]`` (int64);
@@ -188,7 +196,7 @@ class _ClassIncrementalScorer(_LabelScorer):
         if self._task is None:
             raise EvaluationError(
                 f"{self.name} scores a task's samples against that task's classes: call "
-                "set_task(j) after start() (evaluate_tasks does)"
+                "set_task(j, stage) after start() (evaluate_tasks does)"
             )
         width = preds.shape[1]
         if width < self.num_class_ids:
@@ -239,12 +247,18 @@ class TaskAwareAccuracyScorer(_ClassIncrementalScorer):
         task_classes: one list of class ids per task (checked by
             :func:`~continual_eval.functional.class_incremental.check_task_classes`: no empty
             task, no negative id, no class in two tasks).
+        check_targets: count the targets outside the task's classes (``False`` where a
+            task-agnostic scorer of the same evaluation counts them already, as
+            ``ContinualEvalCallback`` pairs them).
     """
 
     name = AWARE_NAME
-    #: count the targets outside the task's classes (``False`` where a task-agnostic scorer of
-    #: the same evaluation counts them already, as ``ContinualEvalCallback`` pairs them)
-    check_targets = True
+
+    def __init__(self, task_classes: Any, *, check_targets: bool = True) -> None:
+        super().__init__(task_classes)
+        if not isinstance(check_targets, bool):
+            raise TypeError(f"check_targets must be True or False, got {check_targets!r}")
+        self.check_targets = check_targets
 
     def _predict(self, scores: Tensor) -> Tensor:
         return self._argmax(scores, self._allowed(-2))
@@ -261,15 +275,15 @@ class TaskAgnosticAccuracyScorer(_ClassIncrementalScorer):
     """Task-agnostic (class-IL) accuracy, matrix ``acc_task_agnostic``: ``R[i, j]`` is the
     accuracy on task ``j``'s test set with the argmax over the classes of the tasks ``<= max(i,
     j)`` (the seen classes for ``j <= i``; see the module docstring for why a future task ``j >
-    i`` brings its own), ``i`` the stage set by :meth:`set_stage` (``-1``, the baseline, by
-    default). ``all_outputs=True``: the argmax over every output.
+    i`` brings its own), ``i`` the stage the loop passes to :meth:`set_task` (``-1``, the
+    baseline, when none). ``all_outputs=True``: the argmax over every output.
 
     Also counts the confusion of its predictions, per task scored: ``[K, C]`` int64, ``K`` the
     most classes of a task, row ``r`` the true class ``task_classes[j][r]``, column the predicted
     class id (rows past task ``j``'s class count stay 0). The counts follow the accuracy counts in
-    :meth:`local_counts`, so the loop sums them across ranks exactly; after the evaluation
-    :attr:`last_confusion` maps each task scored to its reduced ``[K, C]`` block (CPU). With
-    ``confusion=False`` nothing is counted (one accuracy alone).
+    :meth:`local_counts`, so the loop sums them across ranks exactly; :meth:`details` gives the
+    reduced blocks of the tasks scored, ``[tasks, K, C]``. With ``confusion=False`` nothing is
+    counted (one accuracy alone).
 
     Args:
         task_classes: one list of class ids per task.
@@ -290,24 +304,6 @@ class TaskAgnosticAccuracyScorer(_ClassIncrementalScorer):
                 raise TypeError(f"{option} must be True or False, got {value!r}")
         self.all_outputs = all_outputs
         self.confusion = confusion
-        self.stage = -1
-        #: task -> its reduced confusion block ``[K, C]`` int64 (CPU) of the last evaluation
-        self.last_confusion: dict[int, Tensor] = {}
-        self._order: list[int] = []  # the tasks set since the last result, in order
-
-    def set_stage(self, stage: int) -> None:
-        """The training stage just finished (``-1``: the untrained baseline); the argmax then
-        ranges over the tasks ``<= max(stage, j)`` for task ``j``. Forgets the confusion blocks
-        of the previous evaluation."""
-        if isinstance(stage, bool) or not isinstance(stage, int) or stage < -1:
-            raise ValueError(f"stage must be an int >= -1, got {stage!r}")
-        self.stage = stage
-        self.last_confusion = {}
-        self._order = []
-
-    def set_task(self, task: int) -> None:
-        super().set_task(task)
-        self._order.append(task)
 
     def start(self, device: torch.device) -> None:
         super().start(device)
@@ -348,27 +344,15 @@ class TaskAgnosticAccuracyScorer(_ClassIncrementalScorer):
             block = self._conf[:size]
         return torch.cat([counts, block.to(counts.device)])
 
-    def result(self, reduced_counts: Tensor) -> Tensor:
-        """The accuracy of every task; keeps each task's reduced confusion block in
-        :attr:`last_confusion`."""
-        if self.confusion:
-            start = 2 + self.num_problems
-            blocks = reduced_counts[:, start:].to("cpu", torch.int64)
-            blocks = blocks.reshape(-1, self.max_task_classes, self.num_class_ids)
-            tasks = self._order[-len(blocks) :] if len(blocks) else []
-            self.last_confusion = dict(zip(tasks, blocks, strict=True))
-        self._order = []
-        return super().result(reduced_counts)
-
-
-def set_evaluation_stage(scorers: Iterable[Any], stage: int) -> None:
-    """Tell every scorer that has ``set_stage`` (the task-agnostic one) which stage the next
-    evaluation scores: ``-1`` for the untrained baseline, else the stage being trained or just
-    finished."""
-    for scorer in scorers:
-        set_stage = getattr(scorer, "set_stage", None)
-        if callable(set_stage):
-            set_stage(stage)
+    def details(self, reduced_counts: Tensor) -> Tensor | None:
+        """The reduced confusion blocks of the tasks scored, ``[tasks, K, C]`` int64 (CPU), in
+        the order of the counts' rows (the evaluation's task order); ``None`` with
+        ``confusion=False``."""
+        if not self.confusion:
+            return None
+        start = 2 + self.num_problems
+        blocks = reduced_counts[:, start:].to("cpu", torch.int64)
+        return blocks.reshape(-1, self.max_task_classes, self.num_class_ids)
 
 
 def _labels(batch: Any, loader: int) -> Tensor:

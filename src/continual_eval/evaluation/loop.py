@@ -45,6 +45,9 @@ class TaskEvaluation:
     ``scores`` is ``scores_by_scorer[0]``, the first scorer's. ``correct``/``total`` are the first
     scorer's reduced counts: ``total`` the number of elements scored; ``correct`` the correct
     predictions of an integer-count scorer (accuracy, top-k), else ``-1``.
+    ``details_by_scorer[i]`` is what count-based scorer ``i``'s optional
+    ``details(reduced_counts)`` returned for the same ``[tasks, K]`` counts its ``result`` got
+    (e.g. confusion counts), ``None`` for a scorer without that method.
     """
 
     task_ids: tuple[int, ...]
@@ -53,6 +56,7 @@ class TaskEvaluation:
     total: Tensor
     scores_by_scorer: tuple[Tensor, ...] = ()
     scorer_names: tuple[str, ...] = ()
+    details_by_scorer: tuple[Any, ...] = ()
 
 
 class _OutputWatch:
@@ -420,6 +424,7 @@ def evaluate_tasks(
     world_size: int = 1,
     task_names: Sequence[str] | None = None,
     unsharded: Collection[int] = (),
+    stage: int | None = None,
 ) -> TaskEvaluation:
     """Score ``module`` on ``dataloaders[j]`` for each ``j`` in ``task_ids``, with every scorer.
 
@@ -463,6 +468,9 @@ def evaluate_tasks(
         task_names: names for error messages.
         unsharded: tasks whose loader holds the full test set on every rank; only rank 0 counts
             them.
+        stage: passed to each scorer's optional ``set_task(task_id, stage)`` before its task:
+            ``-1`` for the untrained baseline, ``i`` for stage ``i`` (or an evaluation inside
+            it), ``None`` when the evaluation is not tied to a stage.
 
     Returns:
         :class:`TaskEvaluation`, the same on every rank: ``scores_by_scorer`` aligned with the
@@ -505,7 +513,7 @@ def evaluate_tasks(
                 s.start(device)
                 set_task = getattr(s, "set_task", None)
                 if set_task is not None:
-                    set_task(j)  # optional: scorers whose scoring depends on the task scored
+                    set_task(j, stage)  # optional: scoring that depends on the task or stage
             watch = _OutputWatch(device)
             if j in sources:
                 batches, on_device = sources[j]
@@ -561,8 +569,9 @@ def evaluate_tasks(
         parts = [counts.part(i) for counts in reduced]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    scores_by_scorer = []
+    scores_by_scorer, details_by_scorer = [], []
     for i, s in enumerate(scorer_list):
+        details = None
         if not reduced:
             scores = torch.zeros(0, dtype=torch.float64)
         elif s.count_based:
@@ -572,9 +581,12 @@ def evaluate_tasks(
                 if err.task_row is None or not 0 <= err.task_row < len(task_ids):
                     raise
                 raise EvaluationError(f"{label(task_ids[err.task_row])}: {err}") from err
+            details_of = getattr(s, "details", None)  # optional: e.g. confusion counts
+            details = details_of(part(i)) if callable(details_of) else None
         else:
             scores = torch.stack([result[i] for result in synced])  # type: ignore[misc]
         scores_by_scorer.append(scores.detach().to("cpu", torch.float64))
+        details_by_scorer.append(details)
     first = part(0).cpu() if reduced else torch.zeros(0, 3, dtype=torch.int64)
     integer_counts = (
         scorer_list[0].count_based
@@ -588,6 +600,7 @@ def evaluate_tasks(
         total=first[:, 1].to(torch.int64),
         scores_by_scorer=tuple(scores_by_scorer),
         scorer_names=tuple(s.name for s in scorer_list),
+        details_by_scorer=tuple(details_by_scorer),
     )
 
 

@@ -96,13 +96,16 @@ class Scorer(Protocol):
             agree as one concatenation of copies (up to :data:`BUFFER_BYTES`), once per task
             when they fit.
 
-    Protocol per task: ``start(device)``, then ``set_task(j)`` (optional method: the index of the
-    task about to be scored, for a scorer whose scoring depends on it), ``update(preds, target)``
-    for each batch (the tensors every scorer sees: an update that modifies them in place is
-    refused, see :func:`checked_update`) or group of
-    batches (``batch_additive``), then ``local_counts()`` and ``result``. A count-based
-    :meth:`result` that refuses one task's counts raises :class:`EvaluationError` with
-    ``task_row`` set to that task's row, so that the loop names the task.
+    Protocol per task: ``start(device)``, then ``set_task(j, stage)`` (optional method: the index
+    of the task about to be scored and the evaluation's stage, ``-1`` for the untrained baseline,
+    ``None`` when not tied to a stage, for a scorer whose scoring depends on them),
+    ``update(preds, target)`` for each batch (the tensors every scorer sees: an update that
+    modifies them in place is refused, see :func:`checked_update`) or group of batches
+    (``batch_additive``), then ``local_counts()`` and ``result``. A count-based :meth:`result`
+    that refuses one task's counts raises :class:`EvaluationError` with ``task_row`` set to that
+    task's row, so that the loop names the task. A count-based scorer may also define
+    ``details(reduced_counts)``: what it reports besides the scores from the same ``[tasks, K]``
+    counts (e.g. confusion counts), returned in :attr:`TaskEvaluation.details_by_scorer`.
 
     Scorers of the raw batch (decoding, e.g.
     :class:`~continual_eval.evaluation.generation.GenerationScorer`) set ``needs_batch = True``:

@@ -4,19 +4,16 @@ precision plugin and strategy (what ``ContinualEvalCallback`` calls from its hoo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch import Tensor
 
-from continual_eval._arguments import as_loader_list
+from continual_eval._loader_list import as_loader_list
 from continual_eval.evaluation.guards import grad_free_context
-from continual_eval.evaluation.loop import evaluate_tasks
+from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks
 from continual_eval.evaluation.scorers import Scorer
 from continual_eval.evaluation.task_loaders import TaskLoaders
 
@@ -55,10 +52,13 @@ def evaluate_under_trainer(
     inference_mode: bool,
     task_names: Sequence[str] | None,
     subset: bool = False,
-) -> dict[str, Tensor]:
+    stage: int | None = None,
+) -> TaskEvaluation:
     """Score ``task_ids`` with every scorer on this rank's shards of ``task_loaders`` (their
-    fixed subsets with ``subset``), counts reduced over the Trainer's ranks; ``name -> row [T]``
-    float64, NaN for tasks not scored. Rank 0 reports the batch cache once it is filled."""
+    fixed subsets with ``subset``), counts reduced over the Trainer's ranks; the
+    :class:`~continual_eval.evaluation.TaskEvaluation`, its scores aligned with ``scorers``.
+    ``stage`` goes to the scorers' ``set_task``. Rank 0 reports the batch cache once it is
+    filled."""
     world = trainer.world_size
     device = trainer.strategy.root_device
     evaluation = evaluate_tasks(
@@ -77,12 +77,9 @@ def evaluate_under_trainer(
         world_size=world,
         task_names=task_names,
         unsharded=task_loaders.unsharded,
+        stage=stage,
     )
     report = task_loaders.cache_report(device)
     if report is not None and trainer.is_global_zero:
         rank_zero_info(report)
-    rows = {}
-    for name, scores in zip(scorers, evaluation.scores_by_scorer, strict=True):
-        rows[name] = torch.full((len(task_loaders),), math.nan, dtype=torch.float64)
-        rows[name][list(task_ids)] = scores
-    return rows
+    return evaluation

@@ -117,8 +117,9 @@ def _zero(scores: Tensor) -> Tensor:
 
 
 def _mean(values: Tensor, validate: bool = False) -> Tensor:
-    """Equal-weight mean over the last dimension; with ``validate``, ``sum(v / n)`` where the sum of finite values
-    overflows although their mean does not (see :mod:`~continual_eval.functional._overflow`)."""
+    """Equal-weight mean over the last dimension; with ``validate``, ``sum(v / n)`` where the sum
+    of finite values overflows although their mean does not (see
+    :mod:`~continual_eval.functional._overflow`)."""
     mean = values.mean(dim=-1)
     if validate and not all_finite(mean) and all_finite(values):
         mean = (values / values.shape[-1]).sum(dim=-1)

@@ -436,7 +436,9 @@ class OnlineEvalCallback(Callback):
             )
         self.cost.start_stage(trainer.strategy.root_device)
         if self._cost_progress is not None:
-            self.cost.resume_stage(self._cost_progress)
+            self.cost.resume_stage(
+                self._cost_progress, stage=len(self.results.windows), step=self.optimizer_steps
+            )
             self._cost_progress = None
         recorded = self.results.held_out
         untrained = self.batches == 0 and recorded is not None and not recorded.evaluations
@@ -922,7 +924,7 @@ class OnlineEvalCallback(Callback):
                 "segments_done": self.segments_done,
                 "mode": self.mode,
             },
-            "cost_progress": self.cost.progress(),
+            "cost_progress": self.cost.progress(len(self.results.windows)),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from continual_eval.evaluation import TaskLoaders, evaluate_tasks, grad_free_context
+from continual_eval.evaluation import evaluate_tasks
+from continual_eval.evaluation.guards import grad_free_context
+from continual_eval.evaluation.task_loaders import TaskLoaders
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer

@@ -12,12 +12,12 @@ import torch
 from lightning.pytorch.utilities import move_data_to_device
 from torch import Tensor, nn
 
-from continual_eval.evaluation import (
-    default_batch_step,
+from continual_eval.evaluation.guards import (
     grad_free_context,
     preserve_rng_state,
     preserve_training_flags,
 )
+from continual_eval.evaluation.step import default_batch_step
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer

@@ -37,10 +37,10 @@ from torch.utils.data import (
     IterableDataset,
     SequentialSampler,
     Subset,
+    default_collate,
 )
-from torch.utils.data._utils.collate import default_collate
 
-from continual_eval.evaluation import fast_loader
+from continual_eval.evaluation.fast_path import fast_loader
 from continual_eval.stage_cost import batch_samples
 
 __all__ = ["LookaheadReader", "StreamLayout", "readable_order", "valid_samples"]

@@ -39,11 +39,10 @@ from continual_eval.stream.trace import (
     write_jsonl,
 )
 
+#: what the reward-stream package promises (what docs/stream.md documents)
 __all__ = [
-    "METRIC_NAMES",
     "EpisodeStep",
     "EpisodeTrace",
-    "Intervals",
     "RewardComponent",
     "RewardSpec",
     "RewardStreamCallback",
@@ -53,22 +52,16 @@ __all__ = [
     "aggregate_seeds",
     "analytic_upper_bound",
     "compute_all_metrics",
-    "configuration_intervals",
     "data_relative_upper_bound",
     "effective_rank",
     "forgetting",
-    "format_markdown",
-    "format_seed_table",
     "format_table",
-    "interval_variance",
     "numeric_upper_bound",
-    "pooled_variance",
     "read_ceiling_file",
     "read_jsonl",
     "record",
     "recovery_time",
     "relative_adaptation_advantage",
-    "tail_means",
     "write_jsonl",
 ]
 

@@ -1,0 +1,88 @@
+"""The callback's evaluations under a running Trainer, in the form the run record takes them:
+every task scored on this rank's shards with every scorer, counts reduced across the Trainer's
+ranks (:func:`~continual_eval.evaluation.trainer_evaluation.evaluate_under_trainer`), and a
+stage end measured (its cost) before anything of it is recorded."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from continual_eval.evaluation import Scorer
+from continual_eval.evaluation.task_loaders import TaskLoaders
+from continual_eval.evaluation.trainer_evaluation import evaluate_under_trainer
+from continual_eval.record import RunRecord, Scored
+from continual_eval.stage_cost import StageCost, StageCostRecorder, read_replay_memory
+
+__all__ = ["TrainerScoring"]
+
+
+@dataclass(frozen=True)
+class TrainerScoring:
+    """The callback's scorers on its test loaders, scored under a Trainer."""
+
+    scorers: Mapping[str, Scorer]
+    task_loaders: TaskLoaders
+    inference_mode: bool
+
+    def score(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        record: RunRecord,
+        task_ids: Sequence[int],
+        *,
+        stage: int,
+        subset: bool = False,
+    ) -> Scored:
+        """Score ``task_ids`` (their fixed subsets with ``subset``); ``stage`` is ``-1`` for the
+        baseline, else the stage being trained (per-step evaluations) or just finished."""
+        evaluation = evaluate_under_trainer(
+            trainer,
+            pl_module,
+            self.task_loaders,
+            task_ids,
+            self.scorers,
+            inference_mode=self.inference_mode,
+            task_names=record.task_names,
+            subset=subset,
+            stage=stage,
+        )
+        return Scored.from_evaluation(list(self.scorers), evaluation, record.num_tasks)
+
+    def stage_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        record: RunRecord,
+        meter: StageCostRecorder,
+        stage: int,
+        *,
+        evaluate: str,
+    ) -> tuple[Scored, StageCost]:
+        """Stage ``stage``'s rows (every task, or ``evaluate="needed"``: ``j <= stage + 1``) and
+        its cost: the training clock stops before the evaluation starts; the samples are summed
+        over the ranks; the replay-memory hook is read last (it may raise). Nothing recorded."""
+        train_seconds = meter.train_seconds()
+        samples = meter.samples
+        if trainer.world_size > 1:  # one reduce at the stage end, outside any training step
+            local = torch.tensor(samples, dtype=torch.int64, device=trainer.strategy.root_device)
+            samples = int(trainer.strategy.reduce(local, reduce_op="sum").item())
+        start = time.perf_counter()
+        T = record.num_tasks
+        tasks = range(T) if evaluate == "all" else range(min(stage + 2, T))
+        scored = self.score(trainer, pl_module, record, tasks, stage=stage)
+        cost = meter.finish_stage(
+            stage,
+            pl_module,
+            train_seconds=train_seconds,
+            eval_seconds=time.perf_counter() - start,
+            samples=samples,
+            optimizer_steps=trainer.global_step - meter.start_step,
+            replay_memory=read_replay_memory(pl_module),
+        )
+        return scored, cost

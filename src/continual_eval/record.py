@@ -1,0 +1,383 @@
+r"""The record of a continual-learning run, without Lightning: what has been measured so far and
+what ``results.json`` is built from.
+
+:class:`RunRecord` holds, for one run of ``T`` tasks:
+
+* one :class:`~continual_eval.ContinualMetrics` per score matrix (``R[i, j]`` and the baseline
+  ``b[j]`` of every scorer, the primary first);
+* the step curves of the evaluations inside and at the end of the stages
+  (:class:`~continual_eval.step_curves.StepCurves`, with ``eval_every_n_steps``) and the
+  cumulative optimizer-step counter they are plotted against;
+* the cost of every recorded stage (:class:`~continual_eval.stage_cost.StageCost`);
+* optional *sections*, objects with the :class:`RecordSection` protocol that record something of
+  their own from every stage's evaluation (the class-incremental confusion counts are one:
+  :class:`~continual_eval._class_incremental_recorder.ClassIncrementalRecord`).
+
+It takes evaluations as :class:`Scored` (every matrix's row over all tasks and what count-based
+scorers report besides their scores), checks a whole stage before recording any of it (a bad
+row of one matrix, or of a section, leaves every matrix and section as it was), round-trips
+through :meth:`RunRecord.state_dict` / :meth:`RunRecord.load_state_dict` (what a checkpoint
+holds) and builds the typed results, :meth:`RunRecord.continual_results`.
+:class:`~continual_eval.ContinualEvalCallback` owns one and feeds it from its hooks; everything
+here runs without a Trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor
+
+from continual_eval.metric import ContinualMetrics
+from continual_eval.results import ContinualResults, RunCost, ScoreMatrix, StepEvaluations
+from continual_eval.stage_cost import StageCost
+from continual_eval.step_curves import StepCurves
+
+if TYPE_CHECKING:  # pragma: no cover
+    from continual_eval.evaluation import TaskEvaluation
+    from continual_eval.results import ReferenceScores
+
+__all__ = ["STEP_COUNTER", "MatrixSpec", "RecordSection", "RunRecord", "Scored"]
+
+#: What the ``step`` of a per-step evaluation counts (stored in ``results.json``).
+STEP_COUNTER = (
+    "cumulative optimizer steps of the whole run: increments of trainer.global_step summed over "
+    "all fits (global_step restarts at 0 with each new Trainer; this counter does not)"
+)
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """What one score matrix holds: the scorer's ``name``, its direction and the range of its
+    values (``None``: unbounded; every recorded cell is checked against it)."""
+
+    score: str
+    higher_is_better: bool = True
+    bounds: tuple[float, float] | None = (0.0, 1.0)
+
+    @classmethod
+    def of(cls, scorer: Any) -> MatrixSpec:
+        """The spec of a :class:`~continual_eval.evaluation.Scorer`."""
+        return cls(str(scorer.name), bool(scorer.higher_is_better), scorer.bounds)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One evaluation as the record takes it.
+
+    Attributes:
+        rows: matrix name -> its row ``[T]`` float64 (NaN: the task was not scored).
+        details: matrix name -> what its count-based scorer reported besides the scores
+            (``details(reduced_counts)``, e.g. confusion blocks ``[len(task_ids), K, C]``);
+            scorers without details are absent.
+        task_ids: the tasks scored, in the order of the details' rows.
+    """
+
+    rows: Mapping[str, Tensor]
+    details: Mapping[str, Any] = field(default_factory=dict)
+    task_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_evaluation(
+        cls, names: Sequence[str], evaluation: TaskEvaluation, num_tasks: int
+    ) -> Scored:
+        """From :func:`~continual_eval.evaluation.evaluate_tasks`'s result, whose scores are
+        aligned with the scorers named ``names``: each row spread over the ``num_tasks`` tasks."""
+        task_ids = list(evaluation.task_ids)
+        rows: dict[str, Tensor] = {}
+        for name, scores in zip(names, evaluation.scores_by_scorer, strict=True):
+            row = torch.full((num_tasks,), math.nan, dtype=torch.float64)
+            row[task_ids] = scores.to(torch.float64)
+            rows[name] = row
+        details = {
+            name: value
+            for name, value in zip(names, evaluation.details_by_scorer, strict=False)
+            if value is not None
+        }
+        return cls(rows, details, tuple(task_ids))
+
+
+class RecordSection(Protocol):
+    """An optional part of a :class:`RunRecord`: records something of its own from every stage's
+    evaluation and adds it to the results.
+
+    :meth:`check_stage` runs for every section before anything of the stage is recorded (raise
+    ``ValueError`` to refuse the stage: nothing is recorded anywhere); :meth:`record_stage`
+    then records it and returns warnings for the caller to show (on rank 0). ``key`` names the
+    section's entry in the record's state.
+    """
+
+    key: str
+
+    def check_stage(self, stage: int, scored: Scored) -> None: ...
+
+    def record_stage(self, stage: int, scored: Scored) -> list[str]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None: ...
+
+    def add_to(self, results: ContinualResults) -> ContinualResults: ...
+
+
+class RunRecord:
+    """The matrices, curves, costs and sections of one run (see the module docstring).
+
+    Args:
+        matrices: matrix name -> :class:`MatrixSpec`, the primary first.
+        task_names: one name per task (``T`` tasks).
+        forgetting: the forgetting convention of every matrix's metrics.
+        metadata: free-form JSON-serialisable dict for ``results.json``.
+        run_id: the run's id (default: a new one).
+        reference: the primary matrix's reference scores (``reference=`` resolved).
+        lca_beta: ``beta`` of the learning curve area, or ``None``.
+        step_curves: whether the run evaluates inside its stages (``eval_every_n_steps``): the
+            results then hold the curves of every matrix.
+        step_subset: the fixed subset of the per-step evaluations as ``results.json`` describes
+            it (``size``, ``seed``, ``samples_per_task``, ``rule``), ``None`` for whole test sets.
+        sections: the optional sections.
+    """
+
+    def __init__(
+        self,
+        matrices: Mapping[str, MatrixSpec],
+        task_names: Sequence[str],
+        *,
+        forgetting: str = "peak",
+        metadata: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        reference: ReferenceScores | None = None,
+        lca_beta: int | None = None,
+        step_curves: bool = False,
+        step_subset: Mapping[str, Any] | None = None,
+        sections: Sequence[RecordSection] = (),
+    ) -> None:
+        if not matrices:
+            raise ValueError("a run record needs at least one score matrix")
+        self.specs: dict[str, MatrixSpec] = dict(matrices)
+        self.task_names: list[str] = list(task_names)
+        self.forgetting = forgetting
+        self.metadata = dict(metadata or {})
+        self.run_id = run_id or uuid.uuid4().hex
+        self.reference = reference
+        self.lca_beta = lca_beta
+        self.step_curves = step_curves
+        self.step_subset = None if step_subset is None else dict(step_subset)
+        self.sections: dict[str, RecordSection] = {s.key: s for s in sections}
+        #: matrix name -> its rows and baseline
+        self.matrices: dict[str, ContinualMetrics] = self._new_matrices()
+        self.baseline_done = False
+        #: cumulative optimizer steps of the run at the last observation (the curves' step)
+        self.steps_trained = 0
+        self.curves = StepCurves(list(self.specs))
+        self.costs: list[StageCost] = []
+
+    def _new_matrices(self) -> dict[str, ContinualMetrics]:
+        return {
+            name: ContinualMetrics(
+                len(self.task_names),
+                forgetting=self.forgetting,
+                higher_is_better=spec.higher_is_better,
+                bounds=spec.bounds,
+                validate=True,
+                dtype=torch.float64,
+                # every rank records the same rows (counts are reduced before), and the states
+                # stay on the CPU, which an NCCL-only process group cannot gather
+                sync_on_compute=False,
+            )
+            for name, spec in self.specs.items()
+        }
+
+    # ------------------------------------------------------------------ views
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_names)
+
+    @property
+    def primary(self) -> str:
+        """The primary matrix's name (the first)."""
+        return next(iter(self.specs))
+
+    @property
+    def num_stages(self) -> int:
+        """Stages recorded (rows of every matrix)."""
+        return self.matrices[self.primary].num_stages
+
+    # ------------------------------------------------------------------ recording
+    def _check_rows(self, scored: Scored, check: str, problem: str) -> None:
+        """Every matrix's row passes ``check`` (``problem`` names what is refused, with
+        ``{name}``), before any is recorded."""
+        for name, metric in self.matrices.items():
+            what = problem.format(name=repr(name))
+            if name not in scored.rows:
+                raise ValueError(f"{what}: the evaluation has no {name!r} row")
+            try:
+                getattr(metric, check)(scored.rows[name])
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{what}: {err}") from err
+
+    def record_baseline(self, scored: Scored) -> None:
+        """Record the untrained model's scores of every matrix (all or none)."""
+        self._check_rows(
+            scored,
+            "check_baseline",
+            "the untrained model's {name} scores (the baseline) are refused",
+        )
+        for name, metric in self.matrices.items():
+            metric.update_baseline(scored.rows[name])
+        self.baseline_done = True
+
+    def record_stage(self, stage: int, scored: Scored, cost: StageCost | None = None) -> list[str]:
+        """Record stage ``stage``'s rows (the next stage), its sections' parts and its cost; a
+        refused row or section records nothing. Returns the sections' warnings."""
+        if stage != self.num_stages:
+            raise ValueError(
+                f"stage {stage} cannot be recorded after {self.num_stages} stages (stages are "
+                "recorded in order, each once)"
+            )
+        problem = f"stage {stage} produced {{name}} scores the metrics cannot use"
+        self._check_rows(scored, "check_row", problem)
+        for section in self.sections.values():
+            section.check_stage(stage, scored)
+        for name, metric in self.matrices.items():
+            metric.update(scored.rows[name])
+        notes = [note for s in self.sections.values() for note in s.record_stage(stage, scored)]
+        if cost is not None:
+            self.costs = [c for c in self.costs if c.stage < stage] + [cost]
+        return notes
+
+    def record_step(
+        self, step: int, stage: int, rows: Mapping[str, Tensor], full: bool
+    ) -> dict[str, Tensor] | None:
+        """Add an evaluation at ``step`` inside (or at the end of) stage ``stage`` to the step
+        curves; returns the whole-test-set rows it replaced (the same step and stage), if any."""
+        return self.curves.add(step, stage, rows, full=full)
+
+    # ------------------------------------------------------------------ results
+    def step_evaluations(self) -> StepEvaluations | None:
+        """When the per-step evaluations ran (``None`` without them)."""
+        if not self.step_curves:
+            return None
+        steps, stage, _ = self.curves.tensors(self.num_tasks)
+        return StepEvaluations(
+            step=steps,
+            stage=stage,
+            full=tuple(self.curves.full),
+            step_counter=STEP_COUNTER,
+            subset=self.step_subset,
+        )
+
+    def continual_results(self) -> ContinualResults:
+        """The typed results of the stages so far: per matrix its rows, baseline, metric family,
+        per-task values and (with step curves) stability and plasticity; the costs; the
+        reference metrics; then each section's part."""
+        steps = self.step_evaluations()
+        results = ContinualResults.from_tensors(
+            {
+                name: ScoreMatrix(
+                    score=self.specs[name].score,
+                    scores=metric.scores,
+                    baseline=metric.baseline,
+                    higher_is_better=self.specs[name].higher_is_better,
+                    bounds=self.specs[name].bounds,
+                    step_scores=None if steps is None else self.curves.tensors(0, name)[2],
+                )
+                for name, metric in self.matrices.items()
+            },
+            task_names=self.task_names,
+            forgetting=self.forgetting,
+            metadata=self.metadata,
+            run_id=self.run_id,
+            steps=steps,
+            cost=RunCost(tuple(self.costs)),
+            reference=self.reference,
+            lca_beta=self.lca_beta,
+        )
+        for section in self.sections.values():
+            results = section.add_to(results)
+        return results
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything recorded, as plain values and CPU tensors (``torch.load(weights_only=True)``
+        reads it back, as Lightning loads checkpoints)."""
+        return {
+            "run_id": self.run_id,
+            "task_names": list(self.task_names),
+            "forgetting": self.forgetting,
+            "baseline_done": self.baseline_done,
+            "matrices": {
+                name: {
+                    "score_name": self.specs[name].score,
+                    "scores": metric.scores.clone(),
+                    "baseline": metric.baseline.clone(),
+                }
+                for name, metric in self.matrices.items()
+            },
+            "steps_trained": self.steps_trained,
+            "curves": self.curves.state_dict(),
+            "step_subset": self.step_subset,
+            "costs": [c.to_dict() for c in self.costs],
+            "sections": {key: s.state_dict() for key, s in self.sections.items()},
+        }
+
+    def settings_differ(self, state: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+        """``(setting, recorded, now)`` for every setting of ``state`` that differs from this
+        record's (a state recorded so would relabel or mix its rows if loaded)."""
+        recorded = [
+            ("number of tasks", len(state["task_names"]), self.num_tasks),
+            ("forgetting", state["forgetting"], self.forgetting),
+            (
+                "scorers",
+                {name: m["score_name"] for name, m in state["matrices"].items()},
+                {name: spec.score for name, spec in self.specs.items()},
+            ),
+            ("sections", sorted(state["sections"]), sorted(self.sections)),
+        ]
+        return [(key, old, new) for key, old, new in recorded if old != new]
+
+    def load_state_dict(self, state: Mapping[str, Any], *, keep_task_names: bool = False) -> None:
+        """Replace what is recorded by ``state`` (from :meth:`state_dict`); refused with a
+        ``ValueError`` naming the settings when it was recorded with others (see
+        :meth:`settings_differ`), and then nothing changes. ``keep_task_names``: keep this
+        record's names (given by the user) instead of the recorded ones."""
+        differ = self.settings_differ(state)
+        if differ:
+            raise ValueError(
+                "the state was recorded with other settings; loading it would relabel or mix its "
+                "rows: "
+                + "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, old, new in differ)
+            )
+        matrices = self._new_matrices()
+        for name, metric in matrices.items():
+            recorded = state["matrices"][name]
+            if state["baseline_done"]:
+                metric.update_baseline(recorded["baseline"].double())
+            for row in recorded["scores"]:
+                metric.update(row.double())
+        curves = StepCurves(list(self.specs))
+        curves.load_state_dict(state["curves"])
+        costs = [StageCost.from_dict(c) for c in state["costs"]]
+        loaded: list[tuple[RecordSection, dict[str, Any]]] = []
+        try:
+            for key, section in self.sections.items():
+                before = section.state_dict()
+                section.load_state_dict(state["sections"][key])
+                loaded.append((section, before))
+        except Exception:
+            for section, before in loaded:  # a later section refused: the earlier ones go back
+                section.load_state_dict(before)
+            raise
+        self.matrices, self.curves, self.costs = matrices, curves, costs
+        self.baseline_done = bool(state["baseline_done"])
+        self.steps_trained = int(state["steps_trained"])
+        self.run_id = str(state["run_id"])
+        if state.get("step_subset") is not None:
+            self.step_subset = dict(state["step_subset"])
+        if not keep_task_names:
+            self.task_names = list(state["task_names"])
