@@ -87,10 +87,11 @@ from continual_eval.evaluation.loaders import (  # noqa: E402
 )
 from continual_eval.evaluation.loaders import (  # noqa: E402
     shard_dataloader,
+    spare_dataloader,
     subset_dataloader,
 )
+from continual_eval.evaluation.lockstep import Lockstep  # noqa: E402
 from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks  # noqa: E402
-from continual_eval.evaluation.loop import _batch_sources as _batch_sources  # noqa: E402
 from continual_eval.evaluation.pools import _POOLS as _POOLS  # noqa: E402
 from continual_eval.evaluation.pools import _PoolView as _PoolView  # noqa: E402
 from continual_eval.evaluation.scorers import (  # noqa: E402
@@ -101,17 +102,24 @@ from continual_eval.evaluation.scorers import (  # noqa: E402
     TopKAccuracyScorer,
     make_scorer,
 )
+from continual_eval.evaluation.sources import _batch_sources as _batch_sources  # noqa: E402
 from continual_eval.evaluation.step import BatchStep, default_batch_step  # noqa: E402
+from continual_eval.evaluation.strategy import (  # noqa: E402
+    LOCKSTEP_ATTR,
+    collective_forward,
+)
 from continual_eval.evaluation.task_loaders import TaskLoaders  # noqa: E402
 
 __all__ = [
     "DETERMINISTIC_ATTR",
     "FAST_PATH",
+    "LOCKSTEP_ATTR",
     "POOLED_LOADERS",
     "AccuracyScorer",
     "BatchCache",
     "BatchStep",
     "EvaluationError",
+    "Lockstep",
     "LossScorer",
     "MetricScorer",
     "Scorer",
@@ -121,6 +129,7 @@ __all__ = [
     "TaskLoaders",
     "TopKAccuracyScorer",
     "cache_safety",
+    "collective_forward",
     "default_batch_step",
     "evaluate_tasks",
     "fast_loader",
@@ -129,6 +138,7 @@ __all__ = [
     "preserve_rng_state",
     "preserve_training_flags",
     "shard_dataloader",
+    "spare_dataloader",
     "subset_dataloader",
     "task_classes_from_loaders",
 ]

@@ -123,8 +123,9 @@ class _ClassIncrementalScorer(_LabelScorer):
         self._task = None
         self._outside: list[Tensor] = []
 
-    def set_task(self, task: int) -> None:
-        """The task whose test set the next updates score (called by the evaluation loop)."""
+    def set_task(self, task: int, stage: int | None = None) -> None:
+        """The task whose test set the next updates score, and the stage of the evaluation
+        (``None``: unchanged), called by the evaluation loop."""
         if isinstance(task, bool) or not isinstance(task, int) or not 0 <= task < self.num_tasks:
             raise EvaluationError(
                 f"{self.name}: task {task!r} is not a task of task_classes (0 .. "
@@ -305,8 +306,10 @@ class TaskAgnosticAccuracyScorer(_ClassIncrementalScorer):
         self.last_confusion = {}
         self._order = []
 
-    def set_task(self, task: int) -> None:
-        super().set_task(task)
+    def set_task(self, task: int, stage: int | None = None) -> None:
+        super().set_task(task, stage)
+        if stage is not None:
+            self.stage = stage
         self._order.append(task)
 
     def start(self, device: torch.device) -> None:

@@ -20,7 +20,7 @@ _MAX_POOLS = 2
 _POOLS: list[_WorkerPool] = []
 
 
-class _TaskConcat(torch.utils.data.Dataset):
+class _TaskConcat(torch.utils.data.Dataset[Any]):
     """Several tasks' datasets end to end; a batch (never across two datasets) is fetched as its
     own task's DataLoader fetches it (``__getitems__`` when the dataset has one)."""
 
@@ -48,7 +48,7 @@ class _TaskConcat(torch.utils.data.Dataset):
         local = [first + i - indices[0] for i in indices]
         getitems = getattr(dataset, "__getitems__", None)
         if getitems:
-            return getitems(local)
+            return list(getitems(local))
         return [dataset[i] for i in local]
 
 
@@ -88,7 +88,7 @@ def _pool_settings(loader: Any) -> Hashable | None:
 class _WorkerPool:
     """One persistent-worker DataLoader reading the batches of several test loaders."""
 
-    def __init__(self, loaders: Sequence[DataLoader]) -> None:
+    def __init__(self, loaders: Sequence[DataLoader[Any]]) -> None:
         self._members = [weakref.ref(dl) for dl in loaders]
         self._datasets = [weakref.ref(dl.dataset) for dl in loaders]
         self._lengths = [len(dl.dataset) for dl in loaders]  # type: ignore[arg-type]
@@ -119,7 +119,7 @@ class _WorkerPool:
         )
         self._iterator: Iterator[Any] | None = None
 
-    def serves(self, loaders: Sequence[DataLoader]) -> bool:
+    def serves(self, loaders: Sequence[DataLoader[Any]]) -> bool:
         """Whether this pool reads exactly ``loaders``, over unchanged datasets."""
         return (
             len(loaders) == len(self._members)
@@ -168,7 +168,7 @@ class _PoolView:
             yield next(iterator)
 
 
-def _worker_pool(loaders: Sequence[DataLoader]) -> _WorkerPool:
+def _worker_pool(loaders: Sequence[DataLoader[Any]]) -> _WorkerPool:
     """The kept pool reading ``loaders``, else a new one (shutting down the least recently used
     pool past :data:`_MAX_POOLS` and pools whose loaders are gone)."""
     for pool in list(_POOLS):
