@@ -293,3 +293,45 @@ def test_strategy_step_calls_the_model_through_the_wrapper(with_step):
     # no wrapper (FSDP2 acts in place), or the strategy's model is the module: called directly
     with strategy_step(SimpleNamespace(model=module), module, default_batch_step) as step:
         assert step is default_batch_step
+
+
+# ------------------------------------------------------------------ parameter counts
+def test_parameter_counts_of_sharded_parameters():
+    from continual_eval.evaluation.strategy import parameter_counts
+    from continual_eval.stage_cost import StageCostRecorder
+
+    net = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    net[1].requires_grad_(False)
+    assert parameter_counts(net) == (15 + 8, 15)
+    # DeepSpeed ZeRO-3 leaves an empty partition in .data and the full size in ds_numel
+    partitioned = nn.Linear(4, 3)
+    for p in partitioned.parameters():
+        p.ds_numel = p.numel()
+        p.data = torch.empty(0)
+    assert parameter_counts(partitioned) == (15, 15)
+    # FSDP1 marks the parameters it flattened: their local shards do not tell the sizes
+    flat = nn.Linear(4, 3)
+    flat.weight._fsdp_flattened = True
+    assert parameter_counts(flat) is None
+    recorder = StageCostRecorder()
+    recorder.start_stage(torch.device("cpu"))
+    with pytest.warns(UserWarning, match="FSDP1"):
+        cost = recorder.finish_stage(
+            0, flat, train_seconds=0, eval_seconds=0, samples=0, optimizer_steps=0
+        )
+    assert cost.parameters == cost.trainable_parameters == 0
+
+
+def test_effective_rank_capture_refuses_fsdp1():
+    """The stream callback's capture runs ``pl_module(probe)`` past the strategy's wrapper: under
+    FSDPStrategy it would see flattened shards, so it refuses at fit start."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from continual_eval.stream import RewardStreamCallback
+
+    callback = RewardStreamCallback(
+        effective_rank_module="net", effective_rank_probe=torch.zeros(2, 4)
+    )
+    trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match=r"effective-rank capture.*FSDPStrategy"):
+        callback.on_fit_start(trainer, Classifier(with_step=False))

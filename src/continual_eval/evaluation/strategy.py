@@ -16,10 +16,14 @@ collectives (then the ranks evaluate in lockstep) and how the model must be call
   replicas are whole; the DDP wrapper's forward would add buffer broadcasts, collectives) the
   LightningModule is called directly.
 
-This module is the only one that reads a private name of Lightning: the strategy's
+* :func:`parameter_counts`: the element counts of the model as built, read from sharded
+  parameters without gathering them.
+
+This module is the only one that reads private names of Lightning and torch: the strategy's
 ``_forward_redirection``, the object Lightning's own ``Strategy.test_step`` calls, so that the
 evaluation's forward passes go through exactly the same redirection (and any subclass hooks a
-strategy installs there) as ``trainer.test`` does.
+strategy installs there) as ``trainer.test`` does; and the ``_fsdp_flattened`` mark that torch's
+FSDP1 puts on the parameters it flattened (no public API tells them apart).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from continual_eval.evaluation.step import BatchStep
 
-__all__ = ["LOCKSTEP_ATTR", "collective_forward", "strategy_step"]
+__all__ = ["LOCKSTEP_ATTR", "collective_forward", "parameter_counts", "strategy_step"]
 
 #: An attribute a strategy or a LightningModule may set: ``True`` to have the evaluation run in
 #: lockstep (every rank the same number of forward passes per task) where it would not detect a
@@ -108,3 +112,20 @@ def strategy_step(strategy: Any, module: nn.Module, step: BatchStep) -> Iterator
         yield redirected
     finally:
         delattr(module, _REDIRECTED)
+
+
+def parameter_counts(module: nn.Module) -> tuple[int, int] | None:
+    """``(all, trainable)`` element counts of ``module``'s parameters as the model was built,
+    also when they are sharded, with no collective and nothing gathered: a DTensor (FSDP2, tensor
+    parallelism) counts its global size, a DeepSpeed ZeRO-3 partition its ``ds_numel``. ``None``
+    under FSDP1, whose flattened local shards do not tell the sizes (and whose padding would be
+    counted)."""
+    total = trainable = 0
+    for p in module.parameters():
+        if getattr(p, "_fsdp_flattened", False):
+            return None
+        n = int(getattr(p, "ds_numel", p.numel()))  # DTensor.numel(): the global size
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return total, trainable
