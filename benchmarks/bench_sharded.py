@@ -99,8 +99,8 @@ def measure(rank: int, mesh, name: str, args: argparse.Namespace) -> None:
         spare_dataloader,
     )
 
-    widths, batch, k = MODELS[name]
-    full = make_loaders(widths, args.tasks, batch, k)
+    widths, batch, fewer = MODELS[name]
+    full = make_loaders(widths, args.tasks, batch, fewer)
     shards = [shard_dataloader(dl, rank, 2)[0] for dl in full]
     batches = [list(dl) for dl in shards]
     spares = [spare_dataloader(dl) for dl in full]
@@ -113,12 +113,12 @@ def measure(rank: int, mesh, name: str, args: argparse.Namespace) -> None:
     common = dict(all_reduce=partial(reduce, dist.ReduceOp.SUM), rank=rank, world_size=2)
     tasks = range(args.tasks)
     variants = {
-        "ddp floor": lambda: floor_pass(replica, batches, k + 1),
+        "ddp floor": lambda: floor_pass(replica, batches, fewer + 1),
         "ddp": lambda: evaluate_tasks(replica, shards, tasks, **common),
         "ddp + lockstep": lambda: evaluate_tasks(
             replica, shards, tasks, lockstep=lockstep, **common
         ),
-        "fsdp2 floor": lambda: floor_pass(sharded, batches, k + 1),
+        "fsdp2 floor": lambda: floor_pass(sharded, batches, fewer + 1),
         "fsdp2": lambda: evaluate_tasks(sharded, shards, tasks, lockstep=lockstep, **common),
     }
     results = {k: f() for k, f in variants.items()}  # warm-up; the same scores everywhere
@@ -133,7 +133,7 @@ def measure(rank: int, mesh, name: str, args: argparse.Namespace) -> None:
             variants[k]()
             times[k].append(time.perf_counter() - start)
     if rank == 0:
-        report(name, widths, batch, 2 * k * batch + 1, args.tasks, times)
+        report(name, widths, batch, 2 * fewer * batch + 1, args.tasks, times)
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:

@@ -67,8 +67,10 @@ def _batch_slices(num_indices: int, batch_size: int, drop_last: bool) -> range:
 
 def _index_tensor(indices: Any) -> Tensor | None:
     """``indices`` (a list, range, array or tensor of integers) as a 1-D int64 tensor."""
+    if isinstance(indices, range):
+        return torch.arange(indices.start, indices.stop, indices.step, dtype=torch.int64)
     try:
-        t = torch.as_tensor(list(indices) if isinstance(indices, range) else indices)
+        t = torch.as_tensor(indices)
     except (TypeError, ValueError, RuntimeError):
         return None
     if t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
@@ -79,7 +81,7 @@ def _index_tensor(indices: Any) -> Tensor | None:
 def _tensor_rows(dataset: Any, order: Sequence[int]) -> tuple[tuple[Tensor, ...], Any] | None:
     """``(tensors, rows)``: the ``TensorDataset`` under ``dataset`` (itself or a chain of
     ``Subset``) and the rows of its tensors that ``dataset[i]`` for ``i`` in ``order`` reads (a
-    ``range`` when they are consecutive), or ``None``.
+    ``range`` when they are evenly spaced: consecutive, or a strided shard), or ``None``.
 
     Exact types only: a subclass may override ``__getitem__`` (a transform, a side effect).
     """
@@ -103,7 +105,7 @@ def _tensor_rows(dataset: Any, order: Sequence[int]) -> tuple[tuple[Tensor, ...]
         for t in tensors
     ):
         return None
-    if isinstance(rows, range):
+    if isinstance(rows, range) and rows.step > 0 and (not rows or 0 <= rows[0] <= rows[-1] < n):
         return tensors, rows
     rows = _index_tensor(rows)
     if rows is None or (rows.numel() and (int(rows.min()) < -n or int(rows.max()) >= n)):
@@ -166,16 +168,18 @@ class _FastBatches:
 
     def _chunk(self, t: Tensor, rows: Any, start: int, stop: int) -> Tensor:
         """A fresh contiguous copy of rows ``start:stop`` of ``t`` (pinned, or on the device)."""
-        if isinstance(rows, range):
-            part = t[rows.start + start : rows.start + stop]
-            fresh = False
+        if isinstance(rows, range):  # evenly spaced rows: a (strided) slice
+            picked = rows[start:stop]
+            part, fresh = t[picked.start : picked.stop : picked.step], False
         else:
             part, fresh = t.index_select(0, rows[start:stop].to(t.device)), True
         target = self.device if self.device is not None else t.device
         if target != t.device:
             if self.pin_memory and t.device.type == "cpu":
                 part = torch.empty(part.shape, dtype=part.dtype, pin_memory=True).copy_(part)
-            return part.to(target, non_blocking=self.pin_memory)
+            return part.to(
+                target, non_blocking=self.pin_memory, memory_format=torch.contiguous_format
+            )
         if self.pin_memory and t.device.type == "cpu":
             return torch.empty(part.shape, dtype=part.dtype, pin_memory=True).copy_(part)
         return part if fresh else part.clone(memory_format=torch.contiguous_format)

@@ -22,10 +22,13 @@ from continual_eval.evaluation.errors import EvaluationError
 
 
 class _ShardSampler(Sampler[int]):
-    """Strided shard ``rank, rank + world, ...`` of ``range(n)``: no padding, no duplicates."""
+    """Strided shard ``rank, rank + world, ...`` of ``base``: no padding, no duplicates (a
+    ``range`` stays a ``range``)."""
 
     def __init__(self, base: Sequence[int] | range, rank: int, world_size: int) -> None:
-        self.indices = list(base)[rank::world_size]
+        self.indices: Sequence[int] = (
+            base[rank::world_size] if isinstance(base, range) else list(base)[rank::world_size]
+        )
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
