@@ -66,10 +66,11 @@ class CollectiveNet(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.linear = nn.Linear(4, 3)
-        self.rank, self.world, self.calls = rank, world, 0
+        self.rank, self.world, self.calls, self.sizes = rank, world, 0, []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        self.sizes.append(len(x))
         self.world.exchange(self.rank, "forward", None, lambda _: None)  # an all-gather
         return self.linear(x)
 
@@ -95,7 +96,8 @@ def make_sets(sizes=(1, 5, 7)) -> list[TensorDataset]:
 
 def run_ranks(make_loaders, *, lockstep: bool, spares=None, scorers=("accuracy", "loss")):
     """Run ``evaluate_tasks`` on both simulated ranks; per rank ``(evaluation or error, forward
-    calls)``. ``make_loaders(rank)`` gives the rank's loaders and the unsharded tasks."""
+    calls, the batch size of each forward pass)``. ``make_loaders(rank)`` gives the rank's
+    loaders and the unsharded tasks."""
     world = Rendezvous()
     results: list[Any] = [None] * WORLD
 
@@ -125,7 +127,7 @@ def run_ranks(make_loaders, *, lockstep: bool, spares=None, scorers=("accuracy",
         except Exception as err:
             out = err
             world.barrier.abort()  # the other rank must not wait for this one
-        results[rank] = (out, net.calls)
+        results[rank] = (out, net.calls, net.sizes)
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(WORLD)]
     for t in threads:
@@ -153,10 +155,12 @@ def test_lockstep_keeps_the_ranks_in_step_and_scores_exact():
         return [*shards, stream], {3}
 
     spares = [spare_dataloader(dl) for dl in full] + [None]
-    (ev0, calls0), (ev1, calls1) = run_ranks(loaders, lockstep=True, spares=spares)
+    (ev0, calls0, sizes0), (ev1, calls1, sizes1) = run_ranks(loaders, lockstep=True, spares=spares)
     assert not isinstance(ev0, Exception) and not isinstance(ev1, Exception), (ev0, ev1)
-    # shards of 1/0, 3/2, 4/3 samples: 1/0, 2/1, 2/2 batches, the iterable's 3 on both ranks
+    # shards of 1/0, 3/2, 4/3 samples: 1/0, 2/1, 2/2 batches, the iterable's 3 on both ranks;
+    # rank 1 runs task 0 on the spare sample and pads task 1 with one sample of its batch
     assert calls0 == calls1 == 1 + 2 + 2 + 3
+    assert sizes0 == [1, 2, 1, 2, 2, 2, 2, 1] and sizes1 == [1, 2, 1, 2, 1, 2, 2, 1]
     expected = plain([*full, DataLoader(TensorDataset(*sets[1].tensors), batch_size=2)])
     for ev in (ev0, ev1):
         assert torch.equal(ev.scores, expected.scores)
@@ -170,14 +174,14 @@ def test_without_lockstep_the_ranks_fall_out_of_step():
         lambda r: ([shard_dataloader(dl, r, WORLD)[0] for dl in full], ()), lockstep=False
     )
     # rank 1 (no sample of task 0) reduces while rank 0 runs its forward: a hang under FSDP
-    for out, _ in results:
+    for out, _, _ in results:
         assert isinstance(out, (MismatchError, threading.BrokenBarrierError)), out
 
 
 def test_a_loader_of_unknown_length_agrees_batch_by_batch():
     x, y = make_sets((7,))[0].tensors
     # an iterable that splits itself by rank (4 and 3 samples): only iterating tells its length
-    (ev0, calls0), (ev1, calls1) = run_ranks(
+    (ev0, calls0, _), (ev1, calls1, _) = run_ranks(
         lambda r: ([DataLoader(Stream(x, y, rank=r), batch_size=2)], ()), lockstep=True
     )
     assert not isinstance(ev0, Exception) and not isinstance(ev1, Exception), (ev0, ev1)
@@ -191,7 +195,7 @@ def test_a_rank_without_a_sample_and_no_spare_raises_on_every_rank():
         lockstep=True,
         spares=[None],
     )
-    for out, calls in results:
+    for out, calls, _ in results:
         assert isinstance(out, EvaluationError) and "holds no sample" in str(out)
         assert "task 0 ('task_0'), test dataloader 0" in str(out)
         assert calls == 0  # refused before any forward pass
@@ -205,7 +209,7 @@ def test_an_empty_test_set_raises_no_sample_on_every_rank():
         lockstep=True,
         spares=[spare_dataloader(dl) for dl in full],
     )
-    for out, calls in results:
+    for out, calls, _ in results:
         assert isinstance(out, EvaluationError) and "task 1" in str(out)
         assert "yielded no sample" in str(out) and calls == 1
 

@@ -9,9 +9,11 @@ of a task, and a rank may hold no sample of a small task at all.
 
 The rule (one collective per evaluation): before scoring, the ranks agree on every task's
 largest batch count (one element-wise max over ``[tasks]`` counts); each rank scores its own
-batches, then runs the forward pass on a real batch of the same task it already has (its last
-one, else one sample of the task's test set, :func:`~continual_eval.evaluation.spare_dataloader`)
-until it reached the agreed count, discarding the output. The scores are unchanged: the discarded
+batches, then runs the forward pass on a real sample of the same task it already has (the first
+sample of its last batch when the batch's tensors share one leading size, else the whole batch;
+without a batch, one sample of the task's test set,
+:func:`~continual_eval.evaluation.spare_dataloader`) until it reached the agreed count,
+discarding the output. The scores are unchanged: the discarded
 passes are never counted. A loader whose length is not known exactly (an iterable dataset)
 instead agrees batch by batch: one max of ``[has a batch, cannot pad]`` per batch of that task.
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import move_data_to_device
+from lightning_utilities import apply_to_collection
 from torch import Tensor, nn
 
 from continual_eval.evaluation.errors import EvaluationError
@@ -108,6 +109,17 @@ class _Forward:
             return _step_pair(self.step(self.module, batch, task), self.step)
 
 
+def _first_sample(batch: Any) -> Any:
+    """``batch`` cut to its first sample (a view) when its tensors (in any nesting of lists,
+    tuples, dicts) share one leading size above 1: what a lockstep pass runs, at the cost of one
+    sample; else ``batch`` itself."""
+    sizes: set[int] = set()
+    apply_to_collection(batch, Tensor, lambda t: sizes.add(t.shape[0] if t.ndim else -1))
+    if len(sizes) != 1 or min(sizes) < 2:
+        return batch
+    return apply_to_collection(batch, Tensor, lambda t: t[:1])
+
+
 def _owns_target(batch: Any, target: Tensor) -> bool:
     """Whether ``target`` is one of the tensors of ``batch`` (a list or tuple)."""
     if isinstance(batch, (list, tuple)):
@@ -126,21 +138,23 @@ def _run_task(
     lockstep: Lockstep | None,
 ) -> None:
     """Every batch of one task through ``forward``, fed to ``feed`` (``None``: this rank does not
-    count the task). In lockstep (``plan``), then the passes the plan adds, on the last batch (or
-    the task's spare sample), their outputs discarded."""
+    count the task). In lockstep (``plan``), then the passes the plan adds, on the first sample of
+    the last batch (or the task's spare sample), their outputs discarded."""
     batches: Any = source.batches
     spare = lockstep.spare_loader(task) if lockstep is not None else None
     if plan is not None:
         assert lockstep is not None
         batches = lockstep_batches(batches, plan, lockstep, forward.device, spare is not None)
-    last = None
+    last, pad = None, None
     index = 0
     for batch in batches:
         if batch is None:  # lockstep: a pass the other ranks need, not counted
-            if last is None:
+            if pad is None and last is None:
                 assert spare is not None  # agree_batch_counts checked that a spare exists
-                last = forward.prepare(next(iter(spare)), on_device=False)
-            forward(last, task)
+                pad = forward.prepare(next(iter(spare)), on_device=False)
+            elif pad is None:
+                pad = _first_sample(last)
+            forward(pad, task)
             continue
         batch = forward.prepare(batch, source.on_device)
         preds, target = forward(batch, task)
@@ -339,9 +353,9 @@ def evaluate_tasks(
     Lockstep (``lockstep`` given: a strategy whose forward pass is a collective, see
     :mod:`~continual_eval.evaluation.lockstep`): every rank runs every task's loader, the ranks
     agree on each task's largest batch count in one collective, and a rank with fewer batches runs
-    the remaining forward passes on a batch it already has (or the task's spare sample),
-    discarding the outputs; ``unsharded`` tasks are iterated by every rank and counted by rank 0.
-    The scores equal those without lockstep.
+    the remaining forward passes on one sample of a batch it already has (or the task's spare
+    sample), discarding the outputs; ``unsharded`` tasks are iterated by every rank and counted
+    by rank 0. The scores equal those without lockstep.
 
     Args:
         module: the model; called through ``step`` (default: ``module(x)`` / ``module(x, t)``).
