@@ -83,7 +83,7 @@ def floor_pass(
             for x, y in task:
                 h += (model(x).argmax(1) == y).sum()
             for _ in range(most - len(task)):
-                model(task[-1][0])
+                model(task[-1][0][:1])  # a lockstep pass: one sample
             hits.append(h)
         dist.all_reduce(torch.stack(hits))
 

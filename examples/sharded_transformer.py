@@ -9,8 +9,9 @@ one and discards it), with test sets of any size (here 301, 1 and 7 sequences: t
 set leaves the second process without a sample). R equals the single-process R exactly. Lightning
 re-launches this script for the second process; the numbers are seeded.
 
-Each task: sequences of 12 tokens from a vocabulary of 32; the label is which of two task-specific
-"marker" tokens occurs more often. One Trainer per task (``fit_tasks`` with a factory).
+Each task: sequences of 12 tokens from a vocabulary of 32, the first 4 of them task-specific
+"marker" tokens; the label is whether the task's first marker fills more than 2 of them. One
+Trainer per task (``fit_tasks`` with a factory).
 """
 
 from datetime import timedelta
@@ -61,7 +62,8 @@ class TinyTransformer(pl.LightningModule):
 
 
 def task(t: int, n: int, seed: int) -> DataLoader:
-    """Label: whether marker token ``2t`` occurs more often than marker ``2t + 1``."""
+    """Label: whether marker token ``2t`` fills more than 2 of the 4 marker positions (the
+    others hold marker ``2t + 1``)."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(8, VOCAB, (n, LENGTH), generator=g)
     marks = torch.randint(0, 2, (n, 4), generator=g) + 2 * t  # 4 marker positions
@@ -95,6 +97,7 @@ def main() -> None:
     if callback.results_dir is not None:  # rank 0
         print(callback.scores)  # R[i, j]: accuracy on task j after stage i
         print(callback.results()["metrics"])
+    torch.distributed.destroy_process_group()  # both processes, before the interpreter exits
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ PAGES = [
     "docs/experiments.md",
     "docs/performance.md",
     "docs/continual_evaluation.md",
+    "docs/sharded.md",
     "README.md",
 ]
 

@@ -276,6 +276,7 @@ def main(mode: str, out: Path) -> None:
     except EvaluationError as err:
         saved["empty"] = str(err)
     torch.save(saved, out / f"{mode}_rank{rank}.pt")
+    dist.destroy_process_group()  # both ranks, before the interpreter exits
 
 
 if __name__ == "__main__":
