@@ -24,16 +24,28 @@ for the next evaluation while its loaders and datasets are the same objects (a d
 place after the workers started is not seen: replace the loader), and shut down when they are gone
 or more than two pools are kept. ``POOLED_LOADERS = False`` gives each loader its own workers.
 
-Layout (every name is re-exported here):
+Under a strategy whose forward pass is a collective (FSDP2, FSDP1, DeepSpeed ZeRO-3) the ranks
+evaluate in lockstep (:mod:`~continual_eval.evaluation.lockstep`): every rank runs the same number
+of forward passes per task, the extra ones on a sample it already has, discarded; the Trainer's
+strategy decides it and how the model is called (:mod:`~continual_eval.evaluation.strategy`).
+
+Layout (every public name is re-exported here):
 
 * :mod:`~continual_eval.evaluation.loop`: :func:`evaluate_tasks`, :class:`TaskEvaluation`;
+  the pieces it runs: :mod:`~continual_eval.evaluation.sources` (where each task's batches come
+  from), :mod:`~continual_eval.evaluation.feed` (the output watch and the scorers' feed),
+  :mod:`~continual_eval.evaluation.reduction` (counts across ranks, their problems in words);
+* :mod:`~continual_eval.evaluation.lockstep`: :class:`Lockstep`; and
+  :mod:`~continual_eval.evaluation.strategy`: :func:`collective_forward`, :data:`LOCKSTEP_ATTR`,
+  the forward redirection of wrapping strategies;
 * :mod:`~continual_eval.evaluation.guards`: train/eval flags, RNG states, grad context;
 * :mod:`~continual_eval.evaluation.step`: the batch step, :func:`default_batch_step`;
 * :mod:`~continual_eval.evaluation.scorers`: the :class:`Scorer` protocol, the built-in scorers,
   :func:`make_scorer`;
 * :mod:`~continual_eval.evaluation.class_incremental`: the task-aware and task-agnostic
   accuracy scorers of single-head class-incremental models, :func:`task_classes_from_loaders`;
-* :mod:`~continual_eval.evaluation.loaders`: :func:`shard_dataloader`, :func:`subset_dataloader`;
+* :mod:`~continual_eval.evaluation.loaders`: :func:`shard_dataloader`, :func:`subset_dataloader`,
+  :func:`spare_dataloader`;
 * :mod:`~continual_eval.evaluation.fast_path`, :mod:`~continual_eval.evaluation.pools`: reading
   the batches (:func:`fast_loader`, worker pools);
 * :mod:`~continual_eval.evaluation.cache`: :class:`BatchCache`, :func:`cache_safety`;

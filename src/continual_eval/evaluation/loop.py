@@ -1,10 +1,46 @@
-"""The evaluation loop: every task's batches, one forward each, every scorer, one reduction."""
+"""The evaluation loop: every task's batches, one forward each, every scorer, one reduction.
+
+Each test batch goes through ``step`` (one forward pass) once; its ``(preds, target)`` is
+checked for non-finite predictions once and fed to every scorer. Scorers that are not
+``batch_additive`` get each batch at once, as ``step`` returned it; the batch-additive ones
+(the built-in accuracy, top-k and cross-entropy scorers, the torchmetrics metrics
+:class:`MetricScorer` knows to be) and the non-finite check get copies of a task's
+consecutive batches concatenated, one update per task (or per :data:`BUFFER_BYTES` of
+copies; a batch of another shape beyond dim 0, dtype or device starts a new group), so their
+per-batch work runs once per group.
+
+Reduction: each task's counts (every scorer's :meth:`~Scorer.local_counts`, then the output
+checks) are summed across ranks by ``all_reduce``: once for all tasks when every scorer is
+count-based (a metric whose states are all sum-reduced tensors is: its states are among its
+counts), else once per task, right after it, followed by each non-count-based metric scorer's
+own sync (a collective per task per such scorer, in scorer order, on every rank). Integer
+counts are reduced exactly; with a float-sum scorer (a loss, a float metric state) the call is
+reduced as float64, in which integer counts below 2**53 stay exact and float sums are exact up
+to summation order. Count-based scores are computed after every task's counts are reduced
+and checked. No host sync per batch.
+
+Lockstep (``lockstep`` given: a strategy whose forward pass is a collective, see
+:mod:`~continual_eval.evaluation.lockstep`): every rank runs every task's loader, the ranks
+agree on each task's largest batch count in one collective, and a rank with fewer batches runs
+the remaining forward passes on one sample of a batch it already has (or the task's spare
+sample), discarding the outputs; ``unsharded`` tasks are iterated by every rank and counted
+by rank 0. The scores equal those without lockstep.
+
+Errors: :class:`EvaluationError` names the task (index and name) and its test dataloader. Raised
+on every rank together, after the task's counts are reduced: the loader yielded no sample (on any
+rank); the model returned non-finite scores (how many, and the first batch holding one); targets
+that are not labels of the output's class dimension; non-finite losses; a metric value that is
+not one finite number; in lockstep, a rank without a sample of a task the others score and
+nothing to pad with. Raised at once, on the rank that met it: an output that does not fit the
+targets, or a model/step output of the wrong structure.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -331,37 +367,13 @@ def evaluate_tasks(
 ) -> TaskEvaluation:
     """Score ``module`` on ``dataloaders[j]`` for each ``j`` in ``task_ids``, with every scorer.
 
-    Each test batch goes through ``step`` (one forward pass) once; its ``(preds, target)`` is
-    checked for non-finite predictions once and fed to every scorer. Scorers that are not
-    ``batch_additive`` get each batch at once, as ``step`` returned it; the batch-additive ones
-    (the built-in accuracy, top-k and cross-entropy scorers, the torchmetrics metrics
-    :class:`MetricScorer` knows to be) and the non-finite check get copies of a task's
-    consecutive batches concatenated, one update per task (or per :data:`BUFFER_BYTES` of
-    copies; a batch of another shape beyond dim 0, dtype or device starts a new group), so their
-    per-batch work runs once per group.
-
-    Reduction: each task's counts (every scorer's :meth:`~Scorer.local_counts`, then the output
-    checks) are summed across ranks by ``all_reduce``: once for all tasks when every scorer is
-    count-based (a metric whose states are all sum-reduced tensors is: its states are among its
-    counts), else once per task, right after it, followed by each non-count-based metric scorer's
-    own sync (a collective per task per such scorer, in scorer order, on every rank). Integer
-    counts are reduced exactly; with a float-sum scorer (a loss, a float metric state) the call is
-    reduced as float64, in which integer counts below 2**53 stay exact and float sums are exact up
-    to summation order. Count-based scores are computed after every task's counts are reduced
-    and checked. No host sync per batch.
-
-    Lockstep (``lockstep`` given: a strategy whose forward pass is a collective, see
-    :mod:`~continual_eval.evaluation.lockstep`): every rank runs every task's loader, the ranks
-    agree on each task's largest batch count in one collective, and a rank with fewer batches runs
-    the remaining forward passes on one sample of a batch it already has (or the task's spare
-    sample), discarding the outputs; ``unsharded`` tasks are iterated by every rank and counted
-    by rank 0. The scores equal those without lockstep.
+    One forward pass per batch feeds every scorer; counts are summed across ranks in one
+    collective (see ``continual_eval.evaluation.loop``'s docstring, and for lockstep too).
 
     Args:
         module: the model; called through ``step`` (default: ``module(x)`` / ``module(x, t)``).
-        dataloaders: one test loader per task, already sharded for this rank
-            (:func:`shard_dataloader`) or, for loaders that could not be sharded, full loaders that
-            only rank 0 counts.
+        dataloaders: one test loader per task, sharded for this rank (:func:`shard_dataloader`),
+            or full loaders (``unsharded``) that only rank 0 counts.
         task_ids: which tasks to score.
         scorer: one scorer (default :class:`AccuracyScorer`), used as given.
         scorers: several scorers, each a :class:`Scorer` or a specification for
@@ -371,41 +383,30 @@ def evaluate_tasks(
         step: ``(module, batch, task_id) -> (preds, target)``.
         forward_context: e.g. the Trainer's ``precision_plugin.forward_context``.
         convert_input: applied to each batch after the device move, e.g. the Trainer's
-            ``precision_plugin.convert_input`` (``*-true`` precisions cast float inputs).
+            ``precision_plugin.convert_input``.
         grad_context: no-grad / inference-mode factory.
         all_reduce: sum-reduction across ranks (e.g. ``strategy.reduce(t, reduce_op="sum")``).
         rank, world_size: this process and the group size; used for unsharded loaders.
         task_names: names for error messages.
-        unsharded: tasks whose loader holds the full test set on every rank; only rank 0 counts
-            them.
+        unsharded: tasks whose loader holds the full test set on every rank (rank 0 counts).
         stage: passed to each scorer's optional ``set_task(task_id, stage)`` before its task:
             ``-1`` for the untrained baseline, ``i`` for stage ``i`` (or an evaluation inside it),
             ``None`` when the evaluation is not tied to a stage.
-        lockstep: run the ranks' forward passes in step (see above); ``None``: each rank runs
-            its own batches only.
+        lockstep: run the ranks' forward passes in step; ``None``: each its own batches only.
 
     Returns:
         :class:`TaskEvaluation`, the same on every rank: ``scores_by_scorer`` aligned with the
         scorers, ``scores`` the first scorer's.
 
     Raises:
-        EvaluationError: naming the task (index and name) and its test dataloader. Raised on every
-            rank together, after the task's counts are reduced: the loader yielded no sample (on
-            any rank); the model returned non-finite scores (how many, and the first batch holding
-            one); targets that are not labels of the output's class dimension; non-finite losses;
-            a metric value that is not one finite number; in lockstep, a rank without a sample of
-            a task the others score and nothing to pad with. Raised at once, on the rank that met
-            it: an output that does not fit the targets, or a model/step output of the wrong
-            structure.
+        EvaluationError: naming the task (index and name) and its test dataloader, on every rank
+            together after the task's counts are reduced (see the module docstring), or at once
+            on the rank that met an output of the wrong structure or shape.
         TypeError, ValueError: ``scorers`` that :func:`make_scorer` refuses.
     """
     scorer_list = _resolve_scorers(scorer, scorers)
     device = torch.device(device) if device is not None else _module_device(module)
-    names = list(task_names) if task_names is not None else []
-
-    def label(j: int) -> str:
-        return _loader_label(dataloaders[j], j, names[j] if j < len(names) else None)
-
+    label = partial(_label, dataloaders, list(task_names or []))
     counted = {j for j in task_ids if world_size <= 1 or j not in unsharded or rank == 0}
     iterated = list(task_ids) if lockstep is not None else [j for j in task_ids if j in counted]
     forward = _Forward(module, device, step, forward_context, convert_input)
@@ -424,6 +425,11 @@ def evaluate_tasks(
                     raise EvaluationError(f"{label(j)}: {err}") from err
             tally.add(j, watch)
     return tally.finish(task_ids)
+
+
+def _label(dataloaders: Sequence[Any], names: Sequence[str], j: int) -> str:
+    """``task 3 ('cars'), test dataloader 3``: task ``j`` in error messages."""
+    return _loader_label(dataloaders[j], j, names[j] if j < len(names) else None)
 
 
 def _module_device(module: nn.Module) -> torch.device:
