@@ -15,6 +15,7 @@ per-step evaluation runs) with ``cache_test_batches=True`` and ``False``.
     python benchmarks/bench_callback.py --section eval       # stage eval, cached run vs floor
     python benchmarks/bench_callback.py --section workers    # num_workers=2: one pool vs per task
     python benchmarks/bench_callback.py --section scorers    # 4 scorers in one pass vs accuracy
+    python benchmarks/bench_callback.py --section floor      # stage eval / floor, MLP 32-64-64-2
     python benchmarks/bench_callback.py --quick              # every section, short
 
 Prints medians and ratios (targets: per-stage ratio <= 1.15; per-step evaluation with caching
@@ -48,14 +49,14 @@ FEATURES, CLASSES = 64, 10
 
 
 class MLP(pl.LightningModule):
-    def __init__(self, classes: int = CLASSES) -> None:
+    def __init__(self, classes: int = CLASSES, features: int = FEATURES, hidden: int = 256) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(FEATURES, 256),
+            nn.Linear(features, hidden),
             nn.ReLU(),
-            nn.Linear(256, 256),
+            nn.Linear(hidden, hidden),
             nn.ReLU(),
-            nn.Linear(256, classes),
+            nn.Linear(hidden, classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,15 +70,22 @@ class MLP(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
-def make_data(tasks: int, test_size: int, train_size: int, batch_size: int):
+def make_data(
+    tasks: int,
+    test_size: int,
+    train_size: int,
+    batch_size: int,
+    classes: int = CLASSES,
+    features: int = FEATURES,
+):
     g = torch.Generator().manual_seed(0)
     train, test = [], []
     for _ in range(tasks):
-        means = torch.randn(CLASSES, FEATURES, generator=g)
+        means = torch.randn(classes, features, generator=g)
 
         def sample(n, means=means):
-            y = torch.randint(0, CLASSES, (n,), generator=g)
-            return TensorDataset(means[y] + torch.randn(n, FEATURES, generator=g), y)
+            y = torch.randint(0, classes, (n,), generator=g)
+            return TensorDataset(means[y] + torch.randn(n, features, generator=g), y)
 
         train.append(DataLoader(sample(train_size), batch_size=batch_size, shuffle=True))
         test.append(DataLoader(sample(test_size), batch_size=batch_size))
@@ -258,11 +266,11 @@ def run_eval_section(args: argparse.Namespace) -> None:
         tasks = range(T)
 
         def stage(fast: bool) -> float:
-            evaluation.FAST_PATH = fast
+            evaluation.switches.FAST_PATH = fast
             start = time.perf_counter()
             default._evaluate(tr, model, tasks)
             elapsed = time.perf_counter() - start
-            evaluation.FAST_PATH = True
+            evaluation.switches.FAST_PATH = True
             return elapsed
 
         def cached_run() -> float:
@@ -279,9 +287,9 @@ def run_eval_section(args: argparse.Namespace) -> None:
             return sum(floor_pass(model, batches) for _ in range(T + 1))
 
         stage_fast, stage_plain = stage(True), stage(False)
-        evaluation.FAST_PATH = False
+        evaluation.switches.FAST_PATH = False
         plain_row = default._evaluate(tr, model, tasks)[default.primary]
-        evaluation.FAST_PATH = True
+        evaluation.switches.FAST_PATH = True
         assert torch.equal(default._evaluate(tr, model, tasks)[default.primary], plain_row)
         del stage_fast, stage_plain  # warm-up
         times = measure(
@@ -330,11 +338,11 @@ def run_workers_section(args: argparse.Namespace) -> None:
         rows: dict[bool, list[torch.Tensor]] = {True: [], False: []}
 
         def whole_run(pooled: bool) -> float:
-            evaluation.POOLED_LOADERS = pooled
+            evaluation.switches.POOLED_LOADERS = pooled
             start = time.perf_counter()
             rows[pooled] = [cb._evaluate(tr, model, range(T))[cb.primary] for _ in range(T + 1)]
             elapsed = time.perf_counter() - start
-            evaluation.POOLED_LOADERS = True
+            evaluation.switches.POOLED_LOADERS = True
             while evaluation._POOLS:  # a new run starts its own pool
                 evaluation._POOLS.pop().close()
             return elapsed
@@ -420,6 +428,61 @@ def run_scorers_section(args: argparse.Namespace) -> None:
     )
 
 
+#: the settings of the compute-floor comparison: (tasks, test samples per task)
+FLOOR_SETTINGS = ((10, 2000), (20, 2000), (10, 10000))
+
+
+def floor_setting(tasks: int, size: int, repeats: int) -> tuple[dict, dict]:
+    """Wall and CPU times of the floor and of a stage's evaluation, interleaved, for one
+    setting."""
+    train, test = make_data(tasks, size, 128, 128, classes=2, features=32)
+    times: dict[str, list[float]] = {"floor": [], "eval": []}
+    cpu: dict[str, list[float]] = {"floor": [], "eval": []}
+    with tempfile.TemporaryDirectory() as root:
+        pl.seed_everything(0, verbose=False)
+        common = dict(verbose=False, log_images=False, cache_test_batches=False)
+        cb = ContinualEvalCallback(test, dirpath=f"{root}/f", **common)
+        tr = trainer(root, [cb])
+        model = MLP(classes=2, features=32, hidden=64)
+        tr.fit(model, train[0])
+        device = tr.strategy.root_device
+        batches = [[(x.to(device), y.to(device)) for x, y in dl] for dl in test]
+        runs = {
+            "floor": lambda: floor_pass(model, batches),
+            "eval": lambda: cb._evaluate(tr, model, range(tasks)),
+        }
+        for rep in range(repeats + 1):  # the first: warm-up
+            for name in ("floor", "eval") if rep % 2 == 0 else ("eval", "floor"):
+                start, cpu_start = time.perf_counter(), time.process_time()
+                runs[name]()
+                if rep:
+                    cpu[name].append(time.process_time() - cpu_start)
+                    times[name].append(time.perf_counter() - start)
+    return times, cpu
+
+
+def run_floor_section(args: argparse.Namespace) -> None:
+    """A stage's evaluation (``_evaluate`` of every task, the callback's own hook work without the
+    files) against the compute floor (the same model over pre-collated batches: forward, argmax,
+    count), for the MLP 32-64-64-2 at batch 128: T = 10 and 20 tasks x 2000 test samples and
+    10 x 10000, interleaved; medians of paired ratios, of wall and (less noisy on a shared
+    machine) CPU time. The floor is the fixed cost no evaluation avoids; the ratio's excess is
+    the evaluation's own work per batch and per task."""
+    warnings.filterwarnings("ignore")
+    print("\ncompute floor: MLP 32-64-64-2, batch 128, torch threads", torch.get_num_threads())
+    header = ("T x samples", "floor ms", "eval ms", "eval / floor", "(CPU)")
+    print(f"  {header[0]:>14s} {header[1]:>9s} {header[2]:>9s} {header[3]:>13s} {header[4]:>7s}")
+    for tasks, size in FLOOR_SETTINGS:
+        times, cpu = floor_setting(tasks, size, args.step_repeats)
+        floor, evaluation = statistics.median(times["floor"]), statistics.median(times["eval"])
+        wall, cpu_ratio = paired_ratio(times, "eval", "floor"), paired_ratio(cpu, "eval", "floor")
+        print(
+            f"  {f'{tasks} x {size}':>14s} {floor * 1e3:9.2f} {evaluation * 1e3:9.2f} "
+            f"{wall:13.3f} {cpu_ratio:7.3f}"
+        )
+    print("  (target: eval / floor approaching 1.3; medians of paired ratios)")
+
+
 def run(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore")
     train, test = make_data(args.tasks, args.test_size, args.train_size, args.batch_size)
@@ -475,7 +538,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
-        "--section", choices=("stage", "step", "eval", "workers", "scorers", "all"), default="all"
+        "--section",
+        choices=("stage", "step", "eval", "workers", "scorers", "floor", "all"),
+        default="all",
     )
     parser.add_argument("--step-test-size", type=int, default=2_000, help="step/eval sections")
     parser.add_argument("--step-repeats", type=int, default=15, help="step/eval sections")
@@ -500,6 +565,8 @@ def main() -> None:
         run_workers_section(args)
     if args.section in ("scorers", "all"):
         run_scorers_section(args)
+    if args.section in ("floor", "all"):
+        run_floor_section(args)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ PAGES = [
     "docs/compatibility.md",
     "docs/continual_evaluation.md",
     "docs/architecture.md",
+    "docs/sharded.md",
     "README.md",
 ]
 

@@ -41,7 +41,7 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
 
 With per-step evaluation (``eval_every_n_steps``), :func:`log_step` sends every scorer's scores
 at the callback's cumulative step (whole test sets: the per-step evaluations and every stage end,
-one value per step, as in ``results.json``'s curves; with ``step_eval_subset`` the per-step
+one value per step, as in ``results.json``'s curves; with ``StepEvaluation(subset=n)`` the per-step
 evaluations go to ``.../step_subset/{task}`` instead), and every stage also logs min-ACC, WC-ACC
 and the stability gap of the task before it (``gap_depth/{task}``, ``gap_recovery_steps/{task}``)
 at step = stage; each matrix's step-curves figure goes where the heatmap goes and to
@@ -335,8 +335,8 @@ def step_scalars(
 ) -> dict[str, float]:
     """The scores of an evaluation during training: ``rows`` maps every scorer to its row
     ``[T]``, the primary first (a tensor alone is the primary's row). Keys: ``{prefix}step/{task}``
-    (whole test sets) or ``{prefix}step_subset/{task}`` (the fixed ``step_eval_subset``) for the
-    primary scorer, ``{prefix}{name}/step/{task}`` (``.../step_subset/...``) for the others; NaN
+    (whole test sets) or ``{prefix}step_subset/{task}`` (the fixed ``StepEvaluation`` subset) for
+    the primary scorer, ``{prefix}{name}/step/{task}`` (``.../step_subset/...``) for the others; NaN
     left out."""
     if isinstance(rows, torch.Tensor):
         rows = {"": rows}

@@ -21,7 +21,9 @@ Per stage ``i`` (one :class:`StageCost`):
 * ``peak_memory_bytes``: ``torch.cuda.max_memory_allocated`` over the stage on a CUDA device
   (reset at the stage start), else the process's peak resident set size so far
   (``ru_maxrss``; it never decreases), named by ``memory_kind``.
-* ``parameters`` / ``trainable_parameters``: element counts of ``pl_module.parameters()``.
+* ``parameters`` / ``trainable_parameters``: element counts of ``pl_module.parameters()`` as the
+  model was built: a sharded parameter counts its global size (FSDP2/tensor-parallel DTensors,
+  DeepSpeed ZeRO-3's ``ds_numel``); under FSDP1 they are not read (0, with a warning).
 * ``samples`` / ``optimizer_steps``: trained in the stage (samples summed over ranks, the
   padding a ``DistributedSampler`` adds included; the leading dimension of the first tensor of
   each batch; optimizer steps are the increments of ``trainer.global_step``). A stage resumed
@@ -42,6 +44,7 @@ import dataclasses
 import numbers
 import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -173,12 +176,21 @@ def _peak_rss_bytes() -> int:
 
 
 def _parameter_counts(module: nn.Module) -> tuple[int, int]:
-    total = trainable = 0
-    for p in module.parameters():
-        total += p.numel()
-        if p.requires_grad:
-            trainable += p.numel()
-    return total, trainable
+    """``(all, trainable)`` parameter counts of the model as built, sharded or not
+    (:func:`~continual_eval.evaluation.strategy.parameter_counts`); ``(0, 0)`` with a warning
+    under FSDP1 (its flattened shards do not tell them; model-size efficiency is then ``None``)."""
+    from continual_eval.evaluation.strategy import parameter_counts
+
+    counts = parameter_counts(module)
+    if counts is None:
+        warnings.warn(
+            "continual-eval: the parameter counts of a model under FSDP1 (FSDPStrategy) are not "
+            "read (its flattened shards do not tell them); the stage costs record 0 parameters "
+            "and no model-size efficiency. ModelParallelStrategy (FSDP2) parameters are counted",
+            stacklevel=3,
+        )
+        return 0, 0
+    return counts
 
 
 class _Unread:

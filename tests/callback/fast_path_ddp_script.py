@@ -44,12 +44,12 @@ class Switched(ContinualEvalCallback):
         self.fast = fast
 
     def _evaluate(self, *args, **kwargs):
-        saved = evaluation.FAST_PATH, evaluation.POOLED_LOADERS
-        evaluation.FAST_PATH = evaluation.POOLED_LOADERS = self.fast
+        saved = evaluation.switches.FAST_PATH, evaluation.switches.POOLED_LOADERS
+        evaluation.switches.FAST_PATH = evaluation.switches.POOLED_LOADERS = self.fast
         try:
             return super()._evaluate(*args, **kwargs)
         finally:
-            evaluation.FAST_PATH, evaluation.POOLED_LOADERS = saved
+            evaluation.switches.FAST_PATH, evaluation.switches.POOLED_LOADERS = saved
 
 
 def test_loaders(tasks) -> list[DataLoader]:

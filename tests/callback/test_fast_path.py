@@ -180,9 +180,9 @@ def test_dataset_with_side_effects_is_read_through_its_getitem():
 
 def test_flag_off_and_rng_stream_unchanged(monkeypatch):
     loader = DataLoader(DATA, batch_size=8)
-    monkeypatch.setattr(evaluation, "FAST_PATH", False)
+    monkeypatch.setattr(evaluation.switches, "FAST_PATH", False)
     assert fast_loader(loader) is loader
-    monkeypatch.setattr(evaluation, "FAST_PATH", True)
+    monkeypatch.setattr(evaluation.switches, "FAST_PATH", True)
     # the fast path draws what iter(DataLoader) draws from the global generator
     torch.manual_seed(3)
     list(loader)
@@ -211,7 +211,7 @@ def test_scores_equal_with_fast_path_off(monkeypatch):
     ]
     results = []
     for flag in (True, False):
-        monkeypatch.setattr(evaluation, "FAST_PATH", flag)
+        monkeypatch.setattr(evaluation.switches, "FAST_PATH", flag)
         torch.manual_seed(5)
         results.append(evaluate_tasks(NoisyModel(), loaders, [0, 1]))
     fast, plain = results
@@ -242,7 +242,7 @@ def test_callback_R_identical_fast_path_and_cache_on_off(tmp_path, monkeypatch):
     results = {}
     for flag in (True, False):
         for cache in (True, False):
-            monkeypatch.setattr(evaluation, "FAST_PATH", flag)
+            monkeypatch.setattr(evaluation.switches, "FAST_PATH", flag)
             results[flag, cache] = run_callback(tmp_path / f"{flag}-{cache}", cache, tasks)
     R, curves = results[True, True]
     assert len(R) == 3 and len(curves["step"]) >= 3

@@ -76,7 +76,7 @@ def test_pool_kept_while_datasets_unchanged():
 def test_scores_equal_per_task_loaders(monkeypatch):
     loaders = worker_loaders()
     pooled = evaluate_tasks(model(), loaders, range(3))
-    monkeypatch.setattr(evaluation, "POOLED_LOADERS", False)
+    monkeypatch.setattr(evaluation.switches, "POOLED_LOADERS", False)
     assert not isinstance(_batch_sources(loaders, [0], torch.device("cpu"))[0][0], _PoolView)
     plain = evaluate_tasks(model(), loaders, range(3))
     assert torch.equal(pooled.scores, plain.scores) and torch.equal(pooled.total, plain.total)

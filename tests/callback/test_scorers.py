@@ -340,7 +340,7 @@ def test_switches_set_on_the_package_take_effect(monkeypatch):
     x, y = torch.randn(10, 2), torch.arange(10)
     loader = loaders([(x, y)])[0]
     assert fast_loader(loader) is not loader
-    monkeypatch.setattr(evaluation, "FAST_PATH", False)
+    monkeypatch.setattr(evaluation.switches, "FAST_PATH", False)
     assert fast_loader(loader) is loader
     monkeypatch.undo()
     assert fast_loader(loader) is not loader
@@ -349,7 +349,7 @@ def test_switches_set_on_the_package_take_effect(monkeypatch):
 
     workers = torch.utils.data.DataLoader(loader.dataset, batch_size=4, num_workers=1)
     assert pools._pool_settings(workers) is not None
-    monkeypatch.setattr(evaluation, "POOLED_LOADERS", False)
+    monkeypatch.setattr(evaluation.switches, "POOLED_LOADERS", False)
     assert pools._pool_settings(workers) is None
     monkeypatch.undo()
     assert pools._pool_settings(workers) is not None

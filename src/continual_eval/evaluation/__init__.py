@@ -14,86 +14,90 @@ not labels are counted on the device and reported after each task, naming it.
 
 Reading the batches (exact: the scores are identical with either switch off): tensor-backed test
 sets are sliced a batch at a time instead of fetched and collated sample by sample
-(:func:`fast_loader`; ``FAST_PATH = False`` turns it off). Test loaders with worker processes
-that :func:`fast_loader` cannot read share one persistent worker pool per group of equal settings
-(``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``, ``multiprocessing_context``,
+(:func:`fast_loader`; ``switches.FAST_PATH = False`` turns it off). Test loaders with worker
+processes that :func:`fast_loader` cannot read share one persistent worker pool per group of
+equal settings (``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``, ``multiprocessing_context``,
 ``prefetch_factor``; batch sizes may differ; no ``worker_init_fn``, which may read
 ``get_worker_info().dataset``): one DataLoader over the concatenated test sets whose batch sampler
 yields each task's batches as its own loader makes them, never mixing two tasks. The pool is kept
 for the next evaluation while its loaders and datasets are the same objects (a dataset edited in
 place after the workers started is not seen: replace the loader), and shut down when they are gone
-or more than two pools are kept. ``POOLED_LOADERS = False`` gives each loader its own workers.
+or more than two pools are kept. ``switches.POOLED_LOADERS = False`` gives each loader its own
+workers.
 
-Layout (every name is re-exported here):
+Under a strategy whose forward pass is a collective (FSDP2, FSDP1, DeepSpeed ZeRO-3) the ranks
+evaluate in lockstep (:mod:`~continual_eval.evaluation.lockstep`): every rank runs the same number
+of forward passes per task, the extra ones on a sample it already has, discarded; the Trainer's
+strategy decides it and how the model is called (:mod:`~continual_eval.evaluation.strategy`).
+
+Layout (every public name is re-exported here):
 
 * :mod:`~continual_eval.evaluation.loop`: :func:`evaluate_tasks`, :class:`TaskEvaluation`;
+  the pieces it runs: :mod:`~continual_eval.evaluation.sources` (where each task's batches come
+  from), :mod:`~continual_eval.evaluation.feed` (the output watch and the scorers' feed),
+  :mod:`~continual_eval.evaluation.reduction` (counts across ranks, their problems in words);
+* :mod:`~continual_eval.evaluation.lockstep`: :class:`Lockstep`; and
+  :mod:`~continual_eval.evaluation.strategy`: :func:`collective_forward`, :data:`LOCKSTEP_ATTR`,
+  the forward redirection of wrapping strategies;
 * :mod:`~continual_eval.evaluation.guards`: train/eval flags, RNG states, grad context;
 * :mod:`~continual_eval.evaluation.step`: the batch step, :func:`default_batch_step`;
 * :mod:`~continual_eval.evaluation.scorers`: the :class:`Scorer` protocol, the built-in scorers,
   :func:`make_scorer`;
 * :mod:`~continual_eval.evaluation.class_incremental`: the task-aware and task-agnostic
   accuracy scorers of single-head class-incremental models, :func:`task_classes_from_loaders`;
-* :mod:`~continual_eval.evaluation.loaders`: :func:`shard_dataloader`, :func:`subset_dataloader`;
+* :mod:`~continual_eval.evaluation.loaders`: :func:`shard_dataloader`, :func:`subset_dataloader`,
+  :func:`spare_dataloader`;
 * :mod:`~continual_eval.evaluation.fast_path`, :mod:`~continual_eval.evaluation.pools`: reading
   the batches (:func:`fast_loader`, worker pools);
 * :mod:`~continual_eval.evaluation.cache`: :class:`BatchCache`, :func:`cache_safety`;
 * :mod:`~continual_eval.evaluation.errors`: :class:`EvaluationError`.
 
-The two switches :data:`FAST_PATH` and :data:`POOLED_LOADERS` live in this module only and are read
-at call time, so ``continual_eval.evaluation.FAST_PATH = False`` (or a ``monkeypatch.setattr`` on
-this module) takes effect on the next evaluation.
+The two switches ``FAST_PATH`` and ``POOLED_LOADERS`` live in
+:mod:`~continual_eval.evaluation.switches` and are read at call time, so
+``continual_eval.evaluation.switches.FAST_PATH = False`` (or a ``monkeypatch.setattr`` on that
+module) takes effect on the next evaluation.
 """
 
 from __future__ import annotations
 
-#: Read tensor-backed test sets without the DataLoader (see :func:`fast_loader`). Set to ``False``
-#: (``continual_eval.evaluation.FAST_PATH = False``) to read every test set through its DataLoader;
-#: the batches, and so the scores, are identical either way.
-FAST_PATH = True
-
-#: Evaluate test loaders with worker processes through one persistent worker pool per group of
-#: equal DataLoader settings (see :func:`evaluate_tasks`). ``False``: each loader starts its own
-#: workers, as a plain ``for batch in loader`` does; the scores are identical either way.
-POOLED_LOADERS = True
-
-# the submodules read the switches above through this module at call time; private names are
-# re-exported for the tests and tools that reach into the engine
-from continual_eval.evaluation.cache import (  # noqa: E402
+# private names are re-exported for the tests and tools that reach into the engine
+from continual_eval.evaluation.cache import (
     DETERMINISTIC_ATTR,
     BatchCache,
     cache_safety,
 )
-from continual_eval.evaluation.cache import _CachedLoader as _CachedLoader  # noqa: E402
-from continual_eval.evaluation.class_incremental import (  # noqa: E402
+from continual_eval.evaluation.cache import _CachedLoader as _CachedLoader
+from continual_eval.evaluation.class_incremental import (
     TaskAgnosticAccuracyScorer,
     TaskAwareAccuracyScorer,
     task_classes_from_loaders,
 )
-from continual_eval.evaluation.errors import EvaluationError  # noqa: E402
-from continual_eval.evaluation.fast_path import fast_loader  # noqa: E402
-from continual_eval.evaluation.guards import (  # noqa: E402
+from continual_eval.evaluation.errors import EvaluationError
+from continual_eval.evaluation.fast_path import fast_loader
+from continual_eval.evaluation.guards import (
     grad_free_context,
     preserve_rng_state,
     preserve_training_flags,
 )
-from continual_eval.evaluation.loaders import (  # noqa: E402
+from continual_eval.evaluation.loaders import (
     _loader_label as _loader_label,
 )
-from continual_eval.evaluation.loaders import (  # noqa: E402
+from continual_eval.evaluation.loaders import (
     _sampled_indices as _sampled_indices,
 )
-from continual_eval.evaluation.loaders import (  # noqa: E402
+from continual_eval.evaluation.loaders import (
     _ShardSampler as _ShardSampler,
 )
-from continual_eval.evaluation.loaders import (  # noqa: E402
+from continual_eval.evaluation.loaders import (
     shard_dataloader,
+    spare_dataloader,
     subset_dataloader,
 )
-from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks  # noqa: E402
-from continual_eval.evaluation.loop import _batch_sources as _batch_sources  # noqa: E402
-from continual_eval.evaluation.pools import _POOLS as _POOLS  # noqa: E402
-from continual_eval.evaluation.pools import _PoolView as _PoolView  # noqa: E402
-from continual_eval.evaluation.scorers import (  # noqa: E402
+from continual_eval.evaluation.lockstep import Lockstep
+from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks
+from continual_eval.evaluation.pools import _POOLS as _POOLS
+from continual_eval.evaluation.pools import _PoolView as _PoolView
+from continual_eval.evaluation.scorers import (
     AccuracyScorer,
     LossScorer,
     MetricScorer,
@@ -101,21 +105,27 @@ from continual_eval.evaluation.scorers import (  # noqa: E402
     TopKAccuracyScorer,
     make_scorer,
 )
-from continual_eval.evaluation.step import BatchStep, default_batch_step  # noqa: E402
-from continual_eval.evaluation.task_loaders import TaskLoaders  # noqa: E402
+from continual_eval.evaluation.sources import _batch_sources as _batch_sources
+from continual_eval.evaluation.step import BatchStep, default_batch_step
+from continual_eval.evaluation.strategy import (
+    LOCKSTEP_ATTR,
+    collective_forward,
+)
+from continual_eval.evaluation.task_loaders import TaskLoaders
 
 #: what the evaluation engine promises; the built-in scorer classes (``make_scorer`` builds
 #: them), the loaders' helpers and the names re-exported for the tests stay importable without a
 #: promise
 __all__ = [
-    "FAST_PATH",
-    "POOLED_LOADERS",
+    "LOCKSTEP_ATTR",
     "EvaluationError",
+    "Lockstep",
     "Scorer",
     "TaskAgnosticAccuracyScorer",
     "TaskAwareAccuracyScorer",
     "TaskEvaluation",
     "cache_safety",
+    "collective_forward",
     "evaluate_tasks",
     "make_scorer",
 ]

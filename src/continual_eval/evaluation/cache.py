@@ -16,11 +16,12 @@ from torch.utils.data import (
     SequentialSampler,
     Subset,
     TensorDataset,
+    default_collate,
 )
-from torch.utils.data._utils.collate import default_collate
 
 from continual_eval.evaluation.fast_path import fast_loader
 from continual_eval.evaluation.loaders import _ShardSampler
+from continual_eval.evaluation.lockstep import known_length
 
 #: A dataset that sets this attribute to ``True`` declares that ``dataset[i]`` always returns the
 #: same sample (no random transform), so its collated batches may be cached.
@@ -104,6 +105,14 @@ class BatchCache:
     def cached(self, slot: Hashable) -> bool:
         return slot in self._entries
 
+    def refused(self, slot: Hashable) -> bool:
+        """Whether ``slot``'s batches did not fit (they are read each time)."""
+        return slot in self._refused
+
+    def batches(self, slot: Hashable) -> list[Any]:
+        """The batches kept for ``slot`` (on the device)."""
+        return self._entries[slot]
+
     def wrap(self, slot: Hashable, loader: Iterable[Any], device: torch.device) -> Iterable[Any]:
         """An iterable over ``loader``'s batches on ``device``, from the cache once filled."""
         return _CachedLoader(self, slot, loader, device)
@@ -115,12 +124,22 @@ class _CachedLoader:
     ) -> None:
         self.cache, self.slot, self.loader, self.device = cache, slot, loader, device
 
-    def __iter__(self) -> Iterator[Any]:
-        return self.fill_from(fast_loader(self.loader))
+    def __len__(self) -> int:
+        if self.cache.cached(self.slot):
+            return len(self.cache.batches(self.slot))
+        length = known_length(self.loader)
+        if length is None:
+            raise TypeError(f"{type(self.loader).__name__} has no exact length")
+        return length
 
-    def fill_from(self, source: Iterable[Any]) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:
+        source = fast_loader(self.loader, device=self.device)
+        return self.fill_from(source, on_device=getattr(source, "device", None) == self.device)
+
+    def fill_from(self, source: Iterable[Any], *, on_device: bool = False) -> Iterator[Any]:
         """The cached batches, else ``source``'s (``self.loader``'s batches, possibly read by the
-        fast path or a worker pool) moved to the device, kept when they fit."""
+        fast path or a worker pool) moved to the device (unless ``on_device``: there already),
+        kept when they fit."""
         cache, slot = self.cache, self.slot
         if slot in cache._entries:
             yield from cache._entries[slot]
@@ -131,7 +150,8 @@ class _CachedLoader:
         kept: list[Any] | None = []
         size = 0
         for batch in source:
-            batch = move_data_to_device(batch, self.device)
+            if not on_device:
+                batch = move_data_to_device(batch, self.device)
             if kept is not None:
                 size += _nbytes(batch)
                 if cache.nbytes + size > cache.max_bytes:

@@ -1,10 +1,11 @@
 """Tensor-backed test sets read a batch at a time, without per-sample fetch and collate.
 
-Switched by :data:`continual_eval.evaluation.FAST_PATH`, read at call time.
+Switched by :data:`continual_eval.evaluation.switches.FAST_PATH`, read at call time.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -18,17 +19,17 @@ from torch.utils.data import (
     SequentialSampler,
     Subset,
     TensorDataset,
+    default_collate,
 )
-from torch.utils.data._utils.collate import default_collate
 
-import continual_eval.evaluation as _package
+from continual_eval.evaluation import switches
 from continual_eval.evaluation.loaders import _ShardSampler
 
 #: Persistent-worker loaders whose first ``iter()`` (the only one that draws a seed) was mimicked.
-_SEEDED_PERSISTENT: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+_SEEDED_PERSISTENT: weakref.WeakSet[DataLoader[Any]] = weakref.WeakSet()
 
 
-def _draw_base_seed(loader: DataLoader) -> None:
+def _draw_base_seed(loader: DataLoader[Any]) -> None:
     """Draw the base seed ``iter(loader)`` draws from ``loader.generator`` (the global torch
     generator when ``None``), so that a model that draws random numbers in its forward sees the
     same global RNG state when its batches come from the fast path or a worker pool."""
@@ -66,8 +67,10 @@ def _batch_slices(num_indices: int, batch_size: int, drop_last: bool) -> range:
 
 def _index_tensor(indices: Any) -> Tensor | None:
     """``indices`` (a list, range, array or tensor of integers) as a 1-D int64 tensor."""
+    if isinstance(indices, range):
+        return torch.arange(indices.start, indices.stop, indices.step, dtype=torch.int64)
     try:
-        t = torch.as_tensor(list(indices) if isinstance(indices, range) else indices)
+        t = torch.as_tensor(indices)
     except (TypeError, ValueError, RuntimeError):
         return None
     if t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
@@ -78,7 +81,7 @@ def _index_tensor(indices: Any) -> Tensor | None:
 def _tensor_rows(dataset: Any, order: Sequence[int]) -> tuple[tuple[Tensor, ...], Any] | None:
     """``(tensors, rows)``: the ``TensorDataset`` under ``dataset`` (itself or a chain of
     ``Subset``) and the rows of its tensors that ``dataset[i]`` for ``i`` in ``order`` reads (a
-    ``range`` when they are consecutive), or ``None``.
+    ``range`` when they are evenly spaced: consecutive, or a strided shard), or ``None``.
 
     Exact types only: a subclass may override ``__getitem__`` (a transform, a side effect).
     """
@@ -87,7 +90,7 @@ def _tensor_rows(dataset: Any, order: Sequence[int]) -> tuple[tuple[Tensor, ...]
         mapping = _index_tensor(dataset.indices)
         if mapping is None:
             return None
-        rows = mapping[_index_tensor(rows)]  # type: ignore[index]
+        rows = mapping[_index_tensor(rows)]
         dataset = dataset.dataset
     if type(dataset) is not TensorDataset or not dataset.tensors:
         return None
@@ -102,7 +105,7 @@ def _tensor_rows(dataset: Any, order: Sequence[int]) -> tuple[tuple[Tensor, ...]
         for t in tensors
     ):
         return None
-    if isinstance(rows, range):
+    if isinstance(rows, range) and rows.step > 0 and (not rows or 0 <= rows[0] <= rows[-1] < n):
         return tensors, rows
     rows = _index_tensor(rows)
     if rows is None or (rows.numel() and (int(rows.min()) < -n or int(rows.max()) >= n)):
@@ -123,64 +126,101 @@ def _batched_fetch(dataset: Any) -> bool:
     )
 
 
+#: bytes of one tensor's rows copied at a time, then split into batches (one copy and one split
+#: per chunk instead of one slice and one copy per batch)
+CHUNK_BYTES = 4 * 2**20
+
+
 class _FastBatches:
-    """The batches of a DataLoader over tensors read by slicing/indexing them a batch at a time
-    (or by the dataset's own ``__getitems__``), equal to the DataLoader's: same order, sizes, last
-    batch, dtype, a fresh contiguous tensor per element, in a list as ``default_collate`` returns
-    for a ``TensorDataset``'s tuples."""
+    """The batches of a DataLoader over tensors read by copying the tensors' rows a chunk of
+    batches at a time and splitting the copy (or by the dataset's own ``__getitems__``), equal to
+    the DataLoader's: same order, sizes, last batch, dtype, shape and strides, a contiguous tensor
+    per element that no other batch and not the dataset shares, in a list as ``default_collate``
+    returns for a ``TensorDataset``'s tuples.
+
+    ``device``: where the batches are made (a chunk is copied there at once; ``None``: on the
+    dataset's device, pinned with ``pin_memory``).
+    """
 
     def __init__(
         self,
-        loader: DataLoader,
+        loader: DataLoader[Any],
         order: Sequence[int],
         batch_size: int,
         drop_last: bool,
         tensor_rows: tuple[tuple[Tensor, ...], Any] | None,
         pin_memory: bool,
+        device: torch.device | None = None,
     ) -> None:
         self.loader, self.order, self.batch_size = loader, order, batch_size
         self.starts = _batch_slices(len(order), batch_size, drop_last)
         self.tensor_rows, self.pin_memory = tensor_rows, pin_memory
+        self.device: torch.device | None = None
+        if tensor_rows is not None:
+            devices = {t.device for t in tensor_rows[0]}
+            if device is not None:
+                self.device = device
+            elif len(devices) == 1:
+                self.device = devices.pop()
 
     def __len__(self) -> int:
         return len(self.starts)
 
-    def _take(self, t: Tensor, rows: Any, start: int, stop: int) -> Tensor:
-        if isinstance(rows, range):
-            part = t[rows.start + start : rows.start + stop]
+    def _chunk(self, t: Tensor, rows: Any, start: int, stop: int) -> Tensor:
+        """A fresh contiguous copy of rows ``start:stop`` of ``t`` (pinned, or on the device)."""
+        if isinstance(rows, range):  # evenly spaced rows: a (strided) slice
+            picked = rows[start:stop]
+            part, fresh = t[picked.start : picked.stop : picked.step], False
         else:
-            part = t.index_select(0, rows[start:stop].to(t.device))
+            part, fresh = t.index_select(0, rows[start:stop].to(t.device)), True
+        target = self.device if self.device is not None else t.device
+        if target != t.device:
+            if self.pin_memory and t.device.type == "cpu":
+                part = torch.empty(part.shape, dtype=part.dtype, pin_memory=True).copy_(part)
+            return part.to(
+                target, non_blocking=self.pin_memory, memory_format=torch.contiguous_format
+            )
         if self.pin_memory and t.device.type == "cpu":
-            out = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
-            return out.copy_(part)
-        if isinstance(rows, range):
-            return part.clone(memory_format=torch.contiguous_format)
-        return part
+            return torch.empty(part.shape, dtype=part.dtype, pin_memory=True).copy_(part)
+        return part if fresh else part.clone(memory_format=torch.contiguous_format)
+
+    def _rows_per_chunk(self, tensors: Sequence[Tensor]) -> int:
+        """A whole number of batches whose rows of the widest tensor fit :data:`CHUNK_BYTES`."""
+        row_bytes = max(math.prod(t.shape[1:]) * t.element_size() for t in tensors)
+        return self.batch_size * max(1, CHUNK_BYTES // max(1, row_bytes * self.batch_size))
 
     def __iter__(self) -> Iterator[Any]:
         _draw_base_seed(self.loader)
         size, n = self.batch_size, len(self.order)
         if self.tensor_rows is not None:
+            if not self.starts:
+                return
             tensors, rows = self.tensor_rows
-            for start in self.starts:
-                stop = min(start + size, n)
-                yield [self._take(t, rows, start, stop) for t in tensors]
+            end = min(self.starts[-1] + size, n)
+            step = self._rows_per_chunk(tensors)
+            for first in range(0, end, step):
+                stop = min(first + step, end)
+                parts = [torch.split(self._chunk(t, rows, first, stop), size) for t in tensors]
+                for batch in zip(*parts, strict=True):
+                    yield list(batch)
             return
-        dataset = self.loader.dataset
+        dataset: Any = self.loader.dataset
         for start in self.starts:
             batch = default_collate(dataset.__getitems__(list(self.order[start : start + size])))
             yield _pin(batch) if self.pin_memory else batch
 
 
 def _pin(batch: Any) -> Any:
-    from lightning.fabric.utilities.apply_func import apply_to_collection
+    from lightning_utilities import apply_to_collection
 
     return apply_to_collection(
         batch, Tensor, lambda t: t.pin_memory() if t.device.type == "cpu" else t
     )
 
 
-def fast_loader(loader: Any, *, pin_memory: bool = False) -> Iterable[Any]:
+def fast_loader(
+    loader: Any, *, pin_memory: bool = False, device: torch.device | None = None
+) -> Iterable[Any]:
     """``loader``'s batches without the DataLoader's per-sample fetch and collate, when that is
     exact; else ``loader`` itself.
 
@@ -188,8 +228,9 @@ def fast_loader(loader: Any, *, pin_memory: bool = False) -> Iterable[Any]:
     ``SequentialSampler``, or a shard of :func:`shard_dataloader`, in a plain ``BatchSampler``)
     with the default collate function over
 
-    * a ``TensorDataset`` (exactly), or a ``Subset`` (chain) of one: each batch is a slice of the
-      tensors, or one ``index_select`` for scattered indices, copied to a fresh contiguous tensor;
+    * a ``TensorDataset`` (exactly), or a ``Subset`` (chain) of one: the rows of a chunk of
+      batches (:data:`CHUNK_BYTES` per tensor) are copied at once (a slice, or one
+      ``index_select`` for scattered indices) and split into the batches;
     * a dataset defining ``__getitems__`` (or a ``Subset`` of one), read with ``num_workers=0``:
       ``default_collate(dataset.__getitems__(batch_indices))``, what the DataLoader does.
 
@@ -197,16 +238,19 @@ def fast_loader(loader: Any, *, pin_memory: bool = False) -> Iterable[Any]:
     dtype, the list structure of ``default_collate``), and the global RNG advances as
     ``iter(loader)`` advances it. Anything else (a custom sampler, batch sampler or collate
     function, a dataset whose ``__getitem__`` may transform samples, a DataLoader subclass) keeps
-    the DataLoader. ``pin_memory``: copy each batch to page-locked memory (for a non-blocking copy
-    to an accelerator). ``FAST_PATH = False`` turns it off.
+    the DataLoader. ``device``: make a tensor dataset's batches there (one copy per chunk; the
+    result's ``device`` attribute says where they are); ``pin_memory``: stage host copies in
+    page-locked memory (for a non-blocking copy to an accelerator). ``FAST_PATH = False`` turns
+    it off.
     """
-    if not _package.FAST_PATH:
-        return loader
+    unchanged: Iterable[Any] = loader
+    if not switches.FAST_PATH:
+        return unchanged
     read = _read_order(loader)
     if read is None or loader.collate_fn is not default_collate:
-        return loader
+        return unchanged
     order, batch_size, drop_last = read
     tensor_rows = _tensor_rows(loader.dataset, order)
     if tensor_rows is None and not (loader.num_workers == 0 and _batched_fetch(loader.dataset)):
-        return loader
-    return _FastBatches(loader, order, batch_size, drop_last, tensor_rows, pin_memory)
+        return unchanged
+    return _FastBatches(loader, order, batch_size, drop_last, tensor_rows, pin_memory, device)

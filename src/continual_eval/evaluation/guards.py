@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ def preserve_rng_state(device: torch.device | None = None) -> Iterator[None]:
                 np.random.set_state(np_state)
 
 
-def grad_free_context(inference_mode: bool = True) -> AbstractContextManager:
+def grad_free_context(inference_mode: bool = True) -> AbstractContextManager[Any]:
     """``torch.inference_mode`` unless a gloo process group is up (as Lightning's loops decide)."""
     import torch.distributed as dist
 

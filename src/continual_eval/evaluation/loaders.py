@@ -22,10 +22,13 @@ from continual_eval.evaluation.errors import EvaluationError
 
 
 class _ShardSampler(Sampler[int]):
-    """Strided shard ``rank, rank + world, ...`` of ``range(n)``: no padding, no duplicates."""
+    """Strided shard ``rank, rank + world, ...`` of ``base``: no padding, no duplicates (a
+    ``range`` stays a ``range``)."""
 
     def __init__(self, base: Sequence[int] | range, rank: int, world_size: int) -> None:
-        self.indices = list(base)[rank::world_size]
+        self.indices: Sequence[int] = (
+            base[rank::world_size] if isinstance(base, range) else list(base)[rank::world_size]
+        )
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
@@ -47,7 +50,9 @@ def _distributed_sampler_types() -> tuple[type, ...]:
     return (DistributedSampler, UnrepeatedDistributedSampler)
 
 
-def _distributed_indices(loader: DataLoader, sampler: DistributedSampler, n: int) -> Sequence[int]:
+def _distributed_indices(
+    loader: DataLoader[Any], sampler: DistributedSampler[Any], n: int
+) -> Sequence[int]:
     """The samples a loader over a ``DistributedSampler`` means: what all its replicas read
     together, without the padding (for ``drop_last=False`` the whole dataset; for
     ``shuffle=False, drop_last=True`` the first ``num_samples * num_replicas``)."""
@@ -139,7 +144,7 @@ def _loader_label(loader: Any, task: int | None, task_name: str | None) -> str:
     if not isinstance(loader, DataLoader):
         return f"test dataloader ({type(loader).__name__})"
     dataset = loader.dataset
-    size = f" of {len(dataset)} samples" if hasattr(dataset, "__len__") else ""  # type: ignore[arg-type]
+    size = f" of {len(dataset)} samples" if hasattr(dataset, "__len__") else ""
     return (
         f"test dataloader (DataLoader over {type(dataset).__name__}{size}, "
         f"batch_size={loader.batch_size}, {type(loader.sampler).__name__}, "
@@ -147,7 +152,7 @@ def _loader_label(loader: Any, task: int | None, task_name: str | None) -> str:
     )
 
 
-def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoader:
+def _rebuild_loader(loader: DataLoader[Any], dataset: Any, **options: Any) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with ``loader``'s batch size, collate function and worker
     settings, keeping the last partial batch; ``options`` (sampler, shuffle, generator) are passed
     on."""
@@ -163,8 +168,10 @@ def _rebuild_loader(loader: DataLoader, dataset: Any, **options: Any) -> DataLoa
         "persistent_workers": loader.persistent_workers,
         **options,
     }
-    if loader.num_workers > 0:
+    if kwargs["num_workers"] > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
+    else:  # options only a multi-process loader takes
+        kwargs.update(persistent_workers=False, multiprocessing_context=None)
     return DataLoader(dataset, **kwargs)
 
 
@@ -212,6 +219,26 @@ def shard_dataloader(
     shard = _ShardSampler(indices, rank, max(world_size, 1))
     rebuilt = _rebuild_loader(loader, loader.dataset, sampler=shard, generator=loader.generator)
     return rebuilt, True
+
+
+def spare_dataloader(loader: Any) -> DataLoader[Any] | None:
+    """A loader of one real sample of ``loader``'s test set (the first index it reads), in the
+    main process, or ``None`` when its samples cannot be known (see :func:`shard_dataloader`) or
+    it has none.
+
+    Lockstep evaluation (:mod:`~continual_eval.evaluation.lockstep`) runs the model on it, and
+    discards the output, on a process that holds no sample of the task while the others score
+    theirs: under a strategy whose forward pass is a collective every process must call the model
+    equally often.
+    """
+    try:
+        indices = _sampled_indices(loader)
+    except _UnreproducibleError:
+        return None
+    if not indices:
+        return None
+    first = _ShardSampler(indices[:1], 0, 1)
+    return _rebuild_loader(loader, loader.dataset, sampler=first, num_workers=0)
 
 
 def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:

@@ -1,6 +1,6 @@
 """One persistent worker pool per group of test loaders with equal worker settings.
 
-Switched by :data:`continual_eval.evaluation.POOLED_LOADERS`, read at call time.
+Switched by :data:`continual_eval.evaluation.switches.POOLED_LOADERS`, read at call time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-import continual_eval.evaluation as _package
+from continual_eval.evaluation import switches
 from continual_eval.evaluation.fast_path import _batch_slices, _draw_base_seed, _read_order
 
 #: Pools kept alive between evaluations (most recently used last); older ones are shut down.
@@ -20,7 +20,7 @@ _MAX_POOLS = 2
 _POOLS: list[_WorkerPool] = []
 
 
-class _TaskConcat(torch.utils.data.Dataset):
+class _TaskConcat(torch.utils.data.Dataset[Any]):
     """Several tasks' datasets end to end; a batch (never across two datasets) is fetched as its
     own task's DataLoader fetches it (``__getitems__`` when the dataset has one)."""
 
@@ -48,7 +48,7 @@ class _TaskConcat(torch.utils.data.Dataset):
         local = [first + i - indices[0] for i in indices]
         getitems = getattr(dataset, "__getitems__", None)
         if getitems:
-            return getitems(local)
+            return list(getitems(local))
         return [dataset[i] for i in local]
 
 
@@ -69,7 +69,7 @@ class _TaskBatchSampler(Sampler[list[int]]):
 
 def _pool_settings(loader: Any) -> Hashable | None:
     """What must be equal for two loaders to share a worker pool, or ``None`` (not poolable)."""
-    if not _package.POOLED_LOADERS or _read_order(loader) is None or loader.num_workers == 0:
+    if not switches.POOLED_LOADERS or _read_order(loader) is None or loader.num_workers == 0:
         return None
     if loader.worker_init_fn is not None:
         return None  # it may read get_worker_info().dataset, which a pool replaces
@@ -88,7 +88,7 @@ def _pool_settings(loader: Any) -> Hashable | None:
 class _WorkerPool:
     """One persistent-worker DataLoader reading the batches of several test loaders."""
 
-    def __init__(self, loaders: Sequence[DataLoader]) -> None:
+    def __init__(self, loaders: Sequence[DataLoader[Any]]) -> None:
         self._members = [weakref.ref(dl) for dl in loaders]
         self._datasets = [weakref.ref(dl.dataset) for dl in loaders]
         self._lengths = [len(dl.dataset) for dl in loaders]  # type: ignore[arg-type]
@@ -119,7 +119,7 @@ class _WorkerPool:
         )
         self._iterator: Iterator[Any] | None = None
 
-    def serves(self, loaders: Sequence[DataLoader]) -> bool:
+    def serves(self, loaders: Sequence[DataLoader[Any]]) -> bool:
         """Whether this pool reads exactly ``loaders``, over unchanged datasets."""
         return (
             len(loaders) == len(self._members)
@@ -168,7 +168,7 @@ class _PoolView:
             yield next(iterator)
 
 
-def _worker_pool(loaders: Sequence[DataLoader]) -> _WorkerPool:
+def _worker_pool(loaders: Sequence[DataLoader[Any]]) -> _WorkerPool:
     """The kept pool reading ``loaders``, else a new one (shutting down the least recently used
     pool past :data:`_MAX_POOLS` and pools whose loaders are gone)."""
     for pool in list(_POOLS):

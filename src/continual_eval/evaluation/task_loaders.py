@@ -1,5 +1,6 @@
 """One object owning a run's test loaders: the loaders per task, their fixed per-step subsets,
-this rank's unpadded shards of both, and the batch cache wrapping."""
+this rank's unpadded shards of both, one spare sample per task (lockstep evaluation), and the
+batch cache wrapping."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from typing import Any
 import torch
 
 from continual_eval.evaluation.cache import BatchCache, cache_safety
-from continual_eval.evaluation.loaders import shard_dataloader, subset_dataloader
+from continual_eval.evaluation.loaders import (
+    shard_dataloader,
+    spare_dataloader,
+    subset_dataloader,
+)
 
 __all__ = ["TaskLoaders"]
 
@@ -54,7 +59,8 @@ class TaskLoaders:
                     built.append(subset_dataloader(loader, subset_size, subset_seed + j))
                 except ValueError as err:
                     raise ValueError(
-                        f"step_eval_subset: test dataloader {j} ({self.task_names[j]!r}): {err}"
+                        f"StepEvaluation(subset=...): test dataloader {j} "
+                        f"({self.task_names[j]!r}): {err}"
                     ) from err
             self.subsets = [loader for loader, _ in built]
             self.subset_sizes = [len(indices) for _, indices in built]
@@ -63,14 +69,18 @@ class TaskLoaders:
         self.rank_loaders: list[Any] = list(self.loaders)
         self.rank_subsets: list[Any] = list(self.subsets or [])
         self.unsharded: frozenset[int] = frozenset()
+        #: per task, a loader of one sample of its test set (``None``: none can be built), what a
+        #: rank without a batch of the task runs the model on in a lockstep evaluation
+        self.spare_loaders: list[Any] = [None] * len(self.loaders)
         self._cache_reported = False
 
     def __len__(self) -> int:
         return len(self.loaders)
 
     def shard(self, rank: int, world_size: int) -> frozenset[int]:
-        """This rank's unpadded shards of every loader and subset; returns the tasks whose loader
-        cannot be sharded (rank 0 scores them alone)."""
+        """This rank's unpadded shards of every loader and subset (and, with several ranks, the
+        spare loaders); returns the tasks whose loader cannot be sharded (only rank 0 counts
+        them)."""
         sharded = [
             shard_dataloader(loader, rank, world_size, task=j, task_name=self.task_names[j])
             for j, loader in enumerate(self.loaders)
@@ -79,6 +89,9 @@ class TaskLoaders:
         self.unsharded = frozenset(j for j, (_, ok) in enumerate(sharded) if not ok)
         self.rank_subsets = [
             shard_dataloader(loader, rank, world_size)[0] for loader in self.subsets or []
+        ]
+        self.spare_loaders = [
+            spare_dataloader(loader) if world_size > 1 else None for loader in self.loaders
         ]
         return self.unsharded
 

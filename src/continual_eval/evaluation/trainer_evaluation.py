@@ -1,20 +1,27 @@
 """Evaluation inside a running Lightning fit: the test loaders a Trainer's datamodule or module
 gives, and :func:`~continual_eval.evaluation.evaluate_tasks` wired to the Trainer's device,
-precision plugin and strategy (what ``ContinualEvalCallback`` calls from its hooks)."""
+precision plugin and strategy (what ``ContinualEvalCallback`` calls from its hooks): in lockstep
+when the strategy's forward pass is a collective, the model called through the strategy's
+forward redirection when the strategy wraps it (:mod:`~continual_eval.evaluation.strategy`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from lightning.fabric.plugins import Precision
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from continual_eval._loader_list import as_loader_list
 from continual_eval.evaluation.guards import grad_free_context
+from continual_eval.evaluation.lockstep import Lockstep
 from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks
 from continual_eval.evaluation.scorers import Scorer
+from continual_eval.evaluation.step import default_batch_step
+from continual_eval.evaluation.strategy import collective_forward, strategy_step
 from continual_eval.evaluation.task_loaders import TaskLoaders
 
 if TYPE_CHECKING:
@@ -42,6 +49,18 @@ def module_test_loaders(trainer: Trainer, pl_module: LightningModule) -> list[An
     return as_loader_list(loaders, source)
 
 
+def _precision_hooks(
+    plugin: Precision,
+) -> tuple[Callable[[], AbstractContextManager[Any]], Callable[[Any], Any] | None]:
+    """The precision plugin's ``forward_context`` and ``convert_input``; the base plugin's
+    (a ``nullcontext`` and the identity) are replaced by ``nullcontext`` and ``None``, which the
+    loop skips per batch."""
+    forward = type(plugin).forward_context
+    context = nullcontext if forward is Precision.forward_context else plugin.forward_context
+    convert = type(plugin).convert_input
+    return context, None if convert is Precision.convert_input else plugin.convert_input
+
+
 def evaluate_under_trainer(
     trainer: Trainer,
     pl_module: LightningModule,
@@ -60,25 +79,34 @@ def evaluate_under_trainer(
     ``stage`` goes to the scorers' ``set_task``. Rank 0 reports the batch cache once it is
     filled."""
     world = trainer.world_size
-    device = trainer.strategy.root_device
-    evaluation = evaluate_tasks(
-        pl_module,
-        task_loaders.for_evaluation(
-            task_ids, device=device, rank=trainer.global_rank, world_size=world, subset=subset
-        ),
-        task_ids,
-        scorers=list(scorers.values()),
-        device=device,
-        forward_context=trainer.precision_plugin.forward_context,
-        convert_input=trainer.precision_plugin.convert_input,
-        grad_context=partial(grad_free_context, inference_mode),
-        all_reduce=partial(trainer.strategy.reduce, reduce_op="sum") if world > 1 else None,
-        rank=trainer.global_rank,
-        world_size=world,
-        task_names=task_names,
-        unsharded=task_loaders.unsharded,
-        stage=stage,
-    )
+    strategy = trainer.strategy
+    device = strategy.root_device
+    lockstep = None
+    if world > 1 and collective_forward(strategy, pl_module):
+        max_reduce = partial(strategy.reduce, reduce_op="max")
+        lockstep = Lockstep(max_reduce, task_loaders.spare_loaders)
+    forward_context, convert_input = _precision_hooks(trainer.precision_plugin)
+    with strategy_step(strategy, pl_module, default_batch_step) as step:
+        evaluation = evaluate_tasks(
+            pl_module,
+            task_loaders.for_evaluation(
+                task_ids, device=device, rank=trainer.global_rank, world_size=world, subset=subset
+            ),
+            task_ids,
+            scorers=list(scorers.values()),
+            device=device,
+            step=step,
+            forward_context=forward_context,
+            convert_input=convert_input,
+            grad_context=partial(grad_free_context, inference_mode),
+            all_reduce=partial(strategy.reduce, reduce_op="sum") if world > 1 else None,
+            rank=trainer.global_rank,
+            world_size=world,
+            task_names=task_names,
+            unsharded=task_loaders.unsharded,
+            stage=stage,
+            lockstep=lockstep,
+        )
     report = task_loaders.cache_report(device)
     if report is not None and trainer.is_global_zero:
         rank_zero_info(report)

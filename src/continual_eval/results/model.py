@@ -157,7 +157,7 @@ class StepEvaluations:
     step: Tensor
     #: ``[N]`` int64: the stage (task index) it ran in; a stage's last one is its end
     stage: Tensor
-    #: ``N`` flags: the whole test sets were scored (else the fixed ``step_eval_subset``)
+    #: ``N`` flags: the whole test sets were scored (else the fixed ``StepEvaluation`` subset)
     full: tuple[bool, ...] = ()
     #: what ``step`` counts
     step_counter: str = ""
