@@ -15,10 +15,10 @@ not labels are counted on the device and reported after each task, naming it.
 Reading the batches (exact: the scores are identical with either switch off): tensor-backed test
 sets are sliced a batch at a time instead of fetched and collated sample by sample
 (:func:`fast_loader`; ``switches.FAST_PATH = False`` turns it off). Test loaders with worker
-processes that :func:`fast_loader` cannot read share one persistent worker pool per group of
-equal settings (``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``,
-``multiprocessing_context``, ``prefetch_factor``; batch sizes may differ; no ``worker_init_fn``,
-which may read ``get_worker_info().dataset``): one DataLoader over the concatenated test sets whose batch sampler
+processes that :func:`fast_loader` cannot read share one persistent worker pool per group of equal
+settings (``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``, ``multiprocessing_context``,
+``prefetch_factor``; batch sizes may differ; no ``worker_init_fn``, which may read
+``get_worker_info().dataset``): one DataLoader over the concatenated test sets whose batch sampler
 yields each task's batches as its own loader makes them, never mixing two tasks. The pool is kept
 for the next evaluation while its loaders and datasets are the same objects (a dataset edited in
 place after the workers started is not seen: replace the loader), and shut down when they are gone
