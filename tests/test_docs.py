@@ -274,16 +274,15 @@ def test_api_pages_show_links_not_roles(site: Site) -> None:
             found[owner] = found.get(owner, 0) + count
     converted = {k: v for k, v in found.items() if k.startswith(CONVERTED_MODULES)}
     assert converted == {}, f"raw roles in {converted}; elsewhere: {sum(found.values())} in {found}"
-    page = (site.path / "api" / "plotting" / "index.html").read_text(encoding="utf-8")
+    page = (site.path / "api" / "functional" / "index.html").read_text(encoding="utf-8")
     links = re.findall(r'<a class="autorefs autorefs-internal"[^>]*href="([^"]*)"', page)
-    assert "#continual_eval.plotting.text_colours" in links
-    assert "#continual_eval.report.latex_summary" in links
+    assert "#continual_eval.functional.PackedBits" in links  # a link written in a docstring
 
 
 @pytest.mark.slow
 def test_site_opens_in_headless_chromium(site: Site, tmp_path: Path) -> None:
-    """Served over HTTP on the loopback address (as ``mkdocs serve`` would), the API page of the
-    report opens with no console message and shows its cross-references as links."""
+    """Served over HTTP on the loopback address (as ``mkdocs serve`` would), the functional API
+    page opens with no console message and shows its cross-references as links."""
     import functools
     import shutil
     import threading
@@ -315,7 +314,7 @@ def test_site_opens_in_headless_chromium(site: Site, tmp_path: Path) -> None:
                 "--v=0",
                 "--virtual-time-budget=5000",
                 "--dump-dom",
-                f"http://127.0.0.1:{server.server_address[1]}/api/plotting/",
+                f"http://127.0.0.1:{server.server_address[1]}/api/functional/",
             ],
             capture_output=True,
             text=True,
@@ -327,4 +326,4 @@ def test_site_opens_in_headless_chromium(site: Site, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line for line in proc.stderr.splitlines() if ":CONSOLE" in line] == []
     assert proc.stdout.count("autorefs-internal") >= 20
-    assert not _ROLE.search(proc.stdout.split('id="continual_eval.plotting"')[1])
+    assert 'id="continual_eval.functional.paired_bootstrap"' in proc.stdout

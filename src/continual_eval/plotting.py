@@ -6,15 +6,15 @@ first use and the Agg backend is used when no display backend was chosen.
 
 Every heatmap follows two rules. Colour: ``viridis`` for a higher-is-better score, reversed
 (``viridis_r``) for a lower-is-better one, so that bright always means good, and the colorbar
-label says which way is better ([`heatmap_colormap`][continual_eval.plotting.heatmap_colormap],
-[`direction_label`][continual_eval.plotting.direction_label]). Text: each cell's number is black or
+label says which way is better (``heatmap_colormap``,
+``direction_label``). Text: each cell's number is black or
 white, whichever contrasts more with that cell's colour by the WCAG 2 contrast ratio
 ([`text_colours`][continual_eval.plotting.text_colours]), the same rule for every heatmap and
 colormap.
 
 Figures grow with the number of tasks up to
 [`MAX_FIGURE_INCHES`][continual_eval.plotting.MAX_FIGURE_INCHES] a side; beyond
-[`MAX_TICK_LABELS`][continual_eval.plotting.MAX_TICK_LABELS] tasks or stages only evenly spaced tick
+``MAX_TICK_LABELS`` tasks or stages only evenly spaced tick
 labels are drawn, and the legend is left out beyond
 [`MAX_LEGEND_ENTRIES`][continual_eval.plotting.MAX_LEGEND_ENTRIES] tasks, so a large ``T`` costs a
 bounded picture.
@@ -76,7 +76,7 @@ def _task_labels(num_tasks: int, task_names: Sequence[str] | None) -> list[str]:
 
 
 def _ticks(count: int) -> list[int]:
-    """Positions of at most [`MAX_TICK_LABELS`][continual_eval.plotting.MAX_TICK_LABELS] evenly
+    """Positions of at most ``MAX_TICK_LABELS`` evenly
     spaced labels among ``count``."""
     return list(range(0, count, max(1, math.ceil(count / MAX_TICK_LABELS))))
 
@@ -157,9 +157,9 @@ def plot_accuracy_matrix(
 
     ``value_range`` fixes the colour scale (``None``: the range of the finite values, e.g. for
     a loss); ``value_label`` names it. ``higher_is_better=False`` (a loss) reverses the colormap
-    ([`heatmap_colormap`][continual_eval.plotting.heatmap_colormap]: the best cells are bright
+    (``heatmap_colormap``: the best cells are bright
     either way) and the colorbar label states the direction
-    ([`direction_label`][continual_eval.plotting.direction_label]).
+    (``direction_label``).
 
     Unevaluated cells (NaN or None) are drawn empty. With ``baseline`` an extra top row shows the
     untrained accuracies ``b[j]``. Cells are annotated with their values when the matrix is small
@@ -217,7 +217,7 @@ def plot_task_trajectories(
     """One line per task: its accuracy ``R[i, j]`` against the training stage ``i``, from the stage
     it was trained on (``i >= j``); unevaluated cells leave gaps. ``value_range`` fixes the y axis
     (``None``: fitted to the values, e.g. for a loss). Each task has its own open marker
-    ([`TRAJECTORY_MARKERS`][continual_eval.plotting.TRAJECTORY_MARKERS]), larger for earlier tasks,
+    (``TRAJECTORY_MARKERS``), larger for earlier tasks,
     so points that coincide show as nested outlines instead of hiding each other. Returns ``(fig,
     ax)``."""
     R = _as_matrix(scores)
@@ -318,7 +318,7 @@ def plot_confusion_matrix(
 
     ``task_classes`` (one list of class ids per task) gives the order: task 0's classes as
     listed, then task 1's, ..., then the classes of no task; lines separate the tasks, whose
-    labels run along the top (up to [`MAX_TICK_LABELS`][continual_eval.plotting.MAX_TICK_LABELS]
+    labels run along the top (up to ``MAX_TICK_LABELS``
     tasks). ``normalize``: each row as the share of that class's test samples (a class without
     samples, e.g. not seen yet, is drawn empty); else the counts. Cells are annotated up to 12
     classes (``annotate=None``). Returns ``(fig, ax)``.
