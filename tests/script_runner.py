@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
 #: variables a Lightning launch sets in its children; a script must start without them
 LAUNCH_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -17,7 +18,7 @@ def run_script(script: Path, *args: object, timeout: float = 240) -> subprocess.
     returns the finished process (stdout/stderr captured as text)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(SRC), str(Path(script).parent), env.get("PYTHONPATH", "")]
+        [str(SRC), str(TESTS), str(Path(script).parent), env.get("PYTHONPATH", "")]
     )
     for key in LAUNCH_VARIABLES:
         env.pop(key, None)

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from continual_eval import ContinualEvalCallback, fit_tasks
+from ddp_teardown import destroy_process_group
 
 FEATURES = 5
 TASK_CLASSES = [[1, 0], [4, 2], [3, 5]]  # not in id order, not contiguous
@@ -126,3 +127,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    destroy_process_group()

@@ -31,6 +31,7 @@ from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loa
 
 from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation import EvaluationError
+from ddp_teardown import destroy_process_group
 
 TEST_SIZES = (41, 37, 41)
 
@@ -122,3 +123,4 @@ def main(out: Path, strategy: str) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "ddp")
+    destroy_process_group()

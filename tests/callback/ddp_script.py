@@ -28,6 +28,7 @@ from cl_helpers import (
 )
 
 from continual_eval import ContinualEvalCallback, fit_tasks
+from ddp_teardown import destroy_process_group
 
 
 class Stream(IterableDataset):
@@ -112,3 +113,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    destroy_process_group()

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cl_helpers import Classifier, make_net, make_tasks, train_loaders
 
 from continual_eval import ContinualEvalCallback, evaluation, fit_tasks
+from ddp_teardown import destroy_process_group
 
 
 class Shifted(Dataset):
@@ -102,3 +103,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    destroy_process_group()

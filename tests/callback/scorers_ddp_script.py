@@ -25,6 +25,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from continual_eval.evaluation import evaluate_tasks, shard_dataloader
+from ddp_teardown import destroy_process_group
 
 NUM_FEATURES = 6
 NUM_CLASSES = 7
@@ -207,3 +208,4 @@ def main(out: Path, tiny: bool) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), tiny=sys.argv[2:] == ["tiny"])
+    destroy_process_group()

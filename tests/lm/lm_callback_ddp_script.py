@@ -24,6 +24,7 @@ from continual_eval.experiments.language import (
     SyntheticTextTasks,
     decode_text,
 )
+from ddp_teardown import destroy_process_group
 
 TEST_SIZE = 21  # 11 + 10 items on two ranks; batches of 4: 3 and 3 batches, 11 vs 10 items
 
@@ -101,3 +102,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    destroy_process_group()

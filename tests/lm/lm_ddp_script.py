@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 
 from continual_eval.evaluation import evaluate_tasks, shard_dataloader
 from continual_eval.evaluation.generation import GenerationScorer
+from ddp_teardown import destroy_process_group
 
 EOS = VOCAB - 1
 TOKEN_SIZES = (9, 14)  # odd: a padded shard would count a sequence twice
@@ -205,3 +206,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    destroy_process_group()

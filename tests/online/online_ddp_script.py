@@ -21,6 +21,7 @@ from online_helpers import Learner, make_net, run_stream, trainer
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from continual_eval.online import OnlineEvalCallback
+from ddp_teardown import destroy_process_group
 
 
 class StreamLearner(Learner):
@@ -73,3 +74,4 @@ def main(out: Path, devices: int) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), int(sys.argv[2]))
+    destroy_process_group()

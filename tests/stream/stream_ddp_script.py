@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from continual_eval.stream.callback import RewardStreamCallback, record
+from ddp_teardown import destroy_process_group
 
 LABELS = ["a"] * 10 + ["b"] * 10 + ["a_again"] * 10
 STREAMS = [
@@ -79,3 +80,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    destroy_process_group()
