@@ -58,14 +58,24 @@ class Rendezvous:
         return combine([v for _, v in slots])
 
 
+def seeded_linear() -> nn.Linear:
+    """``nn.Linear(4, 3)`` with weights from its own generator: the simulated ranks are threads,
+    and seeding torch's global generator in two threads at once races (different weights)."""
+    g = torch.Generator().manual_seed(0)
+    linear = nn.Linear(4, 3)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(3, 4, generator=g))
+        linear.bias.copy_(torch.randn(3, generator=g))
+    return linear
+
+
 class CollectiveNet(nn.Module):
     """A linear model whose forward is a collective (as under FSDP: every rank must call it
     equally often); counts its calls."""
 
     def __init__(self, rank: int, world: Rendezvous) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(4, 3)
+        self.linear = seeded_linear()
         self.rank, self.world, self.calls, self.sizes = rank, world, 0, []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,8 +150,7 @@ def run_ranks(make_loaders, *, lockstep: bool, spares=None, scorers=("accuracy",
 
 def plain(loaders) -> Any:
     """One process over the whole test sets, the same weights, no collective."""
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 3))
+    net = nn.Sequential(seeded_linear())
     return evaluate_tasks(net, loaders, range(len(loaders)), scorers=["accuracy", "loss"])
 
 
