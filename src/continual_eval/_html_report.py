@@ -347,6 +347,164 @@ def _figure_html(fig: Any, div_id: str) -> str:
     )
 
 
+class _Figures:
+    """The page's Plotly figures: each added one gets the next ``figure-N`` id (the list the
+    page publishes as ``window.CONTINUAL_EVAL_FIGURES``)."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def add(self, fig: Any) -> str:
+        self.ids.append(f"figure-{len(self.ids)}")
+        return f'<div class="figure">{_figure_html(fig, self.ids[-1])}</div>'
+
+
+_ARROW = {True: " ↑", False: " ↓"}
+
+
+def _summary_section(
+    runs: Sequence[Any],
+    summaries: Sequence[Any],
+    columns: Mapping[str, str],
+    directions: Mapping[str, bool],
+    seeds_text: Any,
+) -> list[str]:
+    """The heading and the table of each method's mean ± std per metric."""
+    header = [
+        "method",
+        "runs",
+        "seeds",
+        *(_text(t) + _ARROW[directions[k]] for k, t in columns.items()),
+    ]
+    rows = [
+        [
+            _text(s.method),
+            str(len(s.runs)),
+            _text(seeds_text(s)),
+            *(_mean_std(s.stats[k], len(s.runs)) for k in columns),
+        ]
+        for s in summaries
+    ]
+    return [
+        "<h1>Continual-evaluation report</h1>",
+        f"<p>{len(runs)} run(s). Mean over each method's runs ± sample standard deviation across "
+        "runs (seeds), shown with two or more runs; <code>(n=k)</code> where only k runs have a "
+        "value. ↑: higher is better, ↓: lower is better.</p>",
+        "<h2>Metrics per method</h2>",
+        _table(header, rows),
+    ]
+
+
+def _uncertainty_section(
+    summaries: Sequence[Any],
+    columns: Mapping[str, str],
+    directions: Mapping[str, bool],
+    confidence: float,
+) -> list[str]:
+    """Per metric: n, mean, std, the t and the bootstrap interval of each method."""
+    pct = f"{100 * confidence:g}%"
+    body = [
+        "<h2>Uncertainty across seeds</h2>",
+        f"<p>Per metric: <code>n</code>, mean, sample std, the {pct} Student-t interval of the "
+        f"mean and the {pct} percentile bootstrap interval (settings in <code>report.md</code>); "
+        "a method with one run has no interval (—).</p>",
+    ]
+    for key, title in columns.items():
+        stat_rows = [
+            [
+                _text(s.method),
+                str(s.stats[key].n),
+                _number(math.nan if s.stats[key].mean is None else s.stats[key].mean),
+                _number(math.nan if s.stats[key].std is None else s.stats[key].std),
+                _interval(s.stats[key].t_interval),
+                _interval(s.stats[key].bootstrap_interval),
+            ]
+            for s in summaries
+        ]
+        body.append(f"<h3>{_text(title)}{_ARROW[directions[key]]}</h3>")
+        body.append(
+            _table(
+                ["method", "n", "mean", "std", f"{pct} CI (t)", f"{pct} CI (bootstrap)"], stat_rows
+            )
+        )
+    return body
+
+
+def _matrix_section(name: str, matrix: Any, names: list[str], figures: _Figures) -> list[str]:
+    """One score matrix of a run: its table, its heatmap and its per-task trajectories."""
+    direction = "higher" if matrix.higher_is_better else "lower"
+    grid = torch.cat([matrix.baseline[None, :], matrix.scores])
+    row_names = ["untrained", *(f"after {n}" for n in names[: matrix.num_stages])]
+    body = [
+        f"<h3>{_text(name)} ({_text(matrix.score)}, {direction} is better)</h3>",
+        _matrix_table(matrix, names),
+        figures.add(
+            heatmap_figure(
+                grid,
+                columns=names,
+                rows=row_names,
+                title=f"{name}: R[i, j]",
+                colorbar=direction_label(matrix.score, matrix.higher_is_better),
+                cmap=heatmap_colormap(matrix.higher_is_better),
+                value_range=_value_range(grid, matrix.bounds),
+                hover=("trained through", "task"),
+            )
+        ),
+    ]
+    if matrix.num_stages > 0:
+        body.append(
+            figures.add(
+                trajectories_figure(
+                    matrix.scores, names, title=f"{name}: per task", ylabel=matrix.score
+                )
+            )
+        )
+    return body
+
+
+def _confusion_section(section: Any, figures: _Figures) -> list[str]:
+    """The task-agnostic confusion after the last stage, rows normalised to shares."""
+    ordered, _ = section.arrival_confusion(-1)
+    counts = ordered.double()
+    totals = counts.sum(1, keepdim=True)
+    shares = torch.where(totals > 0, counts / totals.clamp(min=1), math.nan)
+    order = [str(c) for c in section.class_order]
+    return [
+        f"<h3>Task-agnostic confusion after stage {section.num_stages - 1}</h3>",
+        figures.add(
+            heatmap_figure(
+                shares,
+                columns=order,
+                rows=order,
+                title="share of each true class's test samples (arrival order)",
+                colorbar="share of the true class",
+                cmap="magma_r",
+                value_range=(0.0, 1.0),
+                number_format=".2f",
+                hover=("true class", "predicted class"),
+            )
+        ),
+    ]
+
+
+def _run_section(run: Any, run_title: Any, figures: _Figures) -> list[str]:
+    """One run: its path, every matrix, and the class-incremental confusion where it has one."""
+    results = run.results
+    names = list(results.task_names)
+    body = [
+        '<section class="run">',
+        f"<h2>{_text(run_title(run))}</h2>",
+        f"<p><code>{_text(run.path, 500)}</code></p>",
+    ]
+    for name, matrix in results.matrices.items():
+        body.extend(_matrix_section(name, matrix, names, figures))
+    section = getattr(results, "class_incremental", None)
+    if section is not None and section.num_stages > 0:
+        body.extend(_confusion_section(section, figures))
+    body.append("</section>")
+    return body
+
+
 def html_report(
     runs: Sequence[Any],
     summaries: Sequence[Any],
@@ -363,121 +521,13 @@ def html_report(
     ``run_title(run)``: plain text (escaped here)."""
     from plotly.offline import get_plotlyjs
 
-    figures: list[str] = []
-
-    def add(fig: Any) -> str:
-        figures.append(f"figure-{len(figures)}")
-        return f'<div class="figure">{_figure_html(fig, figures[-1])}</div>'
-
-    pct = f"{100 * confidence:g}%"
-    arrow = {True: " ↑", False: " ↓"}
-    header = [
-        "method",
-        "runs",
-        "seeds",
-        *(_text(t) + arrow[directions[k]] for k, t in columns.items()),
-    ]
-    rows = [
-        [
-            _text(s.method),
-            str(len(s.runs)),
-            _text(seeds_text(s)),
-            *(_mean_std(s.stats[k], len(s.runs)) for k in columns),
-        ]
-        for s in summaries
-    ]
-    body = [
-        "<h1>Continual-evaluation report</h1>",
-        f"<p>{len(runs)} run(s). Mean over each method's runs ± sample standard deviation across "
-        "runs (seeds), shown with two or more runs; <code>(n=k)</code> where only k runs have a "
-        "value. ↑: higher is better, ↓: lower is better.</p>",
-        "<h2>Metrics per method</h2>",
-        _table(header, rows),
-    ]
+    figures = _Figures()
+    body = _summary_section(runs, summaries, columns, directions, seeds_text)
     if any(s.mean[k] is not None for s in summaries for k in columns):
-        body.append(add(metric_panels_figure(summaries, columns, directions, confidence)))
-    body.append("<h2>Uncertainty across seeds</h2>")
-    body.append(
-        f"<p>Per metric: <code>n</code>, mean, sample std, the {pct} Student-t interval of the "
-        f"mean and the {pct} percentile bootstrap interval (settings in <code>report.md</code>); "
-        "a method with one run has no interval (—).</p>"
-    )
-    for key, title in columns.items():
-        stat_rows = [
-            [
-                _text(s.method),
-                str(s.stats[key].n),
-                _number(math.nan if s.stats[key].mean is None else s.stats[key].mean),
-                _number(math.nan if s.stats[key].std is None else s.stats[key].std),
-                _interval(s.stats[key].t_interval),
-                _interval(s.stats[key].bootstrap_interval),
-            ]
-            for s in summaries
-        ]
-        body.append(f"<h3>{_text(title)}{arrow[directions[key]]}</h3>")
-        body.append(
-            _table(
-                ["method", "n", "mean", "std", f"{pct} CI (t)", f"{pct} CI (bootstrap)"], stat_rows
-            )
-        )
+        body.append(figures.add(metric_panels_figure(summaries, columns, directions, confidence)))
+    body.extend(_uncertainty_section(summaries, columns, directions, confidence))
     for run in runs:
-        results = run.results
-        names = list(results.task_names)
-        body.append('<section class="run">')
-        body.append(f"<h2>{_text(run_title(run))}</h2>")
-        body.append(f"<p><code>{_text(run.path, 500)}</code></p>")
-        for name, matrix in results.matrices.items():
-            direction = "higher" if matrix.higher_is_better else "lower"
-            body.append(f"<h3>{_text(name)} ({_text(matrix.score)}, {direction} is better)</h3>")
-            body.append(_matrix_table(matrix, names))
-            grid = torch.cat([matrix.baseline[None, :], matrix.scores])
-            row_names = ["untrained", *(f"after {n}" for n in names[: matrix.num_stages])]
-            body.append(
-                add(
-                    heatmap_figure(
-                        grid,
-                        columns=names,
-                        rows=row_names,
-                        title=f"{name}: R[i, j]",
-                        colorbar=direction_label(matrix.score, matrix.higher_is_better),
-                        cmap=heatmap_colormap(matrix.higher_is_better),
-                        value_range=_value_range(grid, matrix.bounds),
-                        hover=("trained through", "task"),
-                    )
-                )
-            )
-            if matrix.num_stages > 0:
-                body.append(
-                    add(
-                        trajectories_figure(
-                            matrix.scores, names, title=f"{name}: per task", ylabel=matrix.score
-                        )
-                    )
-                )
-        section = getattr(results, "class_incremental", None)
-        if section is not None and section.num_stages > 0:
-            ordered, _ = section.arrival_confusion(-1)
-            counts = ordered.double()
-            totals = counts.sum(1, keepdim=True)
-            shares = torch.where(totals > 0, counts / totals.clamp(min=1), math.nan)
-            order = [str(c) for c in section.class_order]
-            body.append(f"<h3>Task-agnostic confusion after stage {section.num_stages - 1}</h3>")
-            body.append(
-                add(
-                    heatmap_figure(
-                        shares,
-                        columns=order,
-                        rows=order,
-                        title="share of each true class's test samples (arrival order)",
-                        colorbar="share of the true class",
-                        cmap="magma_r",
-                        value_range=(0.0, 1.0),
-                        number_format=".2f",
-                        hover=("true class", "predicted class"),
-                    )
-                )
-            )
-        body.append("</section>")
+        body.extend(_run_section(run, run_title, figures))
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -488,7 +538,7 @@ def html_report(
             f"<script>{get_plotlyjs()}</script>",
             "</head><body>",
             *body,
-            f"<script>window.CONTINUAL_EVAL_FIGURES = {json.dumps(figures)};</script>",
+            f"<script>window.CONTINUAL_EVAL_FIGURES = {json.dumps(figures.ids)};</script>",
             "</body></html>",
             "",
         ]

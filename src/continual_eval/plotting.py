@@ -391,6 +391,76 @@ def plot_confusion_matrix(
     return fig, ax
 
 
+def _metric_panel(
+    ax: Any,
+    values: Sequence[float],
+    bars: Sequence[tuple[float, float] | None],
+    notes: Sequence[str],
+    colours: Any,
+    *,
+    decimals: int,
+    title: str,
+) -> None:
+    """One panel of :func:`plot_metric_panels`: a bar per method (``nan``: "n/a" at the axis),
+    its error bar, its value (plus ``notes[k]``) at the bar's end, a y scale that holds them."""
+    from matplotlib.ticker import FormatStrFormatter
+
+    xs = np.arange(len(values))
+    ax.bar(xs, np.nan_to_num(np.array(values)), 0.7, color=[colours(k % colours.N) for k in xs])
+    ends = [0.0]
+    for k, (value, bar) in enumerate(zip(values, bars, strict=True)):
+        if value != value:  # no value: say so at the axis
+            ax.annotate(
+                "n/a",
+                (k, 0),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="grey",
+            )
+            continue
+        low, high = (value, value) if bar is None else (float(bar[0]), float(bar[1]))
+        if bar is not None:
+            ax.errorbar(
+                [k],
+                [value],
+                yerr=[[value - low], [high - value]],
+                fmt="none",
+                ecolor="black",
+                capsize=3,
+                linewidth=1,
+            )
+        ends += [low, high, value]
+        up = value >= 0
+        ax.annotate(
+            f"{value:.{decimals}f}{notes[k]}",
+            (k, high if up else low),
+            xytext=(0, 2 if up else -2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom" if up else "top",
+            fontsize=7,
+        )
+    low_end, high_end = min(ends), max(ends)
+    span = high_end - low_end
+    if span <= 1e-12 * max(1.0, abs(high_end)):  # every value 0 (or equal): a scale around it
+        span = max(abs(high_end), 0.05)
+        low_end, high_end = -span, span
+    ax.set_ylim(
+        low_end - (0.18 if low_end < 0 else 0.0) * span,
+        high_end + (0.18 if high_end > 0 else 0.02) * span,
+    )
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.yaxis.set_major_formatter(FormatStrFormatter(f"%.{decimals}f"))
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xticks([])
+    ax.set_xlim(-0.6, len(values) - 0.4)
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def plot_metric_panels(
     means: Mapping[str, Sequence[float | None]],
     methods: Sequence[str],
@@ -416,7 +486,6 @@ def plot_metric_panels(
     the metrics. Returns ``(fig, axes)`` (a 2-D array of axes; unused ones hidden).
     """
     from matplotlib.patches import Patch
-    from matplotlib.ticker import FormatStrFormatter
 
     plt = _pyplot()
     keys = list(means)
@@ -438,70 +507,26 @@ def plot_metric_panels(
         squeeze=False,
     )
     colours = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    xs = np.arange(len(methods))
     for panel, key in enumerate(keys):
-        ax = axes.flat[panel]
-        values = np.array([math.nan if v is None else float(v) for v in means[key]])
-        bars = list(intervals[key]) if intervals is not None else [None] * len(methods)
-        ax.bar(xs, np.nan_to_num(values), 0.7, color=[colours(k % colours.N) for k in xs])
-        ends = [0.0]
-        for k, (value, bar) in enumerate(zip(values.tolist(), bars, strict=True)):
-            if value != value:  # no value: say so at the axis
-                ax.annotate(
-                    "n/a",
-                    (k, 0),
-                    xytext=(0, 3),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    color="grey",
-                )
-                continue
-            low, high = (value, value) if bar is None else (float(bar[0]), float(bar[1]))
-            if bar is not None:
-                ax.errorbar(
-                    [k],
-                    [value],
-                    yerr=[[value - low], [high - value]],
-                    fmt="none",
-                    ecolor="black",
-                    capsize=3,
-                    linewidth=1,
-                )
-            ends += [low, high, value]
-            text = f"{value:.{decimals}f}"
-            if counts is not None and runs is not None and counts[key][k] != runs[k]:
-                text += f"\nn={counts[key][k]}"
-            up = value >= 0
-            ax.annotate(
-                text,
-                (k, high if up else low),
-                xytext=(0, 2 if up else -2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom" if up else "top",
-                fontsize=7,
-            )
-        low_end, high_end = min(ends), max(ends)
-        span = high_end - low_end
-        if span <= 1e-12 * max(1.0, abs(high_end)):  # every value 0 (or equal): a scale around it
-            span = max(abs(high_end), 0.05)
-            low_end, high_end = -span, span
-        ax.set_ylim(
-            low_end - (0.18 if low_end < 0 else 0.0) * span,
-            high_end + (0.18 if high_end > 0 else 0.02) * span,
-        )
-        ax.axhline(0.0, color="black", linewidth=0.8)
-        ax.yaxis.set_major_formatter(FormatStrFormatter(f"%.{decimals}f"))
-        ax.tick_params(axis="y", labelsize=7)
-        ax.set_xticks([])
-        ax.set_xlim(-0.6, len(methods) - 0.4)
+        values = [math.nan if v is None else float(v) for v in means[key]]
+        notes = [
+            f"\nn={counts[key][k]}"
+            if counts is not None and runs is not None and counts[key][k] != runs[k]
+            else ""
+            for k in range(len(methods))
+        ]
         name = titles.get(key, key) if titles is not None else key
         if higher_is_better is not None and key in higher_is_better:
             name = f"{name} {'↑' if higher_is_better[key] else '↓'}"
-        ax.set_title(name, fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
+        _metric_panel(
+            axes.flat[panel],
+            values,
+            list(intervals[key]) if intervals is not None else [None] * len(methods),
+            notes,
+            colours,
+            decimals=decimals,
+            title=name,
+        )
     for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
     handles: list[Any] = [

@@ -913,6 +913,30 @@ def latex_summary(
     )
 
 
+def _run_lines(run: Run, out: Path) -> list[str]:
+    """One run's section of ``report.md``: its matrices as tables, its intransigence, its
+    pictures (drawn into ``out``) and its class-incremental lines."""
+    from continual_eval.loggers import format_matrix_table
+
+    pictures = _plot_run(run, out)
+    lines = [f"## {escape_markdown(_run_title(run))}", "", _code_span(str(run.path)), ""]
+    lines += [format_matrix_table(_escaped_names(run.results), markdown=True), ""]
+    extra = run_metrics(run.results)["intransigence"]
+    if extra is not None and run.reference_kind is not None:
+        lines += [
+            f"intransigence={extra:.4f} (against the {_reference_name(run.reference_kind)})",
+            "",
+        ]
+    for picture in pictures:
+        name = escape_markdown(picture.matrix)
+        lines += [
+            f"![{name}: R]({picture.heatmap.name}) "
+            f"![{name}: trajectories]({picture.trajectories.name})",
+            "",
+        ]
+    return lines + class_incremental_run_lines(run, out, _plain_for_plot)
+
+
 def write_report(
     paths: Sequence[str | Path],
     out_dir: str | Path,
@@ -991,26 +1015,8 @@ def write_report(
         lines += ["One run: no interval across seeds.", ""]
     lines += _cost_section(summaries, out)
     lines += class_incremental_summary_lines(summaries, escape_markdown)
-    from continual_eval.loggers import format_matrix_table
-
     for run in runs:
-        pictures = _plot_run(run, out)
-        lines += [f"## {escape_markdown(_run_title(run))}", "", _code_span(str(run.path)), ""]
-        lines += [format_matrix_table(_escaped_names(run.results), markdown=True), ""]
-        extra = run_metrics(run.results)["intransigence"]
-        if extra is not None and run.reference_kind is not None:
-            lines += [
-                f"intransigence={extra:.4f} (against the {_reference_name(run.reference_kind)})",
-                "",
-            ]
-        for picture in pictures:
-            name = escape_markdown(picture.matrix)
-            lines += [
-                f"![{name}: R]({picture.heatmap.name}) "
-                f"![{name}: trajectories]({picture.trajectories.name})",
-                "",
-            ]
-        lines += class_incremental_run_lines(run, out, _plain_for_plot)
+        lines += _run_lines(run, out)
     if html_report:
         lines += _write_html(runs, summaries, out, confidence=confidence)
     report = out / "report.md"

@@ -148,6 +148,75 @@ def _problem(rows: Tensor, bad: Tensor, what: str, describe: Any) -> str:
     )
 
 
+def _check_rows(rows: Tensor, where: str) -> None:
+    """Raise ``ValueError`` naming the window for non-finite predictions and for targets that
+    are not labels of the model's classes."""
+
+    def describe(offset: int) -> str:
+        return "the training batch" if offset == 0 else f"the batch read {offset} ahead"
+
+    problems = []
+    nonfinite = rows[:, PRED] == NONFINITE
+    if bool(nonfinite.any()):
+        problems.append(
+            _problem(rows, nonfinite, "predictions with non-finite class scores", describe)
+        )
+    classes = rows[:, CLASSES]
+    bad = (rows[:, TARGET] < 0) | ((classes > 0) & (rows[:, TARGET] >= classes))
+    if bool(bad.any()):
+        problems.append(
+            _problem(rows, bad, "targets that are not labels of the model's classes", describe)
+        )
+    if problems:
+        raise ValueError(f"{where}: " + "; ".join(problems))
+
+
+def _trained_positions(rows: Tensor, window_start: int, where: str) -> tuple[Tensor, Tensor]:
+    """The trained rows' stream positions and labels in stream order; ``ValueError`` unless the
+    positions are one contiguous run from ``window_start``."""
+    train = rows[rows[:, OFFSET] == 0]
+    train = train[train[:, POSITION].argsort()]
+    positions = train[:, POSITION]
+    expected = torch.arange(window_start, window_start + train.shape[0])
+    if not torch.equal(positions, expected):
+        mismatch = int((positions != expected).nonzero()[0, 0])
+        raise ValueError(
+            f"{where}: the trained stream positions are not one run from {window_start}: "
+            f"position {int(positions[mismatch])} where {int(expected[mismatch])} was due. "
+            "Every rank must train equally many samples per step in the interleaved order a "
+            "DistributedSampler gives (rank r: r, r + W, r + 2W, ...)"
+        )
+    return positions, train[:, TARGET]
+
+
+def _blind_predictions(
+    history: Tensor,
+    labels: Tensor,
+    cutoff: Tensor,
+    window_start: int,
+    blind: BlindState,
+    blind_window: int,
+    num_classes: int,
+) -> dict[str, Tensor]:
+    """Each blind predictor's guess for every row: the mode of the last ``blind_window`` labels
+    before its cutoff, the last label, and the mode of every label so far (the prior)."""
+    history_start = window_start - blind.tail.numel()
+    return {
+        "mode": recent_mode(history, cutoff - history_start, blind_window, num_classes=num_classes),
+        "last": last_label(history, cutoff - history_start),
+        "prior": recent_mode(
+            labels,
+            cutoff - window_start,
+            None,
+            num_classes=num_classes,
+            counts_before=blind.counts,
+            last_seen_before=torch.where(
+                blind.last == _NEVER, blind.last, blind.last - window_start
+            ),
+        ),
+    }
+
+
 def score_rows(
     rows: Tensor,
     *,
@@ -171,39 +240,10 @@ def score_rows(
     interleaved order of the module docstring of :mod:`continual_eval.online.stream`).
     """
     rows = rows.to("cpu", torch.int64)
-
-    def describe(offset: int) -> str:
-        return "the training batch" if offset == 0 else f"the batch read {offset} ahead"
-
-    problems = []
-    nonfinite = rows[:, PRED] == NONFINITE
-    if bool(nonfinite.any()):
-        problems.append(
-            _problem(rows, nonfinite, "predictions with non-finite class scores", describe)
-        )
-    classes = rows[:, CLASSES]
-    bad = (rows[:, TARGET] < 0) | ((classes > 0) & (rows[:, TARGET] >= classes))
-    if bool(bad.any()):
-        problems.append(
-            _problem(rows, bad, "targets that are not labels of the model's classes", describe)
-        )
-    if problems:
-        raise ValueError(f"{where}: " + "; ".join(problems))
-
-    train = rows[rows[:, OFFSET] == 0]
-    train = train[train[:, POSITION].argsort()]
-    positions = train[:, POSITION]
-    expected = torch.arange(window_start, window_start + train.shape[0])
-    if not torch.equal(positions, expected):
-        mismatch = int((positions != expected).nonzero()[0, 0])
-        raise ValueError(
-            f"{where}: the trained stream positions are not one run from {window_start}: "
-            f"position {int(positions[mismatch])} where {int(expected[mismatch])} was due. "
-            "Every rank must train equally many samples per step in the interleaved order a "
-            "DistributedSampler gives (rank r: r, r + W, r + 2W, ...)"
-        )
-    labels = train[:, TARGET]
+    _check_rows(rows, where)
+    positions, labels = _trained_positions(rows, window_start, where)
     window_end = window_start + labels.numel()
+    classes = rows[:, CLASSES]
     num_classes = max(
         int(blind.counts.numel()),
         int(classes.max()) if classes.numel() else 0,
@@ -212,24 +252,12 @@ def score_rows(
     )
     blind = blind.grown(num_classes)
     history = torch.cat([blind.tail, labels])
-    history_start = window_start - blind.tail.numel()
     cutoff = rows[:, CUTOFF]
     if rows.numel() and (int(cutoff.min()) < window_start or int(cutoff.max()) > window_end):
         raise ValueError(f"{where}: a row's cutoff lies outside the window")
-    predictions = {
-        "mode": recent_mode(history, cutoff - history_start, blind_window, num_classes=num_classes),
-        "last": last_label(history, cutoff - history_start),
-        "prior": recent_mode(
-            labels,
-            cutoff - window_start,
-            None,
-            num_classes=num_classes,
-            counts_before=blind.counts,
-            last_seen_before=torch.where(
-                blind.last == _NEVER, blind.last, blind.last - window_start
-            ),
-        ),
-    }
+    predictions = _blind_predictions(
+        history, labels, cutoff, window_start, blind, blind_window, num_classes
+    )
     target = rows[:, TARGET]
     columns = max([0, *near_future_delays, *label_delays]) + 1
     index = (rows[:, STEP], rows[:, OFFSET])
