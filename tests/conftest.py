@@ -1,5 +1,6 @@
 """Shared test set-up: make the plain-loop references in tests/ importable, keep plots headless,
-and mark the tests that touch Lightning or torchmetrics behaviour ``lightning``."""
+mark the tests that touch Lightning or torchmetrics behaviour ``lightning``, and leave out the
+slow tests not marked ``ci`` unless pytest runs with ``--run-slow``."""
 
 import ast
 import functools
@@ -62,7 +63,22 @@ def _touches_versioned_library(path: Path) -> bool:
     return any(_versioned(m) for node in ast.walk(tree) for m in _imported_modules(node))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        help="run every test marked slow (by default only the slow tests also marked ci run: "
+        "a plain `python -m pytest` is what CI runs and stays under its time budget)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _touches_versioned_library(Path(item.path).resolve()):
             item.add_marker(pytest.mark.lightning)
+    if config.getoption("--run-slow"):
+        return
+    left_out = [i for i in items if "slow" in i.keywords and "ci" not in i.keywords]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [i for i in items if "slow" not in i.keywords or "ci" in i.keywords]

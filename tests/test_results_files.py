@@ -192,6 +192,7 @@ def test_claim_given_back_at_exit_and_left_by_a_killed_process(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_second_run_on_the_directory_refused_before_it_trains(tmp_path: Path) -> None:
     """Issue 19.1: a second run on the same dirpath started while the first is inside its
     baseline (before it wrote any file): refused before training, the first completes intact."""

@@ -36,6 +36,7 @@ def plain_scores(state: dict, tasks) -> tuple[list[float], list[float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_ddp_two_processes_equal_single_process(tmp_path):
     proc = run_script(HERE / "ddp_script.py", tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]

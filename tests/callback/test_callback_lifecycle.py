@@ -143,6 +143,7 @@ def test_failed_write_leaves_no_temporary_and_stale_ones_are_removed(tmp_path, m
 
 # ---------------------------------------------------------------- kill -9 inside an evaluation
 @pytest.mark.slow
+@pytest.mark.ci
 def test_kill_inside_stage_evaluation_then_resume_equals_uninterrupted(tmp_path):
     def run(mode: str, out: Path) -> subprocess.CompletedProcess:
         return run_script(HERE / "kill_script.py", mode, out, timeout=300)

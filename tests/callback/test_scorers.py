@@ -391,6 +391,7 @@ def test_ddp_two_processes_every_scorer_equals_single_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_ddp_shards_of_zero_and_one_sample_every_scorer_equals_single_process(tmp_path):
     """Issue 19 item 3: test sets of 1 and 3 samples on 2 ranks (rank 1 holds no sample of the
     first), every scorer kind plus the list-state AUROC and average precision, which

@@ -108,6 +108,7 @@ def load_ranks(out: Path, mode: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_fsdp2_lockstep_equals_single_process(full_run):
     rank0, rank1 = load_ranks(full_run, "full")
     assert rank0["lockstep"] and rank1["lockstep"]  # detected from the DTensor parameters
