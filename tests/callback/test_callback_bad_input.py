@@ -127,3 +127,25 @@ def test_constructor_and_source_errors(tasks, tmp_path):
         pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1)).fit(
             Classifier(make_net()), train_loaders(tasks)[0]
         )
+
+
+def test_shuffled_drop_last_loader_refused_in_one_process_before_training(tasks, tmp_path):
+    """The DDP rule in one process too: a shuffled ``drop_last=True`` test loader with a partial
+    last batch would score a different random subset at every evaluation; refused at fit start,
+    naming the loader, before the first training step."""
+    x, y = tasks[1][1]
+    loaders = eval_loaders(tasks)
+    assert len(y) % 7
+    loaders[1] = DataLoader(TensorDataset(x, y), batch_size=7, shuffle=True, drop_last=True)
+    cb = ContinualEvalCallback(loaders, dirpath=tmp_path, verbose=False)
+    model = Classifier(make_net())
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
+    with pytest.raises(
+        EvaluationError,
+        match=r"task 1 \('task_1'\), test dataloader 1: drop_last=True with a shuffling "
+        r"RandomSampler.*different subset.*drop_last=False",
+    ):
+        trainer.fit(model, train_loaders(tasks)[0])
+    assert trainer.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -132,8 +132,9 @@ def _sampled_indices(loader: Any) -> Sequence[int] | None:
     raise _UnreproducibleError(
         f"drop_last=True with a shuffling {type(sampler).__name__}: the loader drops a random "
         f"{tail} of its {len(indices)} samples (batch_size={loader.batch_size}) on every pass, so "
-        f"its samples cannot be split exactly across processes; pass drop_last=False (score all "
-        f"{len(indices)}) or shuffle=False (one process then drops the last {tail})"
+        f"every evaluation would score a different subset and the samples cannot be split "
+        f"exactly across processes; pass drop_last=False (score all {len(indices)}) or "
+        f"shuffle=False (every evaluation then drops the same last {tail})"
     )
 
 
@@ -199,21 +200,23 @@ def shard_dataloader(
     Loaders that cannot be re-built over the same samples (iterable datasets, custom samplers or
     batch samplers, non-DataLoader iterables) come back unchanged with ``sharded=False``: the
     caller then counts them on rank 0 only. With ``world_size <= 1`` every loader except one over a
-    ``DistributedSampler`` comes back unchanged.
+    ``DistributedSampler`` comes back unchanged, after the same check as on several ranks.
 
     Raises:
-        EvaluationError: the samples cannot be reproduced on several ranks (``drop_last=True``
-            with a shuffling sampler and a partial last batch; a ``DistributedSampler`` dropping a
-            random tail, or a subclass of unknown behaviour). The message names ``task`` and
-            ``task_name`` when given, else describes the loader, and says how to fix it.
+        EvaluationError: the samples are not the same on every pass, so they can be reproduced
+            neither by a later evaluation nor on several ranks (``drop_last=True`` with a
+            shuffling sampler and a partial last batch; a ``DistributedSampler`` dropping a random
+            tail, or a subclass of unknown behaviour); the same rule in one process and in many.
+            The message names ``task`` and ``task_name`` when given, else describes the loader,
+            and says how to fix it.
     """
     distributed = isinstance(getattr(loader, "sampler", None), DistributedSampler)
-    if world_size <= 1 and not distributed:
-        return loader, True
     try:
         indices = _sampled_indices(loader)
     except _UnreproducibleError as err:
         raise EvaluationError(f"{_loader_label(loader, task, task_name)}: {err}") from None
+    if world_size <= 1 and not distributed:
+        return loader, True
     if indices is None:
         return loader, False
     shard = _ShardSampler(indices, rank, max(world_size, 1))
