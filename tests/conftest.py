@@ -78,7 +78,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lightning)
     if config.getoption("--run-slow"):
         return
-    left_out = [i for i in items if "slow" in i.keywords and "ci" not in i.keywords]
+    kept, left_out = [], []
+    for item in items:
+        (left_out if "slow" in item.keywords and "ci" not in item.keywords else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [i for i in items if "slow" not in i.keywords or "ci" in i.keywords]
+        items[:] = kept

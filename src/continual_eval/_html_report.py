@@ -222,6 +222,10 @@ def trajectories_figure(
     return fig
 
 
+#: the direction arrow of a metric title: higher is better (True) or lower
+_ARROW = {True: "↑", False: "↓"}
+
+
 def metric_panels_figure(
     summaries: Sequence[Any],
     columns: Mapping[str, str],
@@ -238,11 +242,10 @@ def metric_panels_figure(
     keys = [k for k in columns if any(s.mean[k] is not None for s in summaries)]
     ncols = max(1, min(4, len(keys)))
     nrows = max(1, math.ceil(len(keys) / ncols))
-    arrow = {True: "↑", False: "↓"}
     fig = make_subplots(
         rows=nrows,
         cols=ncols,
-        subplot_titles=[f"{html.escape(columns[k])} {arrow[directions[k]]}" for k in keys],
+        subplot_titles=[f"{html.escape(columns[k])} {_ARROW[directions[k]]}" for k in keys],
         horizontal_spacing=0.08,
         vertical_spacing=0.16,
     )
@@ -359,9 +362,6 @@ class _Figures:
         return f'<div class="figure">{_figure_html(fig, self.ids[-1])}</div>'
 
 
-_ARROW = {True: " ↑", False: " ↓"}
-
-
 def _summary_section(
     runs: Sequence[Any],
     summaries: Sequence[Any],
@@ -374,7 +374,7 @@ def _summary_section(
         "method",
         "runs",
         "seeds",
-        *(_text(t) + _ARROW[directions[k]] for k, t in columns.items()),
+        *(f"{_text(t)} {_ARROW[directions[k]]}" for k, t in columns.items()),
     ]
     rows = [
         [
@@ -421,7 +421,7 @@ def _uncertainty_section(
             ]
             for s in summaries
         ]
-        body.append(f"<h3>{_text(title)}{_ARROW[directions[key]]}</h3>")
+        body.append(f"<h3>{_text(title)} {_ARROW[directions[key]]}</h3>")
         body.append(
             _table(
                 ["method", "n", "mean", "std", f"{pct} CI (t)", f"{pct} CI (bootstrap)"], stat_rows
