@@ -203,6 +203,14 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> None:
     json.dumps(metadata, allow_nan=False)
 
 
+def check_state_version(state: Mapping[str, Any], version: int) -> None:
+    """Refuse a checkpoint state of another ``version`` than this callback writes."""
+    if state.get("version") != version:
+        raise ValueError(
+            f"ContinualEvalCallback state has version {state.get('version')!r}; expected {version}"
+        )
+
+
 def check_same_run(
     state: Mapping[str, Any],
     record: RunRecord,

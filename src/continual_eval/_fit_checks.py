@@ -5,22 +5,26 @@ train something), and the messages of fits and stages that end without training.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning.pytorch import Trainer
 
 __all__ = [
+    "as_callback_error",
     "check_fit_trains",
     "check_schedule",
+    "due_stage",
     "empty_fit",
     "schedule_end_problem",
     "too_many_stages",
     "unsharded_loaders",
     "untrained_stage",
 ]
+
+T = TypeVar("T")
 
 
 def too_many_stages(stage: int, num_tasks: int) -> ValueError:
@@ -29,6 +33,16 @@ def too_many_stages(stage: int, num_tasks: int) -> ValueError:
         f"with only {num_tasks} tasks ({num_tasks} test dataloaders); more training stages than "
         "tasks"
     )
+
+
+def due_stage(epochs_done: int, epochs_per_task: int | None, stages: int) -> int | None:
+    """Under a schedule of ``k = epochs_per_task`` epochs per task: the stage whose last epoch is
+    the ``epochs_done``-th when it is the next one to record (``stages`` recorded so far), else
+    ``None`` (also without a schedule)."""
+    k = epochs_per_task
+    if k is None or epochs_done % k or epochs_done // k - 1 != stages:
+        return None
+    return stages
 
 
 def check_schedule(trainer: Trainer, epochs_per_task: int, num_tasks: int) -> None:
@@ -132,3 +146,11 @@ def unsharded_loaders(unsharded: Collection[int]) -> str:
         "iterable dataset, a custom sampler or batch sampler, or not a torch DataLoader); rank 0 "
         "scores them alone"
     )
+
+
+def as_callback_error(record: Callable[..., T], *values: Any) -> T:
+    """``record(*values)``, its refusal (``ValueError``) named as the callback's."""
+    try:
+        return record(*values)
+    except ValueError as err:
+        raise ValueError(f"ContinualEvalCallback: {err}") from err

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from continual_eval.results.files import replace_atomically
 
 __all__ = ["Published", "SpawnHandover"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class SpawnHandover:
     def in_owner(self) -> bool:
         """Whether this is the process that created the callback (no hand-over needed)."""
         return os.getpid() == self.owner_pid
+
+    def own_copy(self, value: T) -> T:
+        """``value`` in the owner; in a spawned process a deep copy of it: what was pickled over
+        arrived in shared memory, and every rank would write into the same storage."""
+        return value if self.in_owner() else copy.deepcopy(value)
 
     def publish(
         self, state: dict[str, Any], *, results_dir: Path | None, dir_checked: bool

@@ -24,8 +24,10 @@ from typing_extensions import override
 
 from continual_eval import _arguments as args
 from continual_eval._fit_checks import (
+    as_callback_error,
     check_fit_trains,
     check_schedule,
+    due_stage,
     empty_fit,
     schedule_end_problem,
     too_many_stages,
@@ -33,6 +35,7 @@ from continual_eval._fit_checks import (
     untrained_stage,
 )
 from continual_eval._loader_list import as_loader_list
+from continual_eval._run_directory import RunDirectory
 from continual_eval._spawn_handover import SpawnHandover
 from continual_eval._train_generators import TrainGenerators
 from continual_eval._trainer_scoring import TrainerScoring
@@ -52,7 +55,6 @@ from continual_eval.metric import ContinualMetrics
 from continual_eval.options import StepEvaluation
 from continual_eval.record import RunRecord
 from continual_eval.results import ContinualResults
-from continual_eval.results.files import choose_results_dir, claim_or_refuse
 from continual_eval.results.reference import check_reference_length, resolve_reference
 from continual_eval.rng import collect_rng_states, set_rng_states
 from continual_eval.stage_cost import StageCostRecorder
@@ -66,16 +68,13 @@ _STATE_VERSION = 1
 class ContinualEvalCallback(Callback):
     r"""Score every task after every training stage; record ``R``, the baseline and the metrics.
 
-    ``R[i, j]`` is the score on task ``j``'s test set after training stage ``i``; ``b[j]`` the
-    untrained model's, measured once before the first training step. Stages: one ``fit`` per
-    task (a new Trainer per task with this same callback, or one Trainer driven by
-    :func:`~continual_eval.fit_tasks`), or one ``fit`` over a schedule (``epochs_per_task``).
-    Batches: ``continual_eval_step(self, batch, task_id) -> (preds, target)`` when the
-    LightningModule defines it, else ``(x, y)`` is scored as ``module(x)`` and ``(x, y, t)`` as
-    ``module(x, t)``; bad outputs are errors naming the task, the test dataloader and the batch.
-    ``results.json`` and ``scores.csv`` go to the run's own directory, rewritten after every
-    stage; every stage's cost goes to its ``cost`` section (:mod:`continual_eval.stage_cost`).
-    What is recorded lives in :attr:`record` (:class:`~continual_eval.record.RunRecord`).
+    ``R[i, j]``: the score on task ``j``'s test set after training stage ``i``; ``b[j]``: the
+    untrained model's, measured before the first training step. Stages: one ``fit`` per task (a
+    new Trainer per task, or :func:`~continual_eval.fit_tasks`), or one ``fit`` over a schedule
+    (``epochs_per_task``). Batches: ``continual_eval_step(self, batch, task_id) -> (preds,
+    target)`` when the module defines it, else ``(x, y)`` is scored as ``module(x)`` and ``(x,
+    y, t)`` as ``module(x, t)``. ``results.json`` and ``scores.csv`` go to the run's directory,
+    rewritten after every stage (with each stage's cost). What is recorded: :attr:`record`.
 
     Args:
         test_dataloaders: one test loader per task (index = task id); ``None``: the datamodule's
@@ -108,8 +107,8 @@ class ContinualEvalCallback(Callback):
             steps inside every stage (training is unchanged); the curves, min-ACC, WC-ACC and
             stability gap (De Lange et al., ICLR 2023) of every scorer go to ``results.json``,
             the loggers and ``accuracy_curves.png``. ``None`` (default): off.
-        cache_test_batches: keep collated test batches on the evaluation device. ``None``
-            (default): for the loaders the per-step evaluations read that
+        cache_test_batches: keep collated test batches on the evaluation device: ``None``
+            (default) for the per-step evaluations' loaders that
             :func:`~continual_eval.evaluation.cache_safety` deems safe; ``True``: every loader
             (you vouch that batches never change); ``False``: never.
         cache_max_bytes: cap on the cached bytes (default 256 MiB).
@@ -125,12 +124,9 @@ class ContinualEvalCallback(Callback):
         lca_beta: ``beta`` of the learning curve area (Chaudhry et al., ICLR 2019) in every
             matrix's ``plasticity``; needs ``eval_every_n_steps=1``.
         task_classes: class-incremental evaluation of a single-head model: one list of class
-            ids per task (or :func:`~continual_eval.task_classes_from_loaders`). Adds the
-            matrices ``acc_task_aware`` and ``acc_task_agnostic`` after ``scorers`` (see
-            :mod:`continual_eval.evaluation.class_incremental`) and the ``class_incremental``
-            section (confusion counts of the seen tasks after every stage). Class ids are
-            checked at construction (below ``MAX_CLASSES``) and against the model's outputs at
-            its first batch.
+            ids per task (or :func:`~continual_eval.task_classes_from_loaders`); adds the
+            matrices ``acc_task_aware`` and ``acc_task_agnostic`` after ``scorers`` and the
+            ``class_incremental`` section (confusion counts of the seen tasks per stage).
     """
 
     def __init__(
@@ -194,13 +190,10 @@ class ContinualEvalCallback(Callback):
         the new run needs its own results directory (or ``overwrite=True``)."""
         #: identifies this run in ``results.json``; kept through checkpoints
         self.run_id = uuid.uuid4().hex
-        # spawned strategies (ddp_spawn) run the hooks in child processes: rank 0 hands its state
-        # back to this process through a file (see _publish_to_owner / _sync_from_child)
-        self._handover = SpawnHandover(self.run_id)
+        self._handover = SpawnHandover(self.run_id)  # ddp_spawn: rank 0's state to this process
         self._record: RunRecord | None = None
-        self._restored = self._dir_checked = self._warned_unsharded = False
-        self._recorded_results_dir: str | None = None
-        self._results_dir: Path | None = None
+        self._restored = self._warned_unsharded = False
+        self._directory = RunDirectory(self.dirpath, overwrite=self.overwrite)
         self._fit_step_base = self._fit_steps_before = 0
         self._trained_this_fit = False
         self._cost = StageCostRecorder()  # the stage in progress: clocks read at its boundaries
@@ -270,7 +263,7 @@ class ContinualEvalCallback(Callback):
     def results_dir(self) -> Path | None:
         """Directory holding ``results.json`` and ``scores.csv`` (set at the first fit, rank 0)."""
         self._sync_from_child()
-        return self._results_dir
+        return self._directory.path
 
     @property
     def steps_trained(self) -> int:
@@ -300,16 +293,9 @@ class ContinualEvalCallback(Callback):
 
     # ------------------------------------------------------------------ the record
     def _new_record(self, task_names: Sequence[str]) -> RunRecord:
-        return args.run_record(
-            self.scorers,
-            task_names,
-            forgetting=self.forgetting,
-            metadata=self.metadata,
-            run_id=self.run_id,
-            reference=self.reference,
-            lca_beta=self.lca_beta,
-            steps=self.step_evaluation,
-        )
+        settings: dict[str, Any] = {"forgetting": self.forgetting, "metadata": self.metadata}
+        settings.update(reference=self.reference, lca_beta=self.lca_beta, run_id=self.run_id)
+        return args.run_record(self.scorers, task_names, steps=self.step_evaluation, **settings)
 
     def _set_loaders(self, loaders: list[Any]) -> None:
         T = len(loaders)
@@ -322,15 +308,9 @@ class ContinualEvalCallback(Callback):
         record = self._record or self._new_record(
             self._given_names or [f"task_{j}" for j in range(T)]
         )
-        steps = self.step_evaluation
-        self._task_loaders = TaskLoaders(
-            loaders,
-            record.task_names,
-            subset_size=None if steps is None else steps.subset,
-            subset_seed=0 if steps is None else steps.subset_seed,
-            cache=self.cache_test_batches,
-            cache_max_bytes=self.cache_max_bytes,
-            per_step=steps is not None,
+        steps, cache = self.step_evaluation, self.cache_test_batches
+        self._task_loaders = TaskLoaders.for_steps(
+            loaders, record.task_names, steps, cache=cache, cache_max_bytes=self.cache_max_bytes
         )
         self._loaders, self._record = loaders, record
         record.step_subset = args.subset_description(steps, self._task_loaders.subset_sizes)
@@ -343,36 +323,27 @@ class ContinualEvalCallback(Callback):
         if unsharded and trainer.is_global_zero and not self._warned_unsharded:
             self._warned_unsharded = True
             warnings.warn(unsharded_loaders(unsharded), stacklevel=2)
-        if trainer.is_global_zero and self._results_dir is None:
-            self._results_dir = choose_results_dir(
-                trainer, self.dirpath, recorded=self._recorded_results_dir, run_id=self.run_id
-            )
+        self._directory.choose(trainer, self.run_id)
 
     def _claim_results_dir(self, trainer: Trainer) -> None:
-        """Before anything is trained or written: claim the results directory (refused when
-        another run uses it or holds its results, unless ``overwrite``: see
-        :func:`~continual_eval.results.files.claim_results_dir`), and on a resume rewrite both
-        files from the restored state (a write interrupted between them left them apart)."""
-        claim_or_refuse(
-            trainer,
-            self._results_dir,
-            run_id=self.run_id,
-            restored=self._restored,
-            overwrite=self.overwrite,
-        )
-        self._dir_checked = True
-        if trainer.is_global_zero and self._results_dir is not None:
-            if self.verbose:
-                rank_zero_info(
-                    f"[continual-eval] run {self.run_id}: results.json and scores.csv go to "
-                    f"{self._results_dir}"
-                )
-            if self._restored and self._record is not None and self._record.baseline_done:
-                self._write()
+        """Claim the results directory before anything is trained or written, and on a resume
+        rewrite its files from the restored state (an interrupted write left them apart)."""
+        self._directory.claim(trainer, self.run_id, restored=self._restored, verbose=self.verbose)
+        record = self._record
+        if (
+            trainer.is_global_zero
+            and self._restored
+            and record is not None
+            and record.baseline_done
+        ):
+            self._write()
 
     # ------------------------------------------------------------------ state
     @override
     def state_dict(self) -> dict[str, Any]:
+        return self._state(with_rng=self.restore_rng_states)
+
+    def _state(self, *, with_rng: bool) -> dict[str, Any]:
         state: dict[str, Any] = {"version": _STATE_VERSION, "run_id": self.run_id}
         state["epochs_per_task"] = self.epochs_per_task
         state["step_evaluation"] = args.step_settings(self.step_evaluation)
@@ -381,9 +352,9 @@ class ContinualEvalCallback(Callback):
             progress = self._cost.progress(self._record.num_stages) or self._resumed_progress
             if progress is not None:  # written inside a stage: what it has trained so far
                 state["stage_progress"] = progress
-        if self._results_dir is not None:
-            state["results_dir"] = str(self._results_dir)
-        if self.restore_rng_states:
+        if self._directory.path is not None:
+            state["results_dir"] = str(self._directory.path)
+        if with_rng:
             state["rng_states"] = collect_rng_states()
             state["train_generators"] = self._generators.state_dict()
         return state
@@ -392,11 +363,7 @@ class ContinualEvalCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        if state_dict.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"ContinualEvalCallback state has version {state_dict.get('version')!r}; expected "
-                f"{_STATE_VERSION}"
-            )
+        args.check_state_version(state_dict, _STATE_VERSION)
         recorded, record = state_dict.get("record"), self._record
         if recorded is not None:
             record = record or self._new_record(recorded["task_names"])
@@ -411,7 +378,7 @@ class ContinualEvalCallback(Callback):
         self._record, self.run_id = record, str(state_dict["run_id"])
         if record is not None:
             record.run_id = self.run_id
-        self._recorded_results_dir = state_dict.get("results_dir")
+        self._directory.recorded = state_dict.get("results_dir")
         self._restored = True
         self._resumed_progress = state_dict.get("stage_progress")
         if self._loaders is not None:
@@ -428,22 +395,12 @@ class ContinualEvalCallback(Callback):
         state["_handover"] = copy.copy(self._handover)  # a copy tracks the file on its own
         return state
 
-    def _detach_from_owner(self) -> None:
-        """In a process spawned from the one that created the callback (``ddp_spawn``): the
-        record's tensors arrived in shared memory, so every rank would write into the same
-        storage; give this process its own copy."""
-        if self._handover.in_owner() or self._record is None:
-            return
-        self._record = copy.deepcopy(self._record)
-
     def _publish_to_owner(self, trainer: Trainer) -> None:
         """Rank 0 of a spawned process group hands its state to the creating process."""
         if self._handover.in_owner() or not trainer.is_global_zero:
             return
-        state = self.state_dict()
-        state.pop("rng_states", None)
-        state.pop("train_generators", None)
-        self._handover.publish(state, results_dir=self._results_dir, dir_checked=self._dir_checked)
+        state, directory = self._state(with_rng=False), self._directory
+        self._handover.publish(state, results_dir=directory.path, dir_checked=directory.claimed)
 
     def _sync_from_child(self) -> None:
         """In the creating process: load the state a spawned rank 0 published, if newer."""
@@ -453,8 +410,8 @@ class ContinualEvalCallback(Callback):
         self.load_state_dict(published.state)
         self._resumed_progress = None  # a child's stage in progress is no checkpoint to resume
         if published.results_dir is not None:
-            self._results_dir = published.results_dir
-        self._dir_checked = published.dir_checked
+            self._directory.path = published.results_dir
+        self._directory.claimed = published.dir_checked
 
     # ------------------------------------------------------------------ evaluation
     @property
@@ -468,20 +425,19 @@ class ContinualEvalCallback(Callback):
     def _record_step(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         record = self._record
         assert record is not None and self._task_loaders is not None
-        stage = record.num_stages
-        subset = self._task_loaders.subsets is not None
-        tasks = range(stage + 1)
-        scored = self._scoring.score(trainer, pl_module, record, tasks, stage=stage, subset=subset)
+        stage, subset = record.num_stages, self._task_loaders.subsets is not None
+        scored = self._scoring.score(
+            trainer, pl_module, record, range(stage + 1), stage=stage, subset=subset
+        )
         record.record_step(step, stage, scored.rows, full=not subset)
+        self._log_step(trainer, scored.rows, step, subset=subset)
+
+    def _log_step(
+        self, trainer: Trainer, rows: Mapping[str, Tensor], step: int, *, subset: bool = False
+    ) -> None:
         if trainer.is_global_zero:
-            log_step(
-                trainer.loggers,
-                record.task_names,
-                scored.rows,
-                step,
-                prefix=self.prefix,
-                subset=subset,
-            )
+            names = self.task_names or []
+            log_step(trainer.loggers, names, rows, step, prefix=self.prefix, subset=subset)
 
     def _record_baseline(self, trainer: Trainer, pl_module: LightningModule) -> None:
         record = self._record
@@ -489,7 +445,7 @@ class ContinualEvalCallback(Callback):
         if trainer.loggers:  # every rank, before anything is measured (no collective)
             refuse_key_collisions(record.continual_results(), self.prefix)
         scored = self._scoring.score(trainer, pl_module, record, range(record.num_tasks), stage=-1)
-        _as_callback_error(record.record_baseline, scored)
+        as_callback_error(record.record_baseline, scored)
         if trainer.is_global_zero:
             log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
 
@@ -503,22 +459,14 @@ class ContinualEvalCallback(Callback):
             trainer, pl_module, record, self._cost, stage, evaluate=self.evaluate
         )
         # every rank records the same rows: reduced across ranks before this point
-        notes = _as_callback_error(record.record_stage, stage, scored, cost)
-        if trainer.is_global_zero:
-            for note in notes:
-                warnings.warn(note, stacklevel=2)
+        notes = as_callback_error(record.record_stage, stage, scored, cost)
+        for note in notes:
+            self._warn(trainer, note)
         if self.step_evaluation is not None:
             record.steps_trained = self._current_step(trainer)
             replaced = record.record_step(record.steps_trained, stage, scored.rows, full=True)
-            if trainer.is_global_zero and replaced is None:
-                # the whole-test-set point of every curve at this step, under the full-set keys
-                log_step(
-                    trainer.loggers,
-                    record.task_names,
-                    record.curves.last(),
-                    record.steps_trained,
-                    prefix=self.prefix,
-                )
+            if replaced is None:  # the whole-test-set point of every curve, under the full keys
+                self._log_step(trainer, record.curves.last(), record.steps_trained)
         if trainer.is_global_zero:
             results = self._write(trainer)
             log_stage(
@@ -527,17 +475,21 @@ class ContinualEvalCallback(Callback):
                 stage,
                 prefix=self.prefix,
                 log_images=self.log_images,
-                results_dir=self._results_dir,
+                results_dir=self._directory.path,
             )
             if self.verbose:
                 rank_zero_info(stage_line(results, stage))
+
+    def _warn(self, trainer: Trainer, note: str | None) -> None:
+        """Rank 0 warns ``note`` (if any)."""
+        if note is not None and trainer.is_global_zero:
+            warnings.warn(note, stacklevel=3)
 
     def _write(self, trainer: Trainer | None = None) -> ContinualResults:
         """Build the results, write their files (rank 0, once the directory is known) and, in a
         spawned process, hand the state to the creating one; returns the results."""
         results = self.continual_results()
-        if self._results_dir is not None:
-            results.write(self._results_dir)
+        self._directory.write(results)
         if trainer is not None:
             self._publish_to_owner(trainer)
         return results
@@ -545,7 +497,7 @@ class ContinualEvalCallback(Callback):
     # ------------------------------------------------------------------ hooks
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._detach_from_owner()
+        self._record = self._handover.own_copy(self._record)  # ddp_spawn: this rank's own copy
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -563,7 +515,7 @@ class ContinualEvalCallback(Callback):
             check_schedule(trainer, self.epochs_per_task, T)
         else:
             check_fit_trains(trainer, self.stages_completed, T)
-        if not self._dir_checked:
+        if not self._directory.claimed:
             self._claim_results_dir(trainer)
         assert self._record is not None
         if not self._record.baseline_done:
@@ -579,17 +531,12 @@ class ContinualEvalCallback(Callback):
             self._cost.resume_stage(progress, stage=self.stages_completed, step=trainer.global_step)
         self._fit_step_base = trainer.global_step
         self._fit_steps_before = self.steps_trained
-        note = self._generators.on_train_start(trainer, self.epochs_per_task)
-        if note is not None and trainer.is_global_zero:
-            warnings.warn(note, stacklevel=2)
-        k = self.epochs_per_task
-        if k is None:
-            return
+        self._warn(trainer, self._generators.on_train_start(trainer, self.epochs_per_task))
         # resumed from a checkpoint written after a stage's last epoch but before its evaluation
         # (ModelCheckpoint saving in on_validation_end): score that stage now, from those weights
-        epochs_done = trainer.current_epoch
-        if epochs_done % k == 0 and self.stages_completed == epochs_done // k - 1:
-            self._record_stage(trainer, pl_module, epochs_done // k - 1)
+        stage = due_stage(trainer.current_epoch, self.epochs_per_task, self.stages_completed)
+        if stage is not None:
+            self._record_stage(trainer, pl_module, stage)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -621,14 +568,11 @@ class ContinualEvalCallback(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        k = self.epochs_per_task
-        if k is None or (trainer.current_epoch + 1) % k:
+        stage = due_stage(trainer.current_epoch + 1, self.epochs_per_task, self.stages_completed)
+        if stage is None:
             return
-        stage = (trainer.current_epoch + 1) // k - 1
-        if stage != self.stages_completed:
-            return
-        if trainer.global_step == self._cost.start_step and trainer.is_global_zero:
-            warnings.warn(untrained_stage(stage, self.task_names or []), stacklevel=2)
+        if trainer.global_step == self._cost.start_step:
+            self._warn(trainer, untrained_stage(stage, self.task_names or []))
         self._record_stage(trainer, pl_module, stage)
 
     @override
@@ -637,30 +581,16 @@ class ContinualEvalCallback(Callback):
         k = self.epochs_per_task
         if k is None:
             self._record_stage(trainer, pl_module, self.stages_completed)
-        elif trainer.is_global_zero:
-            note = schedule_end_problem(
-                trainer.current_epoch,
-                trainer.max_epochs,
-                k,
-                self.stages_completed,
-                self.task_names or [],
-            )
-            if note is not None:
-                warnings.warn(note, stacklevel=2)
+        else:
+            epoch, names = trainer.current_epoch, self.task_names or []
+            end = schedule_end_problem(epoch, trainer.max_epochs, k, self.stages_completed, names)
+            self._warn(trainer, end)
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         stage = self.stages_completed
         if self.epochs_per_task is None and not self._trained_this_fit:
-            raise empty_fit(stage, self.task_names or [], self._results_dir)
+            raise empty_fit(stage, self.task_names or [], self._directory.path)
         done = stage == self.num_tasks or self.epochs_per_task is not None
         if trainer.is_global_zero and self.verbose and done and stage:
             rank_zero_info(format_matrix_table(self.continual_results()))
-
-
-def _as_callback_error(record: Any, *values: Any) -> Any:
-    """``record(*values)``, its refusal (``ValueError``) named as the callback's."""
-    try:
-        return record(*values)
-    except ValueError as err:
-        raise ValueError(f"ContinualEvalCallback: {err}") from err

@@ -121,7 +121,7 @@ def test_owner_callback_takes_the_published_state(handover_dir, tmp_path):
     assert torch.equal(owner.scores, trained.scores)
     assert torch.equal(owner.baseline, trained.baseline)
     assert owner.task_names == trained.task_names
-    assert owner.results_dir == results and owner._dir_checked
+    assert owner.results_dir == results and owner._directory.claimed
     assert owner.results()["scores"] == trained.results()["scores"]
     assert child.stages_completed == 3  # the copy reads the same file once too
 

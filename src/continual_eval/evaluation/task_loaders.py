@@ -5,7 +5,7 @@ batch cache wrapping."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,6 +15,9 @@ from continual_eval.evaluation.loaders import (
     spare_dataloader,
     subset_dataloader,
 )
+
+if TYPE_CHECKING:
+    from continual_eval.options import StepEvaluation
 
 __all__ = ["TaskLoaders"]
 
@@ -73,6 +76,28 @@ class TaskLoaders:
         #: rank without a batch of the task runs the model on in a lockstep evaluation
         self.spare_loaders: list[Any] = [None] * len(self.loaders)
         self._cache_reported = False
+
+    @classmethod
+    def for_steps(
+        cls,
+        loaders: Sequence[Any],
+        task_names: Sequence[str],
+        steps: StepEvaluation | None,
+        *,
+        cache: bool | None = None,
+        cache_max_bytes: int = 256 * 2**20,
+    ) -> TaskLoaders:
+        """The loaders of a run whose in-stage evaluations follow ``steps`` (``None``: none; else
+        its fixed subset per task and seed)."""
+        return cls(
+            loaders,
+            task_names,
+            subset_size=None if steps is None else steps.subset,
+            subset_seed=0 if steps is None else steps.subset_seed,
+            cache=cache,
+            cache_max_bytes=cache_max_bytes,
+            per_step=steps is not None,
+        )
 
     def __len__(self) -> int:
         return len(self.loaders)

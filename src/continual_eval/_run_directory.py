@@ -1,0 +1,65 @@
+"""The results directory of one :class:`~continual_eval.ContinualEvalCallback` run, as the
+callback sees it: chosen on rank 0 at the first fit, claimed on every rank before anything is
+trained or written, written after every stage. The file rules (atomic writes, the claim, the
+commit record) are :mod:`continual_eval.results.files`; this holds what one run knows about
+its directory across fits, checkpoints and the ``ddp_spawn`` hand-over.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.utilities import rank_zero_info
+
+from continual_eval.results.files import choose_results_dir, claim_or_refuse
+
+if TYPE_CHECKING:
+    from continual_eval.results import ContinualResults
+
+__all__ = ["RunDirectory"]
+
+
+class RunDirectory:
+    """Where one run's ``results.json`` and ``scores*.csv`` go.
+
+    Args:
+        dirpath: the user's directory, or ``None`` for one per run from the first logger
+            (:func:`~continual_eval.results.files.default_results_dir`).
+        overwrite: claim a directory holding another run's results.
+    """
+
+    def __init__(self, dirpath: str | os.PathLike[str] | None, *, overwrite: bool) -> None:
+        self.dirpath = None if dirpath is None else Path(dirpath)
+        self.overwrite = overwrite
+        self.path: Path | None = None  # set on rank 0 at the first fit
+        self.recorded: str | None = None  # the directory a restored checkpoint names
+        self.claimed = False  # claimed (or refused) before this run trained anything
+
+    def choose(self, trainer: Any, run_id: str) -> None:
+        """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
+        recorded (if it still holds that run), else ``dirpath`` or the logger's."""
+        if trainer.is_global_zero and self.path is None:
+            self.path = choose_results_dir(
+                trainer, self.dirpath, recorded=self.recorded, run_id=run_id
+            )
+
+    def claim(self, trainer: Any, run_id: str, *, restored: bool, verbose: bool) -> None:
+        """Every rank, once per run before anything is trained or written: rank 0 claims the
+        directory (and says where it is when ``verbose``); every rank raises
+        ``FileExistsError`` naming why when another run uses it or holds its results (unless
+        ``overwrite``)."""
+        claim_or_refuse(
+            trainer, self.path, run_id=run_id, restored=restored, overwrite=self.overwrite
+        )
+        self.claimed = True
+        if verbose and trainer.is_global_zero and self.path is not None:
+            rank_zero_info(
+                f"[continual-eval] run {run_id}: results.json and scores.csv go to {self.path}"
+            )
+
+    def write(self, results: ContinualResults) -> None:
+        """Commit ``results`` (rank 0, once the directory is known; elsewhere nothing)."""
+        if self.path is not None:
+            results.write(self.path)
