@@ -116,14 +116,11 @@ from continual_eval.evaluation.task_loaders import TaskLoaders
 #: what the evaluation engine promises; the built-in scorer classes (``make_scorer`` builds
 #: them), the loaders' helpers and the names re-exported for the tests stay importable without a
 #: promise
+# the promised API (docs/compatibility.md): other names here are importable, not promised
 __all__ = [
     "LOCKSTEP_ATTR",
     "EvaluationError",
-    "Lockstep",
     "Scorer",
-    "TaskAgnosticAccuracyScorer",
-    "TaskAwareAccuracyScorer",
-    "TaskEvaluation",
     "cache_safety",
     "collective_forward",
     "evaluate_tasks",

@@ -26,19 +26,9 @@ from continual_eval.online.record import (
     score_key,
 )
 
+# the promised API (docs/compatibility.md): other names here are importable, not promised
 __all__ = [
-    "BLIND_PREDICTORS",
-    "ONLINE_FILE",
-    "ONLINE_PNG",
-    "HeldOut",
-    "HeldOutEvaluation",
     "OnlineEvalCallback",
     "OnlineResults",
-    "OnlineWindow",
-    "Protocol",
-    "ScoreCounts",
-    "WindowCost",
-    "plot_online",
     "read_online",
-    "score_key",
 ]

@@ -32,14 +32,13 @@ from continual_eval.results.model import (
 from continual_eval.results.reference import Reference, ReferenceCurve
 from continual_eval.results.schema import InvalidResultsError
 
+# the promised API (docs/compatibility.md): other names here are importable, not promised
 __all__ = [
     "ClassIncrementalResults",
     "ContinualResults",
     "InvalidResultsError",
     "MatrixResults",
     "Plasticity",
-    "Reference",
-    "ReferenceCurve",
     "ReferenceMetrics",
     "ReferenceScores",
     "RunCost",

@@ -40,28 +40,18 @@ from continual_eval.stream.trace import (
 )
 
 #: what the reward-stream package promises (what docs/stream.md documents)
+# the promised API (docs/compatibility.md): other names here are importable, not promised
 __all__ = [
     "EpisodeStep",
     "EpisodeTrace",
     "RewardComponent",
     "RewardSpec",
     "RewardStreamCallback",
-    "StepRecord",
-    "UpperBound",
-    "adaptation_speed",
     "aggregate_seeds",
     "analytic_upper_bound",
     "compute_all_metrics",
-    "data_relative_upper_bound",
-    "effective_rank",
-    "forgetting",
-    "format_table",
-    "numeric_upper_bound",
-    "read_ceiling_file",
     "read_jsonl",
     "record",
-    "recovery_time",
-    "relative_adaptation_advantage",
     "write_jsonl",
 ]
 
