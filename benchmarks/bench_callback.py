@@ -6,7 +6,7 @@ Whole run: wall time of ``fit_tasks`` with the callback against the same task se
 
 Per-step evaluation (``eval_every_n_steps``), side by side in one run, one evaluation of all T
 tasks each: the compute floor (the same model over the same batches already collated on the
-device), the plain DataLoader loop, and the callback's evaluation (``_evaluate``, what every
+device), the plain DataLoader loop, and the callback's evaluation (``evaluate`` below, what every
 per-step evaluation runs) with ``cache_test_batches=True`` and ``False``.
 
     python benchmarks/bench_callback.py                  # T=20 tasks x 10k test samples
@@ -92,6 +92,15 @@ def make_data(
     return train, test
 
 
+def evaluate(cb: ContinualEvalCallback, tr: pl.Trainer, model, tasks) -> dict[str, torch.Tensor]:
+    """What a per-step or stage-end evaluation of ``tasks`` runs inside the callback: its
+    scoring adapter over its own loaders (private names, read here only: the one place a
+    benchmark times the evaluation alone, without the hooks and files around it)."""
+    record = cb.record
+    assert record is not None
+    return dict(cb._scoring.score(tr, model, record, list(tasks), stage=record.num_stages).rows)
+
+
 def floor_pass(model: nn.Module, loaders) -> float:
     """The bare loop: inference mode, argmax, count; one host sync at the end. ``loaders``: one
     iterable of ``(x, y)`` batches per task (DataLoaders, or batches already collated on the
@@ -171,7 +180,7 @@ def run_step_section(args: argparse.Namespace) -> None:
 
         def callback_pass(cb: ContinualEvalCallback) -> float:
             start = time.perf_counter()
-            cb._evaluate(tr, model, tasks)
+            evaluate(cb, tr, model, tasks)
             return time.perf_counter() - start
 
         variants = {
@@ -268,7 +277,7 @@ def run_eval_section(args: argparse.Namespace) -> None:
         def stage(fast: bool) -> float:
             evaluation.switches.FAST_PATH = fast
             start = time.perf_counter()
-            default._evaluate(tr, model, tasks)
+            evaluate(default, tr, model, tasks)
             elapsed = time.perf_counter() - start
             evaluation.switches.FAST_PATH = True
             return elapsed
@@ -278,7 +287,7 @@ def run_eval_section(args: argparse.Namespace) -> None:
             default._task_loaders.cache_mode = True
             start = time.perf_counter()
             for _ in range(T + 1):
-                default._evaluate(tr, model, tasks)
+                evaluate(default, tr, model, tasks)
             elapsed = time.perf_counter() - start
             default._task_loaders.cache_mode = False
             return elapsed
@@ -288,9 +297,9 @@ def run_eval_section(args: argparse.Namespace) -> None:
 
         stage_fast, stage_plain = stage(True), stage(False)
         evaluation.switches.FAST_PATH = False
-        plain_row = default._evaluate(tr, model, tasks)[default.primary]
+        plain_row = evaluate(default, tr, model, tasks)[default.primary]
         evaluation.switches.FAST_PATH = True
-        assert torch.equal(default._evaluate(tr, model, tasks)[default.primary], plain_row)
+        assert torch.equal(evaluate(default, tr, model, tasks)[default.primary], plain_row)
         del stage_fast, stage_plain  # warm-up
         times = measure(
             {
@@ -340,7 +349,7 @@ def run_workers_section(args: argparse.Namespace) -> None:
         def whole_run(pooled: bool) -> float:
             evaluation.switches.POOLED_LOADERS = pooled
             start = time.perf_counter()
-            rows[pooled] = [cb._evaluate(tr, model, range(T))[cb.primary] for _ in range(T + 1)]
+            rows[pooled] = [evaluate(cb, tr, model, range(T))[cb.primary] for _ in range(T + 1)]
             elapsed = time.perf_counter() - start
             evaluation.switches.POOLED_LOADERS = True
             while evaluation._POOLS:  # a new run starts its own pool
@@ -449,7 +458,7 @@ def floor_setting(tasks: int, size: int, repeats: int) -> tuple[dict, dict]:
         batches = [[(x.to(device), y.to(device)) for x, y in dl] for dl in test]
         runs = {
             "floor": lambda: floor_pass(model, batches),
-            "eval": lambda: cb._evaluate(tr, model, range(tasks)),
+            "eval": lambda: evaluate(cb, tr, model, range(tasks)),
         }
         for rep in range(repeats + 1):  # the first: warm-up
             for name in ("floor", "eval") if rep % 2 == 0 else ("eval", "floor"):
@@ -462,7 +471,7 @@ def floor_setting(tasks: int, size: int, repeats: int) -> tuple[dict, dict]:
 
 
 def run_floor_section(args: argparse.Namespace) -> None:
-    """A stage's evaluation (``_evaluate`` of every task, the callback's own hook work without the
+    """A stage's evaluation (``evaluate`` of every task, the callback's own hook work without the
     files) against the compute floor (the same model over pre-collated batches: forward, argmax,
     count), for the MLP 32-64-64-2 at batch 128: T = 10 and 20 tasks x 2000 test samples and
     10 x 10000, interleaved; medians of paired ratios, of wall and (less noisy on a shared
