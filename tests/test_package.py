@@ -57,7 +57,7 @@ def test_promised_api_is_small_resolves_and_is_documented():
 
     promised = _promised()
     total = sum(len(names) for names in promised.values())
-    assert total <= 80, total
+    assert total <= 85, total
     pages = "\n".join(p.read_text(encoding="utf-8") for p in (DOCS / "api").glob("*.md"))
     directives = {line.split()[1] for line in pages.splitlines() if line.startswith("::: ")}
     for module, names in promised.items():

@@ -23,7 +23,7 @@ _LAZY = {
     "ContinualMetrics": "continual_eval.metric",
     "ContinualResults": "continual_eval.results",
     "continual_metrics": "continual_eval.functional",
-    "Reference": "continual_eval.results",
+    "Reference": "continual_eval.results.reference",
     "train_reference": "continual_eval.references",
     "task_classes_from_loaders": "continual_eval.evaluation.class_incremental",
     "plot_accuracy_curves": "continual_eval.plotting",
@@ -63,7 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
         plot_task_trajectories,
     )
     from continual_eval.references import train_reference
-    from continual_eval.results import ContinualResults, Reference
+    from continual_eval.results import ContinualResults
+    from continual_eval.results.reference import Reference
     from continual_eval.training import fit_tasks, scheduled_task
 
 

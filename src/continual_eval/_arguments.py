@@ -15,6 +15,7 @@ from continual_eval._class_incremental_recorder import (
     ClassIncrementalRecord,
     class_incremental_scorers,
 )
+from continual_eval._held_out_record import HeldOutRecord
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
 from continual_eval.evaluation.scorers import AccuracyScorer, MetricScorer, Scorer, make_scorer
 from continual_eval.options import StepEvaluation
@@ -26,6 +27,7 @@ __all__ = [
     "check_choice",
     "check_epochs_per_task",
     "check_flags",
+    "check_held_out",
     "check_lca_beta",
     "check_loader_count",
     "check_metadata",
@@ -110,8 +112,16 @@ def check_task_names(task_names: object) -> list[str] | None:
     return list(task_names)
 
 
-def check_loader_count(num_loaders: int, task_names: Sequence[str] | None) -> None:
-    """At least one and at most ``MAX_TASKS`` test loaders, one per given task name."""
+def check_loader_count(
+    num_loaders: int, task_names: Sequence[str] | None, recorded: int | None = None
+) -> None:
+    """At least one and at most ``MAX_TASKS`` test loaders, one per given task name (and per
+    task of a run ``recorded`` already)."""
+    if recorded is not None and recorded != num_loaders:
+        raise ValueError(
+            f"ContinualEvalCallback recorded a run of {recorded} tasks but {num_loaders} test "
+            "dataloaders were given"
+        )
     if num_loaders > MAX_TASKS:
         raise ValueError(
             f"{num_loaders} test dataloaders; results.json holds at most {MAX_TASKS} tasks"
@@ -252,23 +262,51 @@ def step_settings(steps: StepEvaluation | None) -> dict[str, Any] | None:
     return {"subset": steps.subset, "subset_seed": steps.subset_seed}
 
 
+def check_held_out(held_out: object, task_classes: object) -> dict[str, Any]:
+    """``held_out_dataloaders``: a mapping of distinct non-empty names to loaders, not with
+    ``task_classes`` (whose scorers score a task's own classes: a held-out set has none)."""
+    if held_out is None:
+        return {}
+    if not isinstance(held_out, Mapping):
+        raise TypeError(
+            "held_out_dataloaders must be a mapping name -> test loader, got "
+            f"{type(held_out).__name__}"
+        )
+    for name in held_out:
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                f"held_out_dataloaders: {name!r} is not a name (a non-empty string of at most "
+                f"{MAX_NAME_LENGTH} characters)"
+            )
+    if held_out and task_classes is not None:
+        raise ValueError(
+            "held_out_dataloaders cannot be combined with task_classes: the class-incremental "
+            "scorers score each task's own classes, and a held-out set belongs to no task"
+        )
+    return dict(held_out)
+
+
 def run_record(
     scorers: Mapping[str, Scorer],
     task_names: Sequence[str],
     *,
     steps: StepEvaluation | None,
+    held_out: Sequence[str] = (),
     **settings: Any,
 ) -> RunRecord:
     """The run record of the callback's scorers (a matrix each, the primary first) and settings
     (``forgetting``, ``metadata``, ``run_id``, ``reference``, ``lca_beta``), with the step curves
-    when ``steps`` and the class-incremental section when the scorers hold the task-agnostic
-    one."""
+    when ``steps``, the class-incremental section when the scorers hold the task-agnostic one
+    and the held-out section when ``held_out`` names sets."""
     sections: list[RecordSection] = []
+    specs = {name: MatrixSpec.of(scorer) for name, scorer in scorers.items()}
     agnostic = scorers.get(AGNOSTIC_NAME)
     if isinstance(agnostic, TaskAgnosticAccuracyScorer):
         sections.append(ClassIncrementalRecord(agnostic, task_names))
+    if held_out:
+        sections.append(HeldOutRecord(held_out, specs))
     return RunRecord(
-        {name: MatrixSpec.of(scorer) for name, scorer in scorers.items()},
+        specs,
         task_names,
         step_curves=steps is not None,
         sections=sections,

@@ -119,6 +119,9 @@ class ClassIncrementalRecord:
         self._encoded: dict[int, str] = {}  # stage -> encode_confusion() of it, made once
 
     # ------------------------------------------------------------------ recording
+    def record_baseline(self, scored: Scored) -> None:
+        """Nothing: the counts start with the first stage."""
+
     def check_stage(self, stage: int, scored: Scored) -> None:
         """The evaluation must hold the task-agnostic scorer's confusion blocks of every seen
         task."""

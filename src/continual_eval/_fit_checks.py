@@ -16,6 +16,7 @@ __all__ = [
     "as_callback_error",
     "check_fit_trains",
     "check_schedule",
+    "check_stage_exists",
     "due_stage",
     "empty_fit",
     "schedule_end_problem",
@@ -25,6 +26,14 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+def check_stage_exists(stage: int, num_tasks: int | None) -> None:
+    """Refuse training stage ``stage`` of a sequence of ``num_tasks`` tasks when there is no such
+    task (more training stages than test loaders)."""
+    assert num_tasks is not None
+    if stage >= num_tasks:
+        raise too_many_stages(stage, num_tasks)
 
 
 def too_many_stages(stage: int, num_tasks: int) -> ValueError:

@@ -28,6 +28,8 @@ class TrainerScoring:
     scorers: Mapping[str, Scorer]
     task_loaders: TaskLoaders
     inference_mode: bool
+    #: held-out sets: the last ``held_out`` loaders of ``task_loaders``, after the tasks'
+    held_out: int = 0
 
     def score(
         self,
@@ -38,21 +40,24 @@ class TrainerScoring:
         *,
         stage: int,
         subset: bool = False,
+        held_out: bool = False,
     ) -> Scored:
-        """Score ``task_ids`` (their fixed subsets with ``subset``); ``stage`` is ``-1`` for the
-        baseline, else the stage being trained (per-step evaluations) or just finished."""
+        """Score ``task_ids`` (their fixed subsets with ``subset``), and with ``held_out`` the
+        held-out sets (whole); ``stage`` is ``-1`` for the baseline, else the stage being
+        trained (per-step evaluations) or just finished."""
+        T, H = record.num_tasks, self.held_out if held_out else 0
         evaluation = evaluate_under_trainer(
             trainer,
             pl_module,
             self.task_loaders,
-            task_ids,
+            [*task_ids, *range(T, T + H)],
             self.scorers,
             inference_mode=self.inference_mode,
-            task_names=record.task_names,
+            task_names=self.task_loaders.task_names,
             subset=subset,
             stage=stage,
         )
-        return Scored.from_evaluation(list(self.scorers), evaluation, record.num_tasks)
+        return Scored.from_evaluation(list(self.scorers), evaluation, T, H)
 
     def stage_end(
         self,
@@ -75,7 +80,7 @@ class TrainerScoring:
         start = time.perf_counter()
         T = record.num_tasks
         tasks = range(T) if evaluate == "all" else range(min(stage + 2, T))
-        scored = self.score(trainer, pl_module, record, tasks, stage=stage)
+        scored = self.score(trainer, pl_module, record, tasks, stage=stage, held_out=True)
         cost = meter.finish_stage(
             stage,
             pl_module,

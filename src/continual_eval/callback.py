@@ -27,10 +27,10 @@ from continual_eval._fit_checks import (
     as_callback_error,
     check_fit_trains,
     check_schedule,
+    check_stage_exists,
     due_stage,
     empty_fit,
     schedule_end_problem,
-    too_many_stages,
     unsharded_loaders,
     untrained_stage,
 )
@@ -127,6 +127,9 @@ class ContinualEvalCallback(Callback):
             ids per task (or :func:`~continual_eval.task_classes_from_loaders`); adds the
             matrices ``acc_task_aware`` and ``acc_task_agnostic`` after ``scorers`` and the
             ``class_incremental`` section (confusion counts of the seen tasks per stage).
+        held_out_dataloaders: ``name -> loader`` of sets never trained (a language model's
+            general-ability set): scored with every scorer at the baseline and after every
+            stage, as task id ``T + h``, into the ``held_out`` section; never part of ``R``.
     """
 
     def __init__(
@@ -153,6 +156,7 @@ class ContinualEvalCallback(Callback):
         reference: Any = None,
         lca_beta: int | None = None,
         task_classes: Sequence[Sequence[int]] | None = None,
+        held_out_dataloaders: Mapping[str, Any] | None = None,
     ) -> None:
         args.check_choice("evaluate", evaluate, ("all", "needed"))
         args.check_choice("forgetting", forgetting, FORGETTING_CONVENTIONS)
@@ -163,6 +167,7 @@ class ContinualEvalCallback(Callback):
         self.step_evaluation = StepEvaluation.of(eval_every_n_steps)
         self.lca_beta = args.check_lca_beta(lca_beta, self.step_evaluation)
         self._given_names = args.check_task_names(task_names)
+        self.held_out_dataloaders = args.check_held_out(held_out_dataloaders, task_classes)
         if test_dataloaders is not None:
             test_dataloaders = as_loader_list(test_dataloaders, "test_dataloaders")
         self.evaluate, self.forgetting, self.prefix = evaluate, forgetting, prefix
@@ -285,35 +290,33 @@ class ContinualEvalCallback(Callback):
         """``(step [N], stage [N], scores [N, T])`` of the evaluations inside and at the end of
         the stages for the scorer ``name`` (default: the primary one); empty unless
         ``eval_every_n_steps`` is set."""
-        return (
-            StepCurves([self.primary]).tensors(0)
-            if self.record is None
-            else (self.record.curves.tensors(self.record.num_tasks, name))
-        )
+        record = self.record
+        if record is None:
+            return StepCurves([self.primary]).tensors(0)
+        return record.curves.tensors(record.num_tasks, name)
 
     # ------------------------------------------------------------------ the record
     def _new_record(self, task_names: Sequence[str]) -> RunRecord:
         settings: dict[str, Any] = {"forgetting": self.forgetting, "metadata": self.metadata}
         settings.update(reference=self.reference, lca_beta=self.lca_beta, run_id=self.run_id)
-        return args.run_record(self.scorers, task_names, steps=self.step_evaluation, **settings)
+        held_out, steps = list(self.held_out_dataloaders), self.step_evaluation
+        return args.run_record(self.scorers, task_names, steps=steps, held_out=held_out, **settings)
 
     def _set_loaders(self, loaders: list[Any]) -> None:
-        T = len(loaders)
-        args.check_loader_count(T, self._given_names)
-        if self._record is not None and self._record.num_tasks != T:
-            raise ValueError(
-                f"ContinualEvalCallback recorded a run of {self._record.num_tasks} tasks but "
-                f"{T} test dataloaders were given"
-            )
-        record = self._record or self._new_record(
-            self._given_names or [f"task_{j}" for j in range(T)]
-        )
-        steps, cache = self.step_evaluation, self.cache_test_batches
+        T, record = len(loaders), self._record
+        args.check_loader_count(T, self._given_names, None if record is None else record.num_tasks)
+        record = record or self._new_record(self._given_names or [f"task_{j}" for j in range(T)])
+        steps, held_out = self.step_evaluation, self.held_out_dataloaders
         self._task_loaders = TaskLoaders.for_steps(
-            loaders, record.task_names, steps, cache=cache, cache_max_bytes=self.cache_max_bytes
+            loaders,
+            record.task_names,
+            steps,
+            held_out,
+            cache=self.cache_test_batches,
+            cache_max_bytes=self.cache_max_bytes,
         )
         self._loaders, self._record = loaders, record
-        record.step_subset = args.subset_description(steps, self._task_loaders.subset_sizes)
+        record.step_subset = args.subset_description(steps, self._task_loaders.subset_sizes[:T])
 
     def _prepare_fit(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._loaders is None:
@@ -417,7 +420,8 @@ class ContinualEvalCallback(Callback):
     @property
     def _scoring(self) -> TrainerScoring:
         assert self._task_loaders is not None
-        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode)
+        held_out = len(self.held_out_dataloaders)
+        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode, held_out)
 
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
@@ -444,7 +448,8 @@ class ContinualEvalCallback(Callback):
         assert record is not None
         if trainer.loggers:  # every rank, before anything is measured (no collective)
             refuse_key_collisions(record.continual_results(), self.prefix)
-        scored = self._scoring.score(trainer, pl_module, record, range(record.num_tasks), stage=-1)
+        tasks = range(record.num_tasks)
+        scored = self._scoring.score(trainer, pl_module, record, tasks, stage=-1, held_out=True)
         as_callback_error(record.record_baseline, scored)
         if trainer.is_global_zero:
             log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
@@ -452,9 +457,7 @@ class ContinualEvalCallback(Callback):
     def _record_stage(self, trainer: Trainer, pl_module: LightningModule, stage: int) -> None:
         record = self._record
         assert record is not None
-        T = record.num_tasks
-        if stage >= T:
-            raise too_many_stages(stage, T)
+        check_stage_exists(stage, record.num_tasks)
         scored, cost = self._scoring.stage_end(
             trainer, pl_module, record, self._cost, stage, evaluate=self.evaluate
         )
@@ -544,10 +547,7 @@ class ContinualEvalCallback(Callback):
         k = self.epochs_per_task
         if k is None:
             return
-        stage = trainer.current_epoch // k
-        assert self.num_tasks is not None
-        if stage >= self.num_tasks:
-            raise too_many_stages(stage, self.num_tasks)
+        check_stage_exists(trainer.current_epoch // k, self.num_tasks)
         if trainer.current_epoch % k == 0:
             self._cost.start_stage(pl_module.device, trainer.global_step)
 

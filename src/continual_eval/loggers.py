@@ -236,7 +236,26 @@ def stage_scalars(
     scalars |= _reference_scalars(results, stage, prefix)
     scalars |= _cost_scalars(results, stage, prefix)
     scalars |= class_incremental_scalars(results, stage, prefix)
+    scalars |= held_out_scalars(results, stage, prefix)
     scalars[f"{prefix}stage"] = float(stage)
+    return scalars
+
+
+def held_out_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:
+    """``{prefix}held_out/{set}/{name}`` (the score after ``stage``; ``stage=-1``: the baseline)
+    and ``.../{name}/delta`` (against the baseline) of every matrix ``name`` and held-out set."""
+    held_out = results.held_out
+    if held_out is None or stage >= held_out.num_stages:
+        return {}
+    scalars: dict[str, float] = {}
+    for name in held_out.scores:
+        values = held_out.baseline[name] if stage < 0 else held_out.scores[name][stage]
+        deltas = None if stage < 0 else held_out.delta(name)[stage].tolist()
+        for k, (h, value) in enumerate(zip(held_out.names, values.tolist(), strict=True)):
+            if _finite(value):
+                scalars[f"{prefix}held_out/{h}/{name}"] = value
+            if deltas is not None and _finite(deltas[k]):
+                scalars[f"{prefix}held_out/{h}/{name}/delta"] = deltas[k]
     return scalars
 
 
@@ -374,14 +393,15 @@ def log_baseline(
     prefix: str = "continual/",
 ) -> None:
     """Log every matrix's untrained scores at step 0: ``{prefix}baseline/{task}`` for the primary
-    matrix, ``{prefix}{name}/baseline/{task}`` for the others."""
+    matrix, ``{prefix}{name}/baseline/{task}`` for the others, ``{prefix}held_out/{set}/{name}``
+    for the held-out sets."""
     results = _as_results(results)
     scalars = {
         f"{_scorer_base(results, name, prefix)}baseline/{task}": value
         for name, matrix in results.matrices.items()
         for task, value in zip(results.task_names, matrix.baseline.tolist(), strict=True)
         if math.isfinite(value)
-    }
+    } | held_out_scalars(results, -1, prefix)
     for logger in loggers:
         if scalars:
             logger.log_metrics(scalars, step=0)

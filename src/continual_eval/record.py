@@ -76,43 +76,56 @@ class Scored:
             (``details(reduced_counts)``, e.g. confusion blocks ``[len(task_ids), K, C]``);
             scorers without details are absent.
         task_ids: the tasks scored, in the order of the details' rows.
+        held_out: matrix name -> the held-out sets' row ``[H]`` (empty without held-out sets).
     """
 
     rows: Mapping[str, Tensor]
     details: Mapping[str, Any] = field(default_factory=dict)
     task_ids: tuple[int, ...] = ()
+    held_out: Mapping[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_evaluation(
-        cls, names: Sequence[str], evaluation: TaskEvaluation, num_tasks: int
+        cls, names: Sequence[str], evaluation: TaskEvaluation, num_tasks: int, num_held_out: int = 0
     ) -> Scored:
         """From :func:`~continual_eval.evaluation.evaluate_tasks`'s result, whose scores are
-        aligned with the scorers named ``names``: each row spread over the ``num_tasks`` tasks."""
-        task_ids = list(evaluation.task_ids)
+        aligned with the scorers named ``names``: each row spread over the ``num_tasks`` tasks;
+        the loaders after them (ids ``num_tasks + h``) are the ``num_held_out`` held-out sets."""
+        ids = torch.tensor(list(evaluation.task_ids), dtype=torch.int64)
+        tasks = ids < num_tasks
         rows: dict[str, Tensor] = {}
+        held_out: dict[str, Tensor] = {}
         for name, scores in zip(names, evaluation.scores_by_scorer, strict=True):
-            row = torch.full((num_tasks,), math.nan, dtype=torch.float64)
-            row[task_ids] = scores.to(torch.float64)
-            rows[name] = row
+            scores = scores.to(torch.float64)
+            rows[name] = torch.full((num_tasks,), math.nan, dtype=torch.float64)
+            rows[name][ids[tasks]] = scores[tasks]
+            if num_held_out:
+                held_out[name] = torch.full((num_held_out,), math.nan, dtype=torch.float64)
+                held_out[name][ids[~tasks] - num_tasks] = scores[~tasks]
         details = {
             name: value
             for name, value in zip(names, evaluation.details_by_scorer, strict=False)
             if value is not None
         }
-        return cls(rows, details, tuple(task_ids))
+        task_ids = tuple(int(j) for j in ids[tasks])
+        return cls(rows, details, task_ids, held_out)
 
 
 class RecordSection(Protocol):
     """An optional part of a :class:`RunRecord`: records something of its own from every stage's
     evaluation and adds it to the results.
 
-    :meth:`check_stage` runs for every section before anything of the stage is recorded (raise
-    ``ValueError`` to refuse the stage: nothing is recorded anywhere); :meth:`record_stage`
+    :meth:`record_baseline` takes the untrained model's evaluation (raise ``ValueError`` to
+    refuse it); :meth:`check_stage` runs for every section before anything of the stage is
+    recorded (raise ``ValueError`` to refuse the stage: nothing is recorded anywhere);
+    :meth:`record_stage`
     then records it and returns warnings for the caller to show (on rank 0). ``key`` names the
     section's entry in the record's state.
     """
 
     key: str
+
+    def record_baseline(self, scored: Scored) -> None: ...
 
     def check_stage(self, stage: int, scored: Scored) -> None: ...
 
@@ -228,6 +241,8 @@ class RunRecord:
             "check_baseline",
             "the untrained model's {name} scores (the baseline) are refused",
         )
+        for section in self.sections.values():
+            section.record_baseline(scored)
         for name, metric in self.matrices.items():
             metric.update_baseline(scored.rows[name])
         self.baseline_done = True

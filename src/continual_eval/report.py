@@ -66,6 +66,7 @@ from continual_eval._class_incremental_report import (
     class_incremental_summary_lines,
 )
 from continual_eval._csv import csv_text
+from continual_eval._held_out_report import held_out_run_lines
 from continual_eval._latex_table import SPREADS, LatexColumn, latex_table
 from continual_eval._markdown import escape_markdown
 from continual_eval.functional import intransigence
@@ -915,7 +916,7 @@ def latex_summary(
 
 def _run_lines(run: Run, out: Path) -> list[str]:
     """One run's section of ``report.md``: its matrices as tables, its intransigence, its
-    pictures (drawn into ``out``) and its class-incremental lines."""
+    pictures (drawn into ``out``), its held-out sets and its class-incremental lines."""
     from continual_eval.loggers import format_matrix_table
 
     pictures = _plot_run(run, out)
@@ -934,6 +935,7 @@ def _run_lines(run: Run, out: Path) -> list[str]:
             f"![{name}: trajectories]({picture.trajectories.name})",
             "",
         ]
+    lines += held_out_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
     return lines + class_incremental_run_lines(run, out, _plain_for_plot)
 
 

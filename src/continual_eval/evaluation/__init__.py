@@ -121,6 +121,7 @@ __all__ = [
     "LOCKSTEP_ATTR",
     "EvaluationError",
     "Scorer",
+    "TaskEvaluation",
     "cache_safety",
     "collective_forward",
     "evaluate_tasks",

@@ -4,7 +4,7 @@ batch cache wrapping."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,15 +83,18 @@ class TaskLoaders:
         loaders: Sequence[Any],
         task_names: Sequence[str],
         steps: StepEvaluation | None,
+        held_out: Mapping[str, Any] | None = None,
         *,
         cache: bool | None = None,
         cache_max_bytes: int = 256 * 2**20,
     ) -> TaskLoaders:
         """The loaders of a run whose in-stage evaluations follow ``steps`` (``None``: none; else
-        its fixed subset per task and seed)."""
+        its fixed subset per task and seed), the ``held_out`` sets' (name -> loader) after the
+        tasks' (loader ``T + h``)."""
+        held_out = held_out or {}
         return cls(
-            loaders,
-            task_names,
+            [*loaders, *held_out.values()],
+            [*task_names, *(f"held-out set {name!r}" for name in held_out)],
             subset_size=None if steps is None else steps.subset,
             subset_seed=0 if steps is None else steps.subset_seed,
             cache=cache,

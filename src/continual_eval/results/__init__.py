@@ -18,6 +18,7 @@ directory.
 
 from continual_eval.results.class_incremental import ClassIncrementalResults
 from continual_eval.results.files import check_results_files
+from continual_eval.results.held_out import HeldOutResults
 from continual_eval.results.model import (
     ContinualResults,
     MatrixResults,
@@ -36,6 +37,7 @@ from continual_eval.results.schema import InvalidResultsError
 __all__ = [
     "ClassIncrementalResults",
     "ContinualResults",
+    "HeldOutResults",
     "InvalidResultsError",
     "MatrixResults",
     "Plasticity",

@@ -50,6 +50,7 @@ from continual_eval.functional.plasticity import (
 from continual_eval.functional.stability import min_accuracy, stability_gap, worst_case_accuracy
 from continual_eval.results._convert import cells, matrix, present, vector
 from continual_eval.results.class_incremental import ClassIncrementalResults
+from continual_eval.results.held_out import HeldOutResults
 from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
 __all__ = [
@@ -777,6 +778,9 @@ class ContinualResults:
     #: the class-incremental record (``ContinualEvalCallback(task_classes=...)``: the
     #: ``class_incremental`` section); ``None`` without one
     class_incremental: ClassIncrementalResults | None = None
+    #: sets scored at the baseline and after every stage but never trained
+    #: (``ContinualEvalCallback(held_out_dataloaders=...)``: the ``held_out`` section)
+    held_out: HeldOutResults | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -872,6 +876,7 @@ class ContinualResults:
         reference: ReferenceScores | None = None,
         lca_beta: int | None = None,
         class_incremental: ClassIncrementalResults | None = None,
+        held_out: HeldOutResults | None = None,
     ) -> ContinualResults:
         """Compute everything from each scorer's records (the primary first): the metric
         family of each matrix in one pass, with ``steps`` the stability and plasticity metrics
@@ -894,6 +899,7 @@ class ContinualResults:
                 normalised forward transfer).
             lca_beta: ``beta`` of every matrix's ``LCA_beta`` (``None``: not computed).
             class_incremental: the class-incremental record (its own section).
+            held_out: the held-out sets' scores (their own section; never in the metrics).
         """
         if not matrices:
             raise ValueError("ContinualResults needs at least one matrix")
@@ -929,6 +935,7 @@ class ContinualResults:
             if reference is None
             else ReferenceMetrics.compute(reference, primary),
             class_incremental=class_incremental,
+            held_out=held_out,
         )
 
     @classmethod
@@ -957,6 +964,12 @@ class ContinualResults:
             class_incremental=None
             if class_il is None
             else ClassIncrementalResults.from_section(class_il),
+            held_out=None
+            if document.held_out is None
+            else HeldOutResults.from_section(
+                document.held_out,
+                {name: m.higher_is_better for name, m in document.matrices.items()},
+            ),
         )
 
     @classmethod
@@ -1023,6 +1036,7 @@ class ContinualResults:
             class_incremental=None
             if self.class_incremental is None
             else self.class_incremental.to_section(),
+            held_out=None if self.held_out is None else self.held_out.to_section(),
         )
 
     def to_dict(self) -> dict[str, Any]:

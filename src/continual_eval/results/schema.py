@@ -23,8 +23,9 @@ evaluated or undefined):
   ``metadata`` (free-form; ``experiment``, ``method``, ``seed`` short labels, ``reference`` ``T``
   cells); with per-step evaluation ``curves`` (``N`` evaluations; its ``accuracy`` rows and the
   top-level ``stability`` repeat the primary matrix's ``step_scores`` and ``stability``);
-  optional ``cost``, ``reference``, ``class_incremental``; ``files`` (the commit record of the
-  CSV files, see :mod:`continual_eval.results.files`);
+  optional ``cost``, ``reference``, ``class_incremental``, ``held_out`` (sets never trained:
+  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``files`` (the
+  commit record of the CSV files, see :mod:`continual_eval.results.files`);
 * unknown keys are ignored (forward compatibility) and not written back.
 
 Limits on what an untrusted file may hold (beyond them a file is refused, not truncated):
@@ -42,7 +43,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, NoReturn
 
 import msgspec
@@ -270,6 +271,25 @@ class ClassIncrementalSection(Struct, kw_only=True):
     source: Text
 
 
+class HeldOutMatrixSection(Struct, kw_only=True):
+    """One matrix's scores of the held-out sets: ``baseline [H]``, ``scores [s, H]``, ``delta
+    [s, H]`` (against the baseline) and ``worst_drop [H]``."""
+
+    baseline: Cells
+    scores: Rows
+    delta: Rows
+    worst_drop: Cells
+
+
+class HeldOutSection(Struct, kw_only=True):
+    """Sets scored at the baseline and after every stage, never trained
+    (:class:`continual_eval.results.held_out.HeldOutResults`): their ``names`` and, per score
+    matrix, their scores."""
+
+    names: Annotated[list[Name], Meta(min_length=1, max_length=MAX_TASKS)]
+    matrices: dict[Name, HeldOutMatrixSection]
+
+
 class FileRecord(Struct, kw_only=True):
     """A CSV file written with the document: its SHA-256 and the stages it holds."""
 
@@ -307,6 +327,7 @@ class Document(Struct, kw_only=True, omit_defaults=True):
     cost: CostSection | None = None
     reference: ReferenceSection | None = None
     class_incremental: ClassIncrementalSection | None = None
+    held_out: HeldOutSection | None = None
     files: dict[Name, FileRecord] | None = None
 
     @property
@@ -468,6 +489,8 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
         _check_reference(check, document.reference, T, s, primary.bounds)
     if document.class_incremental is not None:
         _check_class_incremental(check, document.class_incremental, T, s)
+    if document.held_out is not None:
+        _check_held_out(check, document.held_out, document.matrices, s)
     for name, record in (document.files or {}).items():
         if os.path.basename(name) != name or name in ("", ".", ".."):
             check.fail("files (a key)", f"expected a file name, found {describe(name)}")
@@ -575,6 +598,31 @@ def _check_metadata(
         for key, child in children:
             if isinstance(child, (list, dict)):
                 stack.append((child, key_path(path, key), level + 1))
+
+
+def _check_held_out(
+    check: _Check, section: HeldOutSection, matrices: Mapping[str, MatrixSection], s: int
+) -> None:
+    """Distinct set names, one entry per score matrix of the document, ``H`` cells per row and
+    ``s`` rows, the scores within their matrix's bounds."""
+    H = len(section.names)
+    if len(set(section.names)) != H:
+        check.fail("held_out.names", f"expected distinct names, found {describe(section.names)}")
+    if set(section.matrices) != set(matrices):
+        check.fail(
+            "held_out.matrices",
+            f"expected one entry per score matrix ({sorted(matrices)}), found "
+            f"{describe(sorted(section.matrices))}",
+        )
+    for name, m in section.matrices.items():
+        field = key_path("held_out.matrices", name)
+        check.length(m.baseline, f"{field}.baseline", H)
+        check.length(m.worst_drop, f"{field}.worst_drop", H)
+        check.rows(m.scores, f"{field}.scores", s, H)
+        check.rows(m.delta, f"{field}.delta", s, H)
+        what = "the matrix's bounds"
+        check.within(m.scores, f"{field}.scores", matrices[name].bounds, what)
+        check.within(m.baseline, f"{field}.baseline", matrices[name].bounds, what)
 
 
 def _check_reference(
