@@ -10,9 +10,12 @@
 * ``mkdocs build --strict`` builds the site (mkdocs.yml, API reference from the docstrings) with
   warnings as errors and without the theme's end-of-life banner; skipped when mkdocs is not
   installed (``pip install -e ".[docs]"``). Over the built HTML: no raw reST role (``:func:``,
-  ``:class:``, ...) in the entries of the modules already written with cross-references (links),
-  and the report's API page opens in headless Chromium (served on 127.0.0.1) without a console
-  message.
+  ``:class:``, ...) on any page, the API pages link to each other (autorefs), tools/
+  convert_roles.py finds nothing left to rewrite, and the functional API page opens in headless
+  Chromium (served on 127.0.0.1) without a console message.
+* Without the site: no reST role in the sources (docstrings and ``#:`` comments under src/),
+  README.md or docs/ (``python tools/convert_roles.py`` rewrites them as cross-references), and
+  the converter's rules on a sample.
 """
 
 from __future__ import annotations
@@ -203,12 +206,11 @@ def test_every_docs_page_is_in_the_nav():
 
 
 #: Sphinx roles that the site's Markdown shows as raw text (docstrings use mkdocstrings links)
-_ROLE = re.compile(r":(func|class|mod|meth|data|attr|exc|obj):")
+_ROLE = re.compile(r":(func|class|mod|meth|data|attr|exc|obj|math):")
+#: a role as written in a source: ``:func:`name```
+_SOURCE_ROLE = re.compile(r":(func|class|mod|meth|attr|data|exc|obj|math):`")
 #: an object's entry in the API reference: its heading's id
 _OBJECT_ID = re.compile(r'id="(continual_eval(?:\.[A-Za-z_][A-Za-z0-9_]*)+)"')
-#: modules whose docstrings are written in the site's cross-reference syntax (the others still
-#: carry reST roles; the test lists them)
-CONVERTED_MODULES = ("continual_eval.report", "continual_eval.plotting")
 #: what the Material theme prints when it is a release that announces its end of life
 _BANNERS = ("end of life", "MkDocs 2.0", "Zensical")
 
@@ -266,17 +268,103 @@ def test_roles_are_counted_per_object() -> None:
 
 @pytest.mark.slow
 def test_api_pages_show_links_not_roles(site: Site) -> None:
-    """The converted modules' entries hold no raw role and link to each other (autorefs);
-    the message lists the objects that still carry roles, for the modules not converted yet."""
+    """No page of the site shows a raw reST role (the message lists the objects whose entries
+    do), and the API pages link to the entries (autorefs: ``href="...#continual_eval...."``)."""
     found: dict[str, int] = {}
-    for page in sorted((site.path / "api").rglob("index.html")):
+    for page in sorted(site.path.rglob("*.html")):
+        where = page.relative_to(site.path).as_posix()
         for owner, count in roles_by_object(page.read_text(encoding="utf-8")).items():
-            found[owner] = found.get(owner, 0) + count
-    converted = {k: v for k, v in found.items() if k.startswith(CONVERTED_MODULES)}
-    assert converted == {}, f"raw roles in {converted}; elsewhere: {sum(found.values())} in {found}"
+            found[f"{where}: {owner}"] = count
+    assert found == {}, f"raw roles in {found}"
+    links: list[str] = []
+    for page in sorted((site.path / "api").rglob("index.html")):
+        html = page.read_text(encoding="utf-8")
+        links += re.findall(r'<a class="autorefs autorefs-internal"[^>]*href="([^"]*)"', html)
+    assert any("#continual_eval." in href for href in links), links
     page = (site.path / "api" / "functional" / "index.html").read_text(encoding="utf-8")
     links = re.findall(r'<a class="autorefs autorefs-internal"[^>]*href="([^"]*)"', page)
     assert "#continual_eval.functional.PackedBits" in links  # a link written in a docstring
+    # a role converted by tools/convert_roles.py: :func:`~continual_eval.fit_tasks` in the
+    # callback's docstring
+    page = (site.path / "api" / "callback" / "index.html").read_text(encoding="utf-8")
+    assert re.search(
+        r'<a class="autorefs autorefs-internal"[^>]*href="#continual_eval\.'
+        r'training\.fit_tasks"',
+        page,
+    )
+
+
+@pytest.mark.slow
+def test_role_converter_leaves_nothing_to_rewrite(site: Site) -> None:
+    """tools/convert_roles.py, against the built site's inventory, would change no file."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "convert_roles.py"),
+            "--check",
+            "--inventory",
+            str(site.path / "objects.inv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_sources_hold_no_rest_role() -> None:
+    """Docstrings (and ``#:`` comments) under src/, README.md and docs/ use the site's
+    cross-references, not reST roles: ``python tools/convert_roles.py`` rewrites them."""
+    files = [*sorted((ROOT / "src").rglob("*.py")), ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _SOURCE_ROLE.search(line)
+    ]
+    assert offenders == [], "reST roles (run tools/convert_roles.py):\n" + "\n".join(offenders)
+
+
+def _converter():
+    spec = importlib.util.spec_from_file_location(
+        "convert_roles", ROOT / "tools" / "convert_roles.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_role_converter_rules() -> None:
+    """Rendered targets become links naming the shortest public identifier of their entry, the
+    others plain code; ``~`` shows the last component; long lines are re-wrapped; idempotent."""
+    convert = _converter()
+    anchor = "continual_eval.training.fit_tasks"
+    targets = convert.Targets({anchor: anchor, "continual_eval.fit_tasks": anchor})
+    text = (
+        '"""Drive it with :func:`~continual_eval.fit_tasks` or :func:`fit_tasks`, not\n'
+        ":func:`_private` nor :class:`torch.Tensor` (:math:`a_t`,\n"
+        ":class:`title <continual_eval.training.fit_tasks>`, :mod:`continual_eval.unknown`).\n"
+        "\n"
+        "Args:\n"
+        "    x: " + "word " * 14 + ":func:`continual_eval.training.fit_tasks`.\n"
+        '    y: more."""\n'
+    )
+    new, count = convert.rewrite(text, targets, "continual_eval.training", python=True)
+    assert count == 8
+    link = "[`fit_tasks`][continual_eval.fit_tasks]"
+    assert new.startswith(f'"""Drive it with {link} or {link}, not\n`_private` nor `torch.Tensor`')
+    assert "(`a_t`,\n[`title`][continual_eval.fit_tasks], `continual_eval.unknown`)" in new
+    lines = convert.rewrap(new.splitlines(), set(range(len(new.splitlines()))))
+    assert max(map(len, lines)) <= 100
+    assert lines[-3:] == [
+        "    x: " + ("word " * 14).rstrip(),
+        "        [`continual_eval.training.fit_tasks`][continual_eval.fit_tasks].",
+        '    y: more."""',
+    ]
+    again = "\n".join(lines)
+    assert convert.rewrite(again, targets, "continual_eval.training", python=True) == (again, 0)
 
 
 @pytest.mark.slow

@@ -1,11 +1,12 @@
 """continual-eval: continual-learning evaluation for PyTorch Lightning and torchmetrics.
 
 The names below are the package's promise (with those of its public subpackages
-:mod:`continual_eval.evaluation`, :mod:`continual_eval.functional`,
-:mod:`continual_eval.results` and :mod:`continual_eval.stream`); anything else may change
-between releases (see docs/architecture.md, "What is public"). They are imported on first use
-(PEP 562), so ``import continual_eval`` and the ``continual-eval`` command do not pay for torch
-and Lightning until a name needs them.
+[`continual_eval.evaluation`][continual_eval.evaluation],
+[`continual_eval.functional`][continual_eval.functional], `continual_eval.results` and
+[`continual_eval.stream`][continual_eval.stream]); anything else may change between releases (see
+docs/architecture.md, "What is public"). They are imported on first use (PEP 562), so
+``import continual_eval`` and the ``continual-eval`` command do not pay for torch and Lightning
+until a name needs them.
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ def check_same_run(
     task_names: Sequence[str] | None,
 ) -> None:
     """Refuse a checkpoint's callback state recorded under settings that would relabel or mix
-    its rows (the record's own settings, see :meth:`RunRecord.settings_differ`, the schedule,
+    its rows (the record's own settings, see `RunRecord.settings_differ`, the schedule,
     the per-step subset and the given task names)."""
     recorded = state["record"]
     if len(recorded["task_names"]) != record.num_tasks:

@@ -1,6 +1,6 @@
 """What ``ContinualEvalCallback(task_classes=...)`` adds: the two class-incremental scorers
-(:func:`class_incremental_scorers`) and the record's section of the confusion counts of every
-stage (:class:`ClassIncrementalRecord`, its checkpoint state and the ``class_incremental``
+(`class_incremental_scorers`) and the record's section of the confusion counts of every
+stage (`ClassIncrementalRecord`, its checkpoint state and the ``class_incremental``
 section of ``results.json``)."""
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ def _ids(classes: Any) -> list[Any]:
 
 def check_class_id_bounds(task_classes: Any) -> None:
     """Refuse ``task_classes`` whose class ids, or whose ``tasks x classes**2`` confusion cells,
-    exceed what ``results.json`` holds (:data:`~continual_eval.results.schema.MAX_CLASSES`,
-    :data:`~continual_eval.results.schema.MAX_CONFUSION_CELLS`): read id by id, before anything is
+    exceed what ``results.json`` holds (`MAX_CLASSES`,
+    `MAX_CONFUSION_CELLS`): read id by id, before anything is
     sized by them (a per-id table of an id of 10**9 would take gigabytes). Other problems (no
     class, a negative or non-integer id, a class in two tasks) are left to
-    :func:`~continual_eval.functional.class_incremental.check_task_classes`."""
+    [`check_task_classes`][continual_eval.functional.check_task_classes]."""
     tasks = task_classes.tolist() if isinstance(task_classes, Tensor) else task_classes
     if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Iterable):
         return
@@ -74,7 +74,7 @@ def check_class_id_bounds(task_classes: Any) -> None:
 
 def class_incremental_scorers(task_classes: Any, names: Iterable[str]) -> dict[str, Any]:
     """The matrices ``acc_task_aware`` and ``acc_task_agnostic`` of ``task_classes`` (bounds
-    checked first, :func:`check_class_id_bounds`), refused when ``names`` (the user's scorers)
+    checked first, `check_class_id_bounds`), refused when ``names`` (the user's scorers)
     already hold one of them. The task-aware scorer leaves the check of targets outside a task's
     classes to the task-agnostic one, which counts them on the same batches."""
     taken = set(names)
@@ -92,7 +92,7 @@ def class_incremental_scorers(task_classes: Any, names: Iterable[str]) -> dict[s
 
 
 class ClassIncrementalRecord:
-    """The record's class-incremental section (:class:`~continual_eval.record.RecordSection`):
+    """The record's class-incremental section (`RecordSection`):
     after every stage, the confusion counts of the seen tasks (``j <= i``) from the task-agnostic
     scorer's details, and a warning naming the tasks where the task-aware accuracy is below the
     task-agnostic one (impossible with a right ``task_classes``).

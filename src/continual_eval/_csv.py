@@ -1,7 +1,7 @@
 """CSV text that a spreadsheet opens as data: one writer for every CSV file the package writes.
 
 A cell that begins with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return is read by
-spreadsheet programs as a formula (CSV injection). :func:`csv_cell` neutralises such text cells as
+spreadsheet programs as a formula (CSV injection). `csv_cell` neutralises such text cells as
 the OWASP rule says, by prefixing a single quote; numbers are written as they are (``-0.25`` stays a
 number), and so are text cells that are a plain decimal number.
 """
@@ -43,7 +43,7 @@ def csv_cell(value: object) -> str:
 
 
 def csv_text(header: Sequence[object], rows: Iterable[Sequence[object]]) -> str:
-    """A whole CSV document (``\\n`` line ends) with every cell through :func:`csv_cell`."""
+    """A whole CSV document (``\\n`` line ends) with every cell through `csv_cell`."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([csv_cell(cell) for cell in header])

@@ -1,6 +1,6 @@
-"""The held-out sets' part of a :class:`~continual_eval.record.RunRecord`: each set's scores with
+"""The held-out sets' part of a `RunRecord`: each set's scores with
 every matrix at the baseline and after every stage (sets never trained; not part of ``R``).
-Their rows arrive in :attr:`Scored.held_out <continual_eval.record.Scored.held_out>`."""
+Their rows arrive in `Scored.held_out`."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``test_dataloaders`` argument and what a datamodule's ``test_dataloader()`` returns).
 
 A leaf module (no imports from the package) so that the callback's argument checks and
-:mod:`continual_eval.evaluation.trainer_evaluation` share it without importing each other.
+`continual_eval.evaluation.trainer_evaluation` share it without importing each other.
 """
 
 from __future__ import annotations

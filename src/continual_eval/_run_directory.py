@@ -1,7 +1,7 @@
-"""The results directory of one :class:`~continual_eval.ContinualEvalCallback` run, as the
-callback sees it: chosen on rank 0 at the first fit, claimed on every rank before anything is
+"""The results directory of one [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] run,
+as the callback sees it: chosen on rank 0 at the first fit, claimed on every rank before anything is
 trained or written, written after every stage. The file rules (atomic writes, the claim, the
-commit record) are :mod:`continual_eval.results.files`; this holds what one run knows about
+commit record) are `continual_eval.results.files`; this holds what one run knows about
 its directory across fits, checkpoints and the ``ddp_spawn`` hand-over.
 """
 
@@ -26,7 +26,7 @@ class RunDirectory:
 
     Args:
         dirpath: the user's directory, or ``None`` for one per run from the first logger
-            (:func:`~continual_eval.results.files.default_results_dir`).
+            (`default_results_dir`).
         overwrite: claim a directory holding another run's results.
     """
 

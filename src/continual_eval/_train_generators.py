@@ -1,23 +1,23 @@
 """The train loaders' own ``torch.Generator`` objects across a resumed fit.
 
 Lightning's checkpoints hold neither the global random states (the callback stores and restores
-those: :mod:`continual_eval.rng`) nor the states of the generators a train loader shuffles with
+those: `continual_eval.rng`) nor the states of the generators a train loader shuffles with
 (``DataLoader(generator=g)``, a sampler's ``generator``). A fit resumed with ``ckpt_path`` then
 starts those generators from their seeds, so its epochs see other batches than an uninterrupted
 run's. What can be restored from a hook:
 
-* :meth:`TrainGenerators.state_dict` holds the states of the generators of the train loader of
+* `TrainGenerators.state_dict` holds the states of the generators of the train loader of
   the epoch in progress (watched at its ``on_train_epoch_start``) and whether the checkpoint is
   written at the epoch's end;
 * in the resumed fit's ``on_train_start`` the loader of the next epoch is known. When it is the
   same loader (no stage boundary in between), each of its generators is set to the saved state
   as if before the draws Lightning made from it before that hook (it iterates the loader once
-  while setting up the fit): :func:`~continual_eval.rng.restore_generator`. At a stage boundary
+  while setting up the fit): `restore_generator`. At a stage boundary
   the next stage's loader is another one: a generator first used now starts from its seed in
   both runs (nothing to restore); one with the seed of a saved generator may be the same
   object, shared across stages, which a new process cannot tell: a warning says so.
 
-Every case that cannot be made exact gets a warning naming it (:meth:`on_train_start`).
+Every case that cannot be made exact gets a warning naming it (`on_train_start`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The callback's evaluations under a running Trainer, in the form the run record takes them:
 every task scored on this rank's shards with every scorer, counts reduced across the Trainer's
-ranks (:func:`~continual_eval.evaluation.trainer_evaluation.evaluate_under_trainer`), and a
+ranks (`evaluate_under_trainer`), and a
 stage end measured (its cost) before anything of it is recorded."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A stage ends in ``on_train_end`` (one ``fit`` per task) or at the end of every ``k``-th epoch
 (one ``fit`` over a schedule, ``epochs_per_task=k``). The callback holds the hooks and the
-argument handling; what is measured lives in its :class:`~continual_eval.record.RunRecord` (no
+argument handling; what is measured lives in its `RunRecord` (no
 Lightning there), which builds the results.
 """
 
@@ -70,11 +70,11 @@ class ContinualEvalCallback(Callback):
 
     ``R[i, j]``: the score on task ``j``'s test set after training stage ``i``; ``b[j]``: the
     untrained model's, measured before the first training step. Stages: one ``fit`` per task (a
-    new Trainer per task, or :func:`~continual_eval.fit_tasks`), or one ``fit`` over a schedule
-    (``epochs_per_task``). Batches: ``continual_eval_step(self, batch, task_id) -> (preds,
+    new Trainer per task, or [`fit_tasks`][continual_eval.fit_tasks]), or one ``fit`` over a
+    schedule (``epochs_per_task``). Batches: ``continual_eval_step(self, batch, task_id) -> (preds,
     target)`` when the module defines it, else ``(x, y)`` is scored as ``module(x)`` and ``(x,
     y, t)`` as ``module(x, t)``. ``results.json`` and ``scores.csv`` go to the run's directory,
-    rewritten after every stage (with each stage's cost). What is recorded: :attr:`record`.
+    rewritten after every stage. What is recorded: [`record`][.record].
 
     Args:
         test_dataloaders: one test loader per task (index = task id); ``None``: the datamodule's
@@ -90,9 +90,9 @@ class ContinualEvalCallback(Callback):
         scorers: several score matrices from the same forward passes, ``name -> scorer`` (or a
             list, named by each scorer's ``name``): ``"accuracy"``, ``"loss"``, ``"top5"``, a
             torchmetrics ``Metric`` or an object with the scorer protocol of
-            :mod:`continual_eval.evaluation`; the first is the primary one. Each gets its own
-            ``R``, baseline, metrics, log keys (``{prefix}{name}/...``), ``scores_<name>.csv``
-            and curves. Default ``{"acc": "accuracy"}``.
+            [`continual_eval.evaluation`][continual_eval.evaluation]; the first is the primary one.
+            Each gets its own ``R``, baseline, metrics, log keys (``{prefix}{name}/...``),
+            ``scores_<name>.csv`` and curves. Default ``{"acc": "accuracy"}``.
         prefix: prefix of every logged key.
         dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, from
             the first logger (its ``log_dir``; MLflow: ``default_root_dir/continual_eval/<run
@@ -102,15 +102,15 @@ class ContinualEvalCallback(Callback):
         log_images: also log the matrix as a heatmap where the logger supports images.
         verbose: print a line per stage and the full table at the end of the run.
         inference_mode: ``torch.inference_mode`` (else ``torch.no_grad``; gloo: ``no_grad``).
-        eval_every_n_steps: ``k``, or a :class:`~continual_eval.StepEvaluation` (which also sets
-            a fixed subset per task): also score the tasks ``j <= stage`` every ``k`` optimizer
-            steps inside every stage (training is unchanged); the curves, min-ACC, WC-ACC and
-            stability gap (De Lange et al., ICLR 2023) of every scorer go to ``results.json``,
+        eval_every_n_steps: ``k``, or a [`StepEvaluation`][continual_eval.StepEvaluation] (which
+            also sets a fixed subset per task): also score the tasks ``j <= stage`` every ``k``
+            optimizer steps inside every stage (training is unchanged); the curves, min-ACC, WC-ACC
+            and stability gap (De Lange et al., ICLR 2023) of every scorer go to ``results.json``,
             the loggers and ``accuracy_curves.png``. ``None`` (default): off.
         cache_test_batches: keep collated test batches on the evaluation device: ``None``
             (default) for the per-step evaluations' loaders that
-            :func:`~continual_eval.evaluation.cache_safety` deems safe; ``True``: every loader
-            (you vouch that batches never change); ``False``: never.
+            [`cache_safety`][continual_eval.evaluation.cache_safety] deems safe; ``True``: every
+            loader (you vouch that batches never change); ``False``: never.
         cache_max_bytes: cap on the cached bytes (default 256 MiB).
         overwrite: ``True`` replaces another run's ``results.json`` in the results directory
             (by default the fit stops before training, naming it).
@@ -118,13 +118,15 @@ class ContinualEvalCallback(Callback):
             loaders' own generators in the checkpoint state and restore them at a resume (which
             resumes are bitwise: docs/callback.md, "Resuming"; the others warn).
         reference: reference scores of the primary scorer, one per task: a ``[T]`` tensor or
-            sequence, a mapping ``{"scores", "auc", "kind"}``, a :class:`~continual_eval.Reference`
-            (:func:`~continual_eval.train_reference`), or a reference run's path; adds the
-            ``reference`` section (intransigence, forward transfer against isolated training).
+            sequence, a mapping ``{"scores", "auc", "kind"}``, a
+            [`Reference`][continual_eval.Reference]
+            ([`train_reference`][continual_eval.train_reference]), or a reference run's path; adds
+            the ``reference`` section (intransigence, forward transfer against isolated training).
         lca_beta: ``beta`` of the learning curve area (Chaudhry et al., ICLR 2019) in every
             matrix's ``plasticity``; needs ``eval_every_n_steps=1``.
         task_classes: class-incremental evaluation of a single-head model: one list of class
-            ids per task (or :func:`~continual_eval.task_classes_from_loaders`); adds the
+            ids per task (or
+            [`task_classes_from_loaders`][continual_eval.task_classes_from_loaders]); adds the
             matrices ``acc_task_aware`` and ``acc_task_agnostic`` after ``scorers`` and the
             ``class_incremental`` section (confusion counts of the seen tasks per stage).
         held_out_dataloaders: ``name -> loader`` of sets never trained (a language model's
@@ -238,7 +240,8 @@ class ContinualEvalCallback(Callback):
 
     @property
     def metrics(self) -> ContinualMetrics | None:
-        """The primary scorer's :class:`ContinualMetrics` (``None`` before the first fit)."""
+        """The primary scorer's [`ContinualMetrics`][continual_eval.ContinualMetrics] (``None``
+        before the first fit)."""
         return None if self.record is None else self.record.matrices[self.primary]
 
     @property
@@ -281,7 +284,7 @@ class ContinualEvalCallback(Callback):
         return self.continual_results().to_dict()
 
     def continual_results(self) -> ContinualResults:
-        """The typed results of the stages so far (:meth:`RunRecord.continual_results`)."""
+        """The typed results of the stages so far (`RunRecord.continual_results`)."""
         if self.record is None:
             raise RuntimeError("ContinualEvalCallback has no results yet: no fit has started")
         return self.record.continual_results()
@@ -323,22 +326,17 @@ class ContinualEvalCallback(Callback):
             self._set_loaders(module_test_loaders(trainer, pl_module))
         assert self._task_loaders is not None
         unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
-        if unsharded and trainer.is_global_zero and not self._warned_unsharded:
+        if unsharded and not self._warned_unsharded:
             self._warned_unsharded = True
-            warnings.warn(unsharded_loaders(unsharded), stacklevel=2)
+            self._warn(trainer, unsharded_loaders(unsharded))
         self._directory.choose(trainer, self.run_id)
 
     def _claim_results_dir(self, trainer: Trainer) -> None:
         """Claim the results directory before anything is trained or written, and on a resume
         rewrite its files from the restored state (an interrupted write left them apart)."""
         self._directory.claim(trainer, self.run_id, restored=self._restored, verbose=self.verbose)
-        record = self._record
-        if (
-            trainer.is_global_zero
-            and self._restored
-            and record is not None
-            and record.baseline_done
-        ):
+        baseline_done = self._record is not None and self._record.baseline_done
+        if trainer.is_global_zero and self._restored and baseline_done:
             self._write()
 
     # ------------------------------------------------------------------ state

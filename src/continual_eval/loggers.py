@@ -1,6 +1,6 @@
 """Send a stage's score matrices and metrics to every logger of a Trainer.
 
-Every function takes the run's :class:`~continual_eval.results.ContinualResults` (a
+Every function takes the run's [`ContinualResults`][continual_eval.ContinualResults] (a
 ``results.json`` document is accepted too and read into one). Every logger gets the scalars
 through ``log_metrics`` (step = stage index). Where the logger can show more, every matrix also
 goes out as a heatmap and as a table:
@@ -34,12 +34,12 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
 * class-incremental (``task_classes=``): ``{prefix}class_il/seen_acc_sample``,
   ``seen_acc_task``, ``old_acc``, ``new_acc``, ``amca``, ``recency_prediction_share``,
   ``recency_sample_share``, ``class_forgetting`` (see
-  :meth:`~continual_eval.results.ClassIncrementalResults.scalars`) and the
+  [`scalars`][continual_eval.results.ClassIncrementalResults.scalars]) and the
   confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``;
 * figures: ``{prefix}{score}_matrix`` and ``{prefix}{score}_curves`` (primary),
   ``{prefix}{name}_matrix`` and ``{prefix}{name}_curves``.
 
-With per-step evaluation (``eval_every_n_steps``), :func:`log_step` sends every scorer's scores
+With per-step evaluation (``eval_every_n_steps``), `log_step` sends every scorer's scores
 at the callback's cumulative step (whole test sets: the per-step evaluations and every stage end,
 one value per step, as in ``results.json``'s curves; with ``StepEvaluation(subset=n)`` the per-step
 evaluations go to ``.../step_subset/{task}`` instead), and every stage also logs min-ACC, WC-ACC
@@ -104,7 +104,8 @@ _COST_KEYS = (
 
 
 def _as_results(results: ContinualResults | Mapping[str, Any]) -> ContinualResults:
-    """``results`` itself, or a ``results.json`` document read into :class:`ContinualResults`."""
+    """``results`` itself, or a ``results.json`` document read into
+    [`ContinualResults`][continual_eval.ContinualResults]."""
     if isinstance(results, ContinualResults):
         return results
     return ContinualResults.from_dict(results, validate=False)
@@ -124,7 +125,7 @@ def _cells(values: torch.Tensor) -> list[float | None]:
 
 
 def curves_png_name(name: str, primary: bool) -> str:
-    """The step-curves picture in the results directory: :data:`CURVES_PNG` for the primary
+    """The step-curves picture in the results directory: `CURVES_PNG` for the primary
     matrix, ``curves_<name>.png`` for the others."""
     return CURVES_PNG if primary else f"curves_{name}.png"
 
@@ -277,7 +278,7 @@ def _plasticity_scalars(results: ContinualResults, stage: int, prefix: str) -> d
 
 
 def stage_key_collisions(results: ContinualResults, prefix: str) -> list[str]:
-    """The keys :func:`stage_scalars` could give two different values in one stage (a task
+    """The keys `stage_scalars` could give two different values in one stage (a task
     named like a metric, ``acc``; a second scorer named like the primary's score, ``accuracy``;
     a scorer named ``cost``), sorted; empty when every key is unique. Found from the names
     alone, before anything is measured."""
@@ -297,7 +298,7 @@ def stage_key_collisions(results: ContinualResults, prefix: str) -> list[str]:
 
 def refuse_key_collisions(results: ContinualResults, prefix: str) -> None:
     """A ``ValueError`` naming the keys under which two different values would be logged
-    (:func:`stage_key_collisions`), before anything is measured."""
+    (`stage_key_collisions`), before anything is measured."""
     collisions = stage_key_collisions(results, prefix)
     if collisions:
         raise ValueError(
@@ -378,7 +379,7 @@ def log_step(
     prefix: str = "continual/",
     subset: bool = False,
 ) -> None:
-    """Log an evaluation during training (every scorer's row, see :func:`step_scalars`) at
+    """Log an evaluation during training (every scorer's row, see `step_scalars`) at
     ``step`` (no ``save()``: the stage end flushes)."""
     scalars = step_scalars(task_names, rows, prefix=prefix, subset=subset)
     if scalars:
@@ -564,7 +565,7 @@ def _log_stage_to(
     prefix: str,
     results_dir: str | Path | None,
 ) -> None:
-    """One logger's share of :func:`log_stage` (what it can show of the stage)."""
+    """One logger's share of `log_stage` (what it can show of the stage)."""
     if isinstance(logger, WandbLogger):
         _log_wandb(logger, results, stage, tags, figures, scalars)  # one W&B step a stage
     else:

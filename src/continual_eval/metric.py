@@ -46,29 +46,32 @@ def replicated_reduction(gathered: Tensor) -> Tensor:
 class ContinualMetrics(Metric):
     r"""ACC, BWT, FWT and forgetting of an accuracy matrix filled one training stage at a time.
 
-    Call :meth:`update_baseline` once with the untrained model's per-task accuracies, then
-    :meth:`update` after each stage with that stage's row ``R[s, :]`` (length ``num_tasks``; NaN is
-    allowed in cells no metric reads, ``j > s + 1``). :meth:`compute` returns
-    :func:`~continual_eval.functional.continual_metrics` of the stages so far, ``R[:s, :s]`` and
+    Call [`update_baseline`][continual_eval.metric.ContinualMetrics.update_baseline] once with the
+    untrained model's per-task accuracies, then
+    [`update`][continual_eval.metric.ContinualMetrics.update] after each stage with that stage's row
+    ``R[s, :]`` (length ``num_tasks``; NaN is allowed in cells no metric reads, ``j > s + 1``).
+    [`compute`][continual_eval.metric.ContinualMetrics.compute] returns
+    [`continual_metrics`][continual_eval.continual_metrics] of the stages so far, ``R[:s, :s]`` and
     ``b[:s]``. Calling the metric, ``metric(row)`` (torchmetrics' ``forward``), is
     ``metric.update(row); return metric.compute()``: it records the row and returns the metrics of
     all stages so far, not of that row alone (one row is no accuracy matrix).
 
-    :meth:`load_state_dict` refuses, naming the key, a state of another ``num_tasks``, a partial
+    `load_state_dict` refuses, naming the key, a state of another ``num_tasks``, a partial
     state, a stage counter outside ``[0, num_tasks]`` and (with ``validate``) recorded rows that
     fail validation; the metric then keeps what it had recorded. Loaded states take the metric's
     dtype and device.
 
     Distributed: the states are *replicated*, not partial — every rank updates with the same row,
-    which callers obtain by reducing correct/total counts across ranks before :meth:`update` (as
-    :class:`~continual_eval.ContinualEvalCallback` does). A sync therefore compares the ranks'
-    copies and keeps rank 0's (:func:`replicated_reduction`); it never sums or averages R.
+    which callers obtain by reducing correct/total counts across ranks before
+    [`update`][continual_eval.metric.ContinualMetrics.update] (as
+    [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] does). A sync therefore compares
+    the ranks' copies and keeps rank 0's (`replicated_reduction`); it never sums or averages R.
 
     Args:
         num_tasks: ``T``, the number of tasks (rows and columns of R).
         forgetting: ``"peak"`` (default) or ``"chaudhry"``; see the functional layer.
         higher_is_better: ``False`` for a loss-like score: BWT, FWT and forgetting are signed as
-            in :func:`~continual_eval.functional.continual_metrics` (positive BWT/FWT still mean
+            in [`continual_metrics`][continual_eval.continual_metrics] (positive BWT/FWT still mean
             better; forgetting is the rise above the lowest value reached). Kept as
             ``scores_higher_is_better``: torchmetrics' own ``higher_is_better`` describes the
             outputs, whose directions differ, and stays ``None``.
@@ -155,7 +158,8 @@ class ContinualMetrics(Metric):
 
     @property
     def baseline(self) -> Tensor:
-        """The untrained baseline, ``[num_tasks]`` (NaN until :meth:`update_baseline`)."""
+        """The untrained baseline, ``[num_tasks]`` (NaN until
+        [`update_baseline`][continual_eval.metric.ContinualMetrics.update_baseline])."""
         return self.baseline_state.clone()
 
     @property
@@ -183,8 +187,9 @@ class ContinualMetrics(Metric):
             raise ValueError(f"{err}; nothing was recorded") from None
 
     def check_baseline(self, baseline: Tensor) -> Tensor:
-        """Check ``baseline`` without recording it: raises what :meth:`update_baseline` would
-        raise; returns it in the metric's dtype and device."""
+        """Check ``baseline`` without recording it: raises what
+        [`update_baseline`][continual_eval.metric.ContinualMetrics.update_baseline] would raise;
+        returns it in the metric's dtype and device."""
         baseline = self._as_row("baseline", baseline)
         if self.validate:
             mask = torch.ones(self.num_tasks, dtype=torch.bool, device=baseline.device)
@@ -199,7 +204,8 @@ class ContinualMetrics(Metric):
 
     def check_row(self, row: Tensor) -> Tensor:
         """Check ``row`` as the next stage's row without recording it: raises what
-        :meth:`update` would raise; returns the row in the metric's dtype and device."""
+        [`update`][continual_eval.metric.ContinualMetrics.update] would raise; returns the row in
+        the metric's dtype and device."""
         stage = self.num_stages
         if stage >= self.num_tasks:
             raise ValueError(
@@ -219,7 +225,8 @@ class ContinualMetrics(Metric):
         self.stages += 1
 
     def forward(self, row: Tensor) -> dict[str, Tensor]:
-        """Record ``row`` as the next stage and return :meth:`compute` of all stages so far.
+        """Record ``row`` as the next stage and return
+        [`compute`][continual_eval.metric.ContinualMetrics.compute] of all stages so far.
 
         torchmetrics' default forward computes a "batch value" on a reset metric and then merges
         it into the global state through each state's reduction; our states are not a reduction
@@ -239,7 +246,7 @@ class ContinualMetrics(Metric):
     # ------------------------------------------------------------------ results
     def compute(self) -> dict[str, Tensor]:
         """``continual_metrics(R[:s, :s], b[:s])`` over the ``s`` stages recorded so far: the
-        final metrics of the family (:data:`~continual_eval.functional.family.METRIC_KEYS`)."""
+        final metrics of the family (`METRIC_KEYS`)."""
         s = self.num_stages
         if s == 0:
             raise RuntimeError("ContinualMetrics.compute() needs at least one update(row)")
@@ -267,8 +274,8 @@ class ContinualMetrics(Metric):
     def _loaded_state_problem(self, state_dict: dict[str, Any], prefix: str) -> str | None:
         """What is wrong with this metric's entries of ``state_dict`` (``None`` if nothing): the
         shapes must match ``num_tasks``, the stage counter must be an integer in
-        ``[0, num_tasks]`` and, with ``validate``, the recorded rows must pass :meth:`update`'s
-        checks."""
+        ``[0, num_tasks]`` and, with ``validate``, the recorded rows must pass
+        [`update`][continual_eval.metric.ContinualMetrics.update]'s checks."""
         T = self.num_tasks
         head = f"ContinualMetrics(num_tasks={T}) cannot load this state"
         expected_shapes = {"scores_state": (T, T), "baseline_state": (T,), "stages": ()}

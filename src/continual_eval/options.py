@@ -1,5 +1,5 @@
-r"""Option objects of :class:`~continual_eval.ContinualEvalCallback`: settings that belong
-together, checked when built.
+r"""Option objects of [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]: settings that
+belong together, checked when built.
 
 ``ContinualEvalCallback(eval_every_n_steps=k)`` is the short form of
 ``eval_every_n_steps=StepEvaluation(every_n_steps=k)``; the object also carries the fixed subset
@@ -32,7 +32,7 @@ class StepEvaluation:
         subset: score a fixed subset of ``n`` samples per task at these evaluations (stage ends
             always use the whole test sets): task ``j`` uses
             ``sorted(randperm(len_j, generator=manual_seed(subset_seed + j))[:n])``. One accuracy
-            from ``n`` samples has binomial standard error :math:`\sqrt{p(1-p)/n} \le
+            from ``n`` samples has binomial standard error `\sqrt{p(1-p)/n} \le
             0.5/\sqrt{n}` (n=500: <= 0.022, n=2000: <= 0.011, one sigma); the subset is fixed, so
             successive points of a curve share it and their differences are less noisy.
             ``None`` (default): the whole test sets.
@@ -52,7 +52,7 @@ class StepEvaluation:
     @classmethod
     def of(cls, value: int | StepEvaluation | None) -> StepEvaluation | None:
         """``eval_every_n_steps`` as given to the callback: an int ``k`` (the short form), a
-        :class:`StepEvaluation`, or ``None`` (off)."""
+        [`StepEvaluation`][continual_eval.StepEvaluation], or ``None`` (off)."""
         if value is None or isinstance(value, StepEvaluation):
             return value
         _positive_int("eval_every_n_steps", value, allow_none=True)

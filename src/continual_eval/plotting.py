@@ -401,7 +401,7 @@ def _metric_panel(
     decimals: int,
     title: str,
 ) -> None:
-    """One panel of :func:`plot_metric_panels`: a bar per method (``nan``: "n/a" at the axis),
+    """One panel of `plot_metric_panels`: a bar per method (``nan``: "n/a" at the axis),
     its error bar, its value (plus ``notes[k]``) at the bar's end, a y scale that holds them."""
     from matplotlib.ticker import FormatStrFormatter
 

@@ -1,25 +1,25 @@
 r"""The record of a continual-learning run, without Lightning: what has been measured so far and
 what ``results.json`` is built from.
 
-:class:`RunRecord` holds, for one run of ``T`` tasks:
+`RunRecord` holds, for one run of ``T`` tasks:
 
-* one :class:`~continual_eval.ContinualMetrics` per score matrix (``R[i, j]`` and the baseline
-  ``b[j]`` of every scorer, the primary first);
+* one [`ContinualMetrics`][continual_eval.ContinualMetrics] per score matrix (``R[i, j]`` and the
+  baseline ``b[j]`` of every scorer, the primary first);
 * the step curves of the evaluations inside and at the end of the stages
-  (:class:`~continual_eval.step_curves.StepCurves`, with ``eval_every_n_steps``) and the
+  (`StepCurves`, with ``eval_every_n_steps``) and the
   cumulative optimizer-step counter they are plotted against;
-* the cost of every recorded stage (:class:`~continual_eval.stage_cost.StageCost`);
-* optional *sections*, objects with the :class:`RecordSection` protocol that record something of
+* the cost of every recorded stage (`StageCost`);
+* optional *sections*, objects with the `RecordSection` protocol that record something of
   their own from every stage's evaluation (the class-incremental confusion counts are one:
-  :class:`~continual_eval._class_incremental_recorder.ClassIncrementalRecord`).
+  `ClassIncrementalRecord`).
 
-It takes evaluations as :class:`Scored` (every matrix's row over all tasks and what count-based
+It takes evaluations as `Scored` (every matrix's row over all tasks and what count-based
 scorers report besides their scores), checks a whole stage before recording any of it (a bad
 row of one matrix, or of a section, leaves every matrix and section as it was), round-trips
-through :meth:`RunRecord.state_dict` / :meth:`RunRecord.load_state_dict` (what a checkpoint
-holds) and builds the typed results, :meth:`RunRecord.continual_results`.
-:class:`~continual_eval.ContinualEvalCallback` owns one and feeds it from its hooks; everything
-here runs without a Trainer.
+through `RunRecord.state_dict` / `RunRecord.load_state_dict` (what a checkpoint
+holds) and builds the typed results, `RunRecord.continual_results`.
+[`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] owns one and feeds it from its
+hooks; everything here runs without a Trainer.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class MatrixSpec:
 
     @classmethod
     def of(cls, scorer: Any) -> MatrixSpec:
-        """The spec of a :class:`~continual_eval.evaluation.Scorer`."""
+        """The spec of a [`Scorer`][continual_eval.evaluation.Scorer]."""
         return cls(str(scorer.name), bool(scorer.higher_is_better), scorer.bounds)
 
 
@@ -88,8 +88,8 @@ class Scored:
     def from_evaluation(
         cls, names: Sequence[str], evaluation: TaskEvaluation, num_tasks: int, num_held_out: int = 0
     ) -> Scored:
-        """From :func:`~continual_eval.evaluation.evaluate_tasks`'s result, whose scores are
-        aligned with the scorers named ``names``: each row spread over the ``num_tasks`` tasks;
+        """From [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks]'s result, whose scores
+        are aligned with the scorers named ``names``: each row spread over the ``num_tasks`` tasks;
         the loaders after them (ids ``num_tasks + h``) are the ``num_held_out`` held-out sets."""
         ids = torch.tensor(list(evaluation.task_ids), dtype=torch.int64)
         tasks = ids < num_tasks
@@ -112,13 +112,13 @@ class Scored:
 
 
 class RecordSection(Protocol):
-    """An optional part of a :class:`RunRecord`: records something of its own from every stage's
+    """An optional part of a `RunRecord`: records something of its own from every stage's
     evaluation and adds it to the results.
 
-    :meth:`record_baseline` takes the untrained model's evaluation (raise ``ValueError`` to
-    refuse it); :meth:`check_stage` runs for every section before anything of the stage is
+    `record_baseline` takes the untrained model's evaluation (raise ``ValueError`` to
+    refuse it); `check_stage` runs for every section before anything of the stage is
     recorded (raise ``ValueError`` to refuse the stage: nothing is recorded anywhere);
-    :meth:`record_stage`
+    `record_stage`
     then records it and returns warnings for the caller to show (on rank 0). ``key`` names the
     section's entry in the record's state.
     """
@@ -142,7 +142,7 @@ class RunRecord:
     """The matrices, curves, costs and sections of one run (see the module docstring).
 
     Args:
-        matrices: matrix name -> :class:`MatrixSpec`, the primary first.
+        matrices: matrix name -> `MatrixSpec`, the primary first.
         task_names: one name per task (``T`` tasks).
         forgetting: the forgetting convention of every matrix's metrics.
         metadata: free-form JSON-serialisable dict for ``results.json``.
@@ -357,9 +357,9 @@ class RunRecord:
         return [(key, old, new) for key, old, new in recorded if old != new]
 
     def load_state_dict(self, state: Mapping[str, Any], *, keep_task_names: bool = False) -> None:
-        """Replace what is recorded by ``state`` (from :meth:`state_dict`); refused with a
+        """Replace what is recorded by ``state`` (from `state_dict`); refused with a
         ``ValueError`` naming the settings when it was recorded with others (see
-        :meth:`settings_differ`), and then nothing changes. ``keep_task_names``: keep this
+        `settings_differ`), and then nothing changes. ``keep_task_names``: keep this
         record's names (given by the user) instead of the recorded ones."""
         differ = self.settings_differ(state)
         if differ:

@@ -8,9 +8,9 @@ Two metrics compare the continual run with a model trained *without* the sequenc
 * intransigence (``intransigence(R, ref)``, Chaudhry et al., 2018: ``ref[j] - R[j, j]`` over every
   ``j``), whose ``ref[j]`` is a model trained on task ``j`` alone or on all tasks jointly.
 
-:func:`train_reference` trains such models with a real Lightning Trainer and scores them with a
-:class:`~continual_eval.ContinualEvalCallback` (the same evaluation, scorers and options as the
-continual run), so ``ref`` is measured exactly like ``R``.
+[`train_reference`][continual_eval.train_reference] trains such models with a real Lightning Trainer
+and scores them with a [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] (the same
+evaluation, scorers and options as the continual run), so ``ref`` is measured exactly like ``R``.
 
 Budgets (``E`` = the Trainer's ``max_epochs``, the continual run's epochs *per task*):
 
@@ -33,10 +33,10 @@ Budgets (``E`` = the Trainer's ``max_epochs``, the continual run's epochs *per t
 Random numbers: the caller's Python, NumPy and torch random states, and the states of the training
 loaders' own ``torch.Generator`` objects (``DataLoader(generator=...)``, a sampler's
 ``generator``), are restored afterwards, so a continual run started after
-:func:`train_reference` draws what it would draw without it. Every
+[`train_reference`][continual_eval.train_reference] draws what it would draw without it. Every
 reference fit starts from the caller's random state (with ``seed=s``: ``seed_everything(s + j)``
 before copy ``j``, ``seed_everything(s)`` before the joint copy; the first is what
-:func:`~continual_eval.fit_tasks` with ``seed=s`` does before stage ``j``).
+[`fit_tasks`][continual_eval.fit_tasks] with ``seed=s`` does before stage ``j``).
 """
 
 from __future__ import annotations
@@ -75,11 +75,12 @@ __all__ = [
     "union_dataloader",
 ]
 
-#: the kinds of reference :func:`train_reference` trains
+#: the kinds of reference [`train_reference`][continual_eval.train_reference] trains
 REFERENCE_KINDS = ("isolated", "joint")
 #: the sub-directory of a run that ``continual-eval fit`` gives each kind's results
 REFERENCE_DIRS = {"isolated": "isolated_reference", "joint": "joint_reference"}
-#: :class:`ContinualEvalCallback` arguments that :func:`train_reference` sets itself
+#: [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] arguments that
+#: [`train_reference`][continual_eval.train_reference] sets itself
 _SET_HERE = (
     "test_dataloaders",
     "task_names",
@@ -96,7 +97,7 @@ _SET_HERE = (
 
 
 def check_reference_kind(kind: object) -> str:
-    """``kind`` when it is one of :data:`REFERENCE_KINDS`, else a :class:`ValueError` naming the
+    """``kind`` when it is one of `REFERENCE_KINDS`, else a `ValueError` naming the
     choices."""
     if not isinstance(kind, str) or kind not in REFERENCE_KINDS:
         raise ValueError(
@@ -112,7 +113,7 @@ def union_dataloader(train_dataloaders: Sequence[Any]) -> DataLoader[Any]:
     sampler, a sequential or (without replacement) random sampler, and the same batch size and
     shuffling as the first; the union is their ``ConcatDataset`` (task order) with the first
     loader's batch size, shuffling, collate function, workers, pinning, ``drop_last`` and
-    generator. Anything else: a :class:`ValueError` asking for ``joint_dataloader=``.
+    generator. Anything else: a `ValueError` asking for ``joint_dataloader=``.
     """
     first = train_dataloaders[0]
     datasets = []
@@ -267,7 +268,7 @@ def train_reference(
         model: the untrained LightningModule of the continual run.
         train_dataloaders: one training loader per task, as the continual run uses them.
         test_dataloaders: one test loader per task (index = task id), as the continual run's
-            :class:`~continual_eval.ContinualEvalCallback` scores them.
+            [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] scores them.
         kind: ``"isolated"`` (copy ``j`` trained on task ``j`` alone) or ``"joint"`` (one copy
             trained on the union of every task's training data).
         trainer_factory: ``() -> Trainer``, called once per reference model: a new Trainer with
@@ -275,19 +276,20 @@ def train_reference(
             (typically without logger or checkpoints). The scoring callback is appended to its
             callbacks; it must not hold a ContinualEvalCallback of its own.
         joint_dataloader: ``"joint"`` only: the loader over every task's training data; default
-            :func:`union_dataloader` of ``train_dataloaders``.
+            `union_dataloader` of ``train_dataloaders``.
         task_names: one name per task (default ``task_0``, ...).
         eval_every_n_steps: ``"isolated"`` only: also score copy ``j`` on task ``j`` every ``k``
-            optimizer steps (an int ``k``, or a :class:`~continual_eval.StepEvaluation` with a
-            fixed subset; the callback's per-step evaluation), returned as
-            :attr:`Reference.curves` (the reference learning curves of plasticity metrics such as
+            optimizer steps (an int ``k``, or a [`StepEvaluation`][continual_eval.StepEvaluation]
+            with a fixed subset; the callback's per-step evaluation), returned as
+            `Reference.curves` (the reference learning curves of plasticity metrics such as
             Continual World's normalised forward transfer, which compares areas under them).
-        callback_kwargs: further :class:`~continual_eval.ContinualEvalCallback` arguments
-            (``scorers``, ``metric``, ``inference_mode``, ...), the continual run's, so the
-            reference is scored the same way. Those that :func:`train_reference` sets itself
-            (test loaders, names, dirpath, metadata, ``evaluate="all"``, ``verbose=False``,
-            ``log_images=False``, ``eval_every_n_steps``, ``reference``, ``lca_beta``) are
-            ignored; ``epochs_per_task`` is refused.
+        callback_kwargs: further [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]
+            arguments (``scorers``, ``metric``, ``inference_mode``, ...), the continual run's, so
+            the reference is scored the same way. Those that
+            [`train_reference`][continual_eval.train_reference] sets itself (test loaders, names,
+            dirpath, metadata, ``evaluate="all"``, ``verbose=False``, ``log_images=False``,
+            ``eval_every_n_steps``, ``reference``, ``lca_beta``) are ignored; ``epochs_per_task`` is
+            refused.
         seed: ``seed_everything(seed + j)`` before copy ``j`` (isolated), ``seed_everything(seed)``
             before the joint copy; ``None``: every reference fit starts from the caller's random
             state. The caller's random state is restored afterwards in both cases.
@@ -299,7 +301,8 @@ def train_reference(
             e.g. to drop a replay memory, else ``copy.deepcopy(model)``).
 
     Returns:
-        The :class:`Reference` (``scores`` = ``ref`` ``[T]`` float64, ``kind``, curves).
+        The [`Reference`][continual_eval.Reference] (``scores`` = ``ref`` ``[T]`` float64, ``kind``,
+        curves).
 
     Raises:
         ValueError: an unknown ``kind``, loader counts that differ, a Trainer without an epoch
@@ -369,7 +372,8 @@ def _check_reference_arguments(
 
 def _scoring_options(callback_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The continual run's callback options that also score the reference (those
-    :func:`train_reference` sets itself dropped; ``epochs_per_task`` refused)."""
+    [`train_reference`][continual_eval.train_reference] sets itself dropped; ``epochs_per_task``
+    refused)."""
     options = dict(callback_kwargs or {})
     if options.get("epochs_per_task") is not None:
         raise ValueError(
@@ -381,8 +385,9 @@ def _scoring_options(callback_kwargs: Mapping[str, Any] | None) -> dict[str, Any
 
 
 class _ReferenceFits:
-    """The reference models of one :func:`train_reference` call: one Trainer and one scoring
-    callback per model, every fit from the caller's random state (``rewind``)."""
+    """The reference models of one [`train_reference`][continual_eval.train_reference] call: one
+    Trainer and one scoring callback per model, every fit from the caller's random state
+    (``rewind``)."""
 
     def __init__(
         self,

@@ -43,7 +43,7 @@ def collect_rng_states() -> dict[str, Any]:
 
 
 def set_rng_states(states: Mapping[str, Any]) -> None:
-    """Restore states from :func:`collect_rng_states` (CUDA only with the same device count)."""
+    """Restore states from `collect_rng_states` (CUDA only with the same device count)."""
     random.setstate(states["python"])
     torch.set_rng_state(states["torch"])
     if "numpy" in states:
@@ -79,7 +79,7 @@ def _draw(generator: torch.Generator) -> None:
     torch.empty((), dtype=torch.int64).random_(generator=generator)
 
 
-#: the most base-seed draws :func:`restore_generator` replays
+#: the most base-seed draws `restore_generator` replays
 MAX_REPLAYED_DRAWS = 64
 
 
@@ -88,7 +88,7 @@ def restore_generator(generator: torch.Generator, state: Tensor) -> bool:
     it was seeded: count the one-value draws (the base seed a DataLoader iterator draws) from
     ``manual_seed(generator.initial_seed())`` to its current state, set ``state``, draw as many.
     ``False`` (nothing changed) when its state is not reached that way (it was drawn from
-    otherwise, or more than :data:`MAX_REPLAYED_DRAWS` times)."""
+    otherwise, or more than `MAX_REPLAYED_DRAWS` times)."""
     probe = torch.Generator().manual_seed(generator.initial_seed())
     current = generator.get_state()
     for draws in range(MAX_REPLAYED_DRAWS + 1):

@@ -7,7 +7,7 @@ the method and seed (or the position), and so is a statistic that overflows floa
 ``1e308``), never a silent ``inf`` or NaN. Seed labels of one method (or of a pair compared)
 must be of one type: ``0`` and ``"0"`` are different seeds and are refused together, by name.
 Outputs are frozen dataclasses of floats, and Markdown (names escaped by
-:func:`continual_eval._markdown.escape_markdown`) and CSV (through :mod:`continual_eval._csv`:
+`continual_eval._markdown.escape_markdown`) and CSV (through `continual_eval._csv`:
 formula-like names neutralised, numbers unchanged) strings.
 
 Over the ``n`` values ``x_1..x_n`` of a method:
@@ -23,7 +23,7 @@ Over the ``n`` values ``x_1..x_n`` of a method:
   interpolation). Reproducible: the same values, ``seed`` and ``resamples`` give the same
   interval.
 
-Few runs. With ``n < 10`` (:data:`SMALL_SAMPLE_RUNS`) a percentile bootstrap is not to be
+Few runs. With ``n < 10`` (`SMALL_SAMPLE_RUNS`) a percentile bootstrap is not to be
 trusted: resamples of ``n`` values never leave the range of those values, so at ``n = 3`` the
 interval is about ``[min, max]`` and covers the mean far less often than its nominal level (the
 simulation in ``tests/test_seed_statistics.py`` measures it). Every summary then carries a
@@ -41,15 +41,15 @@ Aggregates of Agarwal et al., "Deep Reinforcement Learning at the Edge of the St
 Precipice" (NeurIPS 2021; the ``rliable`` library), on ``scores`` ``[runs, tasks]`` (a 1-D
 sequence is one task):
 
-* interquartile mean (:func:`interquartile_mean`): the 25% trimmed mean of all runs' and tasks'
+* interquartile mean (`interquartile_mean`): the 25% trimmed mean of all runs' and tasks'
   scores pooled, ``scipy.stats.trim_mean(scores, 0.25, axis=None)`` (``floor(N / 4)`` values cut
   at each end), rliable's ``aggregate_iqm``;
-* stratified bootstrap (:func:`summarize_iqm`): each resample draws ``n`` runs with replacement
+* stratified bootstrap (`summarize_iqm`): each resample draws ``n`` runs with replacement
   *within each task* (tasks are strata, rliable's ``StratifiedBootstrap``); percentile interval;
-* probability of improvement (:func:`probability_of_improvement`): ``P(X > Y)`` of method X over
+* probability of improvement (`probability_of_improvement`): ``P(X > Y)`` of method X over
   Y, averaged over tasks: per task ``1/(n_x n_y) sum_{i,k} ([x_i > y_k] + 1/2 [x_i = y_k])``, the
   Mann-Whitney ``U`` over ``n_x n_y`` (rliable's ``probability_of_improvement``); its interval
-  (:func:`summarize_improvement`) resamples X's and Y's runs independently within each task
+  (`summarize_improvement`) resamples X's and Y's runs independently within each task
   (rliable's ``StratifiedIndependentBootstrap``).
 """
 
@@ -137,8 +137,8 @@ class SeedSummary:
     resamples: int
     bootstrap_seed: int
     caveat: str | None = None
-    """with fewer than :data:`SMALL_SAMPLE_RUNS` runs: why the bootstrap interval is not to be
-    trusted and which interval to read instead (:func:`small_sample_caveat`)"""
+    """with fewer than `SMALL_SAMPLE_RUNS` runs: why the bootstrap interval is not to be
+    trusted and which interval to read instead (`small_sample_caveat`)"""
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,7 @@ def _finite(value: float, what: str, owner: str) -> float:
 
 # ---------------------------------------------------------------------------- mean of runs
 def small_sample_caveat(n: int, statistic: str = "mean", fallback: str | None = "t") -> str | None:
-    """The caveat for ``n`` runs (``None`` from :data:`SMALL_SAMPLE_RUNS` on): why a percentile
+    """The caveat for ``n`` runs (``None`` from `SMALL_SAMPLE_RUNS` on): why a percentile
     bootstrap interval of the ``statistic`` is not to be trusted, and which ``fallback``
     interval to read instead (``None``: there is none)."""
     if n >= SMALL_SAMPLE_RUNS:
@@ -307,7 +307,7 @@ def bootstrap_interval(
     r"""Percentile bootstrap interval of the mean: the ``(1-c)/2`` and ``(1+c)/2`` quantiles of
     the means of ``resamples`` resamples with replacement of the sorted values, drawn by
     ``numpy.random.default_rng(seed).integers(0, n, (resamples, n))``; ``None`` for ``n < 2``.
-    Not to be trusted below :data:`SMALL_SAMPLE_RUNS` values (module notes)."""
+    Not to be trusted below `SMALL_SAMPLE_RUNS` values (module notes)."""
     _check_options(confidence, resamples, seed)
     present, _ = _values(values, name)
     return _bootstrap_interval(np.asarray(present), confidence, resamples, seed, name)
@@ -406,7 +406,7 @@ def summarize_runs(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
 ) -> dict[str, SeedSummary]:
-    """:func:`summarize` of each method's ``{seed: value}`` runs, in the mapping's order (the
+    """`summarize` of each method's ``{seed: value}`` runs, in the mapping's order (the
     values in seed order)."""
     _check_options(confidence, resamples, seed)
     out = {}
@@ -476,7 +476,7 @@ def pairwise_differences(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
 ) -> dict[tuple[str, str], PairedDifference]:
-    """:func:`paired_difference` of every pair ``(A, B)`` of methods, A before B in the mapping's
+    """`paired_difference` of every pair ``(A, B)`` of methods, A before B in the mapping's
     order; every method's seeds must share one label type."""
     methods = list(runs)
     _check_seed_types([s for by_seed in runs.values() for s in by_seed], "the methods' runs")
@@ -590,9 +590,9 @@ class IQMSummary:
     bootstrap_interval: Interval | None
     """stratified percentile bootstrap; ``None`` for fewer than 2 runs"""
     fallback_interval: Interval | None
-    """with fewer than :data:`SMALL_SAMPLE_RUNS` runs of one task: :func:`yuen_interval`"""
+    """with fewer than `SMALL_SAMPLE_RUNS` runs of one task: `yuen_interval`"""
     caveat: str | None
-    """with fewer than :data:`SMALL_SAMPLE_RUNS` runs (:func:`small_sample_caveat`)"""
+    """with fewer than `SMALL_SAMPLE_RUNS` runs (`small_sample_caveat`)"""
     n_absent: int
     confidence: float
     resamples: int
@@ -629,7 +629,7 @@ def summarize_iqm(
 ) -> IQMSummary:
     """The IQM of ``scores`` (``[runs]``, ``None`` absent, or complete ``[runs, tasks]``) and
     its stratified percentile bootstrap interval (rliable's ``StratifiedBootstrap``; draws by
-    ``numpy.random.default_rng(seed)``); below :data:`SMALL_SAMPLE_RUNS` runs a ``caveat`` and,
+    ``numpy.random.default_rng(seed)``); below `SMALL_SAMPLE_RUNS` runs a ``caveat`` and,
     for one task, Yuen's trimmed-mean t interval as the fall-back."""
     _check_options(confidence, resamples, seed)
     x, absent = _score_matrix(scores, "scores")
@@ -759,7 +759,7 @@ class ImprovementSummary:
     bootstrap_interval: Interval | None
     """stratified independent percentile bootstrap; ``None`` for fewer than 2 runs on a side"""
     fallback_interval: Interval | None
-    """with fewer than :data:`SMALL_SAMPLE_RUNS` runs on a side: :func:`brunner_munzel_interval`"""
+    """with fewer than `SMALL_SAMPLE_RUNS` runs on a side: `brunner_munzel_interval`"""
     caveat: str | None
     n_x: int
     n_y: int
@@ -779,10 +779,10 @@ def summarize_improvement(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
 ) -> ImprovementSummary:
-    """:func:`probability_of_improvement` of X over Y and its percentile interval from
+    """`probability_of_improvement` of X over Y and its percentile interval from
     resampling X's and Y's runs independently within each task (rliable's
     ``StratifiedIndependentBootstrap``; X's draws from ``SeedSequence(seed).spawn(2)[0]``, Y's
-    from ``[1]``); below :data:`SMALL_SAMPLE_RUNS` runs on a side, a ``caveat`` and the
+    from ``[1]``); below `SMALL_SAMPLE_RUNS` runs on a side, a ``caveat`` and the
     Brunner-Munzel interval as the fall-back."""
     _check_options(confidence, resamples, seed)
     a = _oriented(x, "x", _direction(higher_is_better))
@@ -902,7 +902,7 @@ def _bootstrap_settings(s: SeedSummary) -> list[object]:
 
 def summary_csv(summaries: Mapping[str, SeedSummary]) -> str:
     """CSV, one row per method, full precision; empty cells where a value is absent; names
-    through :func:`continual_eval._csv.csv_text` (formula-like text neutralised)."""
+    through `continual_eval._csv.csv_text` (formula-like text neutralised)."""
     header = [
         "method",
         "n",
@@ -927,7 +927,7 @@ def summary_csv(summaries: Mapping[str, SeedSummary]) -> str:
 def paired_markdown(
     differences: Mapping[tuple[str, str], PairedDifference], *, digits: int = 4
 ) -> str:
-    """A Markdown table of :func:`pairwise_differences`: ``A - B`` (names escaped), shared
+    """A Markdown table of `pairwise_differences`: ``A - B`` (names escaped), shared
     seeds, mean difference, both intervals, and wins / losses / ties of A."""
     first = next(iter(differences.values()), None)
     pct = _percent(first.summary.confidence if first else DEFAULT_CONFIDENCE)
@@ -985,7 +985,7 @@ def paired_csv(differences: Mapping[tuple[str, str], PairedDifference]) -> str:
 
 
 def iqm_markdown(summaries: Mapping[str, IQMSummary], *, digits: int = 4) -> str:
-    """A Markdown table of :func:`summarize_iqm` per method (names escaped): runs, tasks, IQM,
+    """A Markdown table of `summarize_iqm` per method (names escaped): runs, tasks, IQM,
     the stratified bootstrap interval and the fall-back; each method's caveat under it."""
     first = next(iter(summaries.values()), None)
     pct = _percent(first.confidence if first else DEFAULT_CONFIDENCE)
@@ -1004,7 +1004,7 @@ def iqm_markdown(summaries: Mapping[str, IQMSummary], *, digits: int = 4) -> str
 
 
 def iqm_csv(summaries: Mapping[str, IQMSummary]) -> str:
-    """CSV of :func:`summarize_iqm` per method, full precision, names neutralised."""
+    """CSV of `summarize_iqm` per method, full precision, names neutralised."""
     header = [
         "method", "n_runs", "n_tasks", "n_absent", "iqm", "bootstrap_low", "bootstrap_high",
         "yuen_low", "yuen_high", "caveat", "confidence", "resamples", "bootstrap_seed",
@@ -1035,7 +1035,7 @@ def _ends(interval: Interval | None) -> list[float | None]:
 def improvement_markdown(
     improvements: Mapping[tuple[str, str], ImprovementSummary], *, digits: int = 3
 ) -> str:
-    """A Markdown table of :func:`summarize_improvement` per pair ``(X, Y)`` (names escaped):
+    """A Markdown table of `summarize_improvement` per pair ``(X, Y)`` (names escaped):
     ``P(X > Y)``, the bootstrap interval and the Brunner-Munzel fall-back; caveats under it."""
     first = next(iter(improvements.values()), None)
     pct = _percent(first.confidence if first else DEFAULT_CONFIDENCE)
@@ -1055,7 +1055,7 @@ def improvement_markdown(
 
 
 def improvement_csv(improvements: Mapping[tuple[str, str], ImprovementSummary]) -> str:
-    """CSV of :func:`summarize_improvement` per pair ``(X, Y)``, names neutralised."""
+    """CSV of `summarize_improvement` per pair ``(X, Y)``, names neutralised."""
     header = [
         "method_x", "method_y", "n_x", "n_y", "n_tasks", "probability", "bootstrap_low",
         "bootstrap_high", "brunner_munzel_low", "brunner_munzel_high", "caveat",

@@ -1,12 +1,12 @@
 r"""What each training stage cost: wall time of training and of the evaluation, peak memory,
 parameters, samples and optimizer steps trained, and the replay memory a method reports.
 
-The callback owns one :class:`StageCostRecorder`, the meter of the stage in progress; it reads
+The callback owns one `StageCostRecorder`, the meter of the stage in progress; it reads
 clocks only at stage boundaries and around its own evaluation (never inside a training step: no
 device sync is added there), and counts samples from the batches' host-side shapes. The costs of
-finished stages belong to the run record (:class:`~continual_eval.record.RunRecord`).
+finished stages belong to the run record (`RunRecord`).
 
-Per stage ``i`` (one :class:`StageCost`):
+Per stage ``i`` (one `StageCost`):
 
 * ``train_seconds``: wall time from the stage's start (``on_train_start`` of its fit, or the
   ``on_train_epoch_start`` of its first epoch under ``epochs_per_task``) to its end, before the
@@ -34,8 +34,8 @@ Per stage ``i`` (one :class:`StageCost`):
   number of stored samples of a replay method), else ``None``.
 
 Model-size efficiency (Diaz-Rodriguez et al., 2018) over the stages:
-:math:`MS = \min\left(1, \frac{1}{s}\sum_i \frac{|\theta_1|}{|\theta_i|}\right)`, see
-:func:`model_size_efficiency`.
+`MS = \min\left(1, \frac{1}{s}\sum_i \frac{|\theta_1|}{|\theta_i|}\right)`, see
+`model_size_efficiency`.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def batch_samples(batch: Any) -> int | None:
 
 
 def model_size_efficiency(parameters: Sequence[int] | Tensor) -> float | None:
-    r""":math:`MS = \min(1, \frac{1}{s}\sum_{i=1}^{s} |\theta_1| / |\theta_i|)` over the
+    r"""`MS = \min(1, \frac{1}{s}\sum_{i=1}^{s} |\theta_1| / |\theta_i|)` over the
     parameter counts of stages ``1..s`` (Diaz-Rodriguez et al., "Don't forget, there is more
     than forgetting", 2018); 1 for a model that never grows, ``None`` with no stage.
 
@@ -136,7 +136,7 @@ _SUMMARY_KEYS = (
 
 def summarize_costs(costs: Sequence[StageCost]) -> dict[str, Any]:
     """Totals over ``costs`` (``train_seconds``, ``eval_seconds``, ``samples``,
-    ``optimizer_steps``), the largest ``peak_memory_bytes`` and the :func:`model_size_efficiency`
+    ``optimizer_steps``), the largest ``peak_memory_bytes`` and the `model_size_efficiency`
     of their parameter counts (every value ``None`` without a stage). The efficiency is ``None``
     unless ``costs`` are the stages ``0, 1, ..., s-1`` in order (its first count is stage 0's),
     and for a model without parameters at some stage (a non-parametric learner keeping its state
@@ -177,7 +177,7 @@ def _peak_rss_bytes() -> int:
 
 def _parameter_counts(module: nn.Module) -> tuple[int, int]:
     """``(all, trainable)`` parameter counts of the model as built, sharded or not
-    (:func:`~continual_eval.evaluation.strategy.parameter_counts`); ``(0, 0)`` with a warning
+    (`parameter_counts`); ``(0, 0)`` with a warning
     under FSDP1 (its flattened shards do not tell them; model-size efficiency is then ``None``)."""
     from continual_eval.evaluation.strategy import parameter_counts
 
@@ -225,8 +225,8 @@ def _replay_memory(module: nn.Module) -> int | None:
 
 
 class StageCostRecorder:
-    """Clocks and counters of the stage in progress; :meth:`finish_stage` gives its
-    :class:`StageCost`."""
+    """Clocks and counters of the stage in progress; `finish_stage` gives its
+    `StageCost`."""
 
     def __init__(self) -> None:
         #: ``trainer.global_step`` when the stage in progress started (its optimizer steps are
@@ -278,8 +278,8 @@ class StageCostRecorder:
         }
 
     def resume_stage(self, progress: Mapping[str, Any], *, stage: int, step: int) -> bool:
-        """Continue stage ``stage``, just started (:meth:`start_stage`) at optimizer step
-        ``step``, from a checkpoint's :meth:`progress` written inside it: its start step,
+        """Continue stage ``stage``, just started (`start_stage`) at optimizer step
+        ``step``, from a checkpoint's `progress` written inside it: its start step,
         samples and training time count too. ``False`` (nothing changes) when the progress is of
         another stage or of a later step (the fit did not resume that stage's training)."""
         if int(progress["stage"]) != stage or int(progress["start_step"]) > step:
@@ -302,7 +302,7 @@ class StageCostRecorder:
         replay_memory: int | _Unread | None = _UNREAD,
     ) -> StageCost:
         """The cost of stage ``stage``, which ends now (the clock stops). ``replay_memory``: read
-        from ``module``'s hook unless given (:func:`read_replay_memory`)."""
+        from ``module``'s hook unless given (`read_replay_memory`)."""
         if isinstance(replay_memory, _Unread):
             replay_memory = read_replay_memory(module)
         device = self._device

@@ -112,8 +112,8 @@ class StepCurves:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replace the rows by :meth:`state_dict`'s; refused (nothing changes) when the lengths
-        differ or the scorers are not :attr:`names`."""
+        """Replace the rows by `state_dict`'s; refused (nothing changes) when the lengths
+        differ or the scorers are not `names`."""
         steps = [int(s) for s in state["step"]]
         stages = [int(s) for s in state["stage"]]
         full = [bool(f) for f in state["full"]]

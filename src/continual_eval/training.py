@@ -1,5 +1,6 @@
-"""Driving a task sequence through Lightning: :func:`fit_tasks` (one ``fit`` per task) and
-:func:`scheduled_task` (one ``fit`` over a schedule of ``epochs_per_task`` epochs per task)."""
+"""Driving a task sequence through Lightning: [`fit_tasks`][continual_eval.fit_tasks] (one ``fit``
+per task) and [`scheduled_task`][continual_eval.scheduled_task] (one ``fit`` over a schedule of
+``epochs_per_task`` epochs per task)."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def fit_tasks(
         trainer: one Trainer for the whole sequence (each task trains for the Trainer's
             ``max_epochs``; ``fit_loop.max_epochs`` is raised before every fit), or a factory
             ``task_id -> Trainer`` for a new Trainer per task. The Trainer(s) must hold at least
-            one :class:`~continual_eval.ContinualEvalCallback` (the same instances across a
-            factory's Trainers).
+            one [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] (the same instances
+            across a factory's Trainers).
         model: the LightningModule, trained in place.
         train_dataloaders: one training loader per task.
         val_dataloaders: optional, one validation loader per task.
@@ -73,8 +74,8 @@ def fit_tasks(
             draws the same random numbers as an uninterrupted one.
 
     Returns:
-        The (first) :class:`~continual_eval.ContinualEvalCallback` (``.scores``, ``.baseline``,
-        ``.results()``).
+        The (first) [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] (``.scores``,
+        ``.baseline``, ``.results()``).
 
     Raises:
         ValueError: no callback, a Trainer without a positive ``max_epochs``, or more tasks than

@@ -1,21 +1,22 @@
 """Evaluation engine: score a module on several task test loaders, exactly, on every rank.
 
-Kept apart from :class:`~continual_eval.callback.ContinualEvalCallback`'s hook plumbing so that
-other callers (evaluation every k steps inside a stage, cached device batches) can reuse it.
+Kept apart from [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]'s hook plumbing so
+that other callers (evaluation every k steps inside a stage, cached device batches) can reuse it.
 
-:func:`evaluate_tasks` runs the module in eval mode under a no-grad/inference context, restores
-every submodule's own ``training`` flag and the RNG states afterwards, moves batches with a plain
-device move (no user transfer hooks), and reduces per-task counts across ranks with one collective
-per call. Under data parallelism each map-style test set is sharded *without padding*
-(:func:`shard_dataloader`), so the reduced counts equal the single-process counts exactly; a test
-loader over a ``DistributedSampler`` means its whole dataset, and a loader whose samples cannot be
-split exactly (a random ``drop_last`` tail) is refused. Non-finite predictions and targets that are
-not labels are counted on the device and reported after each task, naming it.
+[`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks] runs the module in eval mode under a
+no-grad/inference context, restores every submodule's own ``training`` flag and the RNG states
+afterwards, moves batches with a plain device move (no user transfer hooks), and reduces per-task
+counts across ranks with one collective per call. Under data parallelism each map-style test set is
+sharded *without padding* (`shard_dataloader`), so the reduced counts equal the single-process
+counts exactly; a test loader over a ``DistributedSampler`` means its whole dataset, and a loader
+whose samples cannot be split exactly (a random ``drop_last`` tail) is refused. Non-finite
+predictions and targets that are not labels are counted on the device and reported after each task,
+naming it.
 
 Reading the batches (exact: the scores are identical with either switch off): tensor-backed test
 sets are sliced a batch at a time instead of fetched and collated sample by sample
-(:func:`fast_loader`; ``switches.FAST_PATH = False`` turns it off). Test loaders with worker
-processes that :func:`fast_loader` cannot read share one persistent worker pool per group of equal
+(`fast_loader`; ``switches.FAST_PATH = False`` turns it off). Test loaders with worker
+processes that `fast_loader` cannot read share one persistent worker pool per group of equal
 settings (``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``, ``multiprocessing_context``,
 ``prefetch_factor``; batch sizes may differ; no ``worker_init_fn``, which may read
 ``get_worker_info().dataset``): one DataLoader over the concatenated test sets whose batch sampler
@@ -26,34 +27,35 @@ or more than two pools are kept. ``switches.POOLED_LOADERS = False`` gives each 
 workers.
 
 Under a strategy whose forward pass is a collective (FSDP2, FSDP1, DeepSpeed ZeRO-3) the ranks
-evaluate in lockstep (:mod:`~continual_eval.evaluation.lockstep`): every rank runs the same number
+evaluate in lockstep (`lockstep`): every rank runs the same number
 of forward passes per task, the extra ones on a sample it already has, discarded; the Trainer's
-strategy decides it and how the model is called (:mod:`~continual_eval.evaluation.strategy`).
+strategy decides it and how the model is called (`strategy`).
 
 Layout (every public name is re-exported here):
 
-* :mod:`~continual_eval.evaluation.loop`: :func:`evaluate_tasks`, :class:`TaskEvaluation`;
-  the pieces it runs: :mod:`~continual_eval.evaluation.sources` (where each task's batches come
-  from), :mod:`~continual_eval.evaluation.feed` (the output watch and the scorers' feed),
-  :mod:`~continual_eval.evaluation.reduction` (counts across ranks, their problems in words);
-* :mod:`~continual_eval.evaluation.lockstep`: :class:`Lockstep`; and
-  :mod:`~continual_eval.evaluation.strategy`: :func:`collective_forward`, :data:`LOCKSTEP_ATTR`,
+* `loop`: [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks],
+  [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation]; the pieces it runs: `sources` (where
+  each task's batches come from), `feed` (the output watch and the scorers' feed),
+  `reduction` (counts across ranks, their problems in words);
+* `lockstep`: [`Lockstep`][continual_eval.evaluation.Lockstep]; and
+  `strategy`: [`collective_forward`][continual_eval.evaluation.collective_forward], `LOCKSTEP_ATTR`,
   the forward redirection of wrapping strategies;
-* :mod:`~continual_eval.evaluation.guards`: train/eval flags, RNG states, grad context;
-* :mod:`~continual_eval.evaluation.step`: the batch step, :func:`default_batch_step`;
-* :mod:`~continual_eval.evaluation.scorers`: the :class:`Scorer` protocol, the built-in scorers,
-  :func:`make_scorer`;
-* :mod:`~continual_eval.evaluation.class_incremental`: the task-aware and task-agnostic
-  accuracy scorers of single-head class-incremental models, :func:`task_classes_from_loaders`;
-* :mod:`~continual_eval.evaluation.loaders`: :func:`shard_dataloader`, :func:`subset_dataloader`,
-  :func:`spare_dataloader`;
-* :mod:`~continual_eval.evaluation.fast_path`, :mod:`~continual_eval.evaluation.pools`: reading
-  the batches (:func:`fast_loader`, worker pools);
-* :mod:`~continual_eval.evaluation.cache`: :class:`BatchCache`, :func:`cache_safety`;
-* :mod:`~continual_eval.evaluation.errors`: :class:`EvaluationError`.
+* `guards`: train/eval flags, RNG states, grad context;
+* `step`: the batch step, `default_batch_step`;
+* `scorers`: the [`Scorer`][continual_eval.evaluation.Scorer] protocol, the built-in scorers,
+  [`make_scorer`][continual_eval.evaluation.make_scorer];
+* [`class_incremental`][continual_eval.evaluation.class_incremental]: the task-aware and
+  task-agnostic accuracy scorers of single-head class-incremental models,
+  [`task_classes_from_loaders`][continual_eval.task_classes_from_loaders];
+* `loaders`: `shard_dataloader`, `subset_dataloader`,
+  `spare_dataloader`;
+* `fast_path`, `pools`: reading
+  the batches (`fast_loader`, worker pools);
+* `cache`: `BatchCache`, [`cache_safety`][continual_eval.evaluation.cache_safety];
+* `errors`: [`EvaluationError`][continual_eval.evaluation.EvaluationError].
 
 The two switches ``FAST_PATH`` and ``POOLED_LOADERS`` live in
-:mod:`~continual_eval.evaluation.switches` and are read at call time, so
+[`switches`][continual_eval.evaluation.switches] and are read at call time, so
 ``continual_eval.evaluation.switches.FAST_PATH = False`` (or a ``monkeypatch.setattr`` on that
 module) takes effect on the next evaluation.
 """

@@ -3,7 +3,7 @@
 torchmetrics' own sync gathers each state with one ``all_gather`` whose size every rank must
 agree on; a rank that saw no sample of a task holds an empty list where the others hold tensors
 ``[n, C]``, sends a 1-D placeholder of another shape and dtype, and the collective fails ("Received
-data size doesn't match") or hangs. :func:`gathered_states` runs, for every state of every metric in
+data size doesn't match") or hangs. `gathered_states` runs, for every state of every metric in
 the tree, the same two collectives on every rank whatever it holds: one ``all_gather`` of a
 fixed-size description (present or not, dtype, shape), then one ``all_gather`` of the state padded
 to the largest shape (skipped on every rank when no rank holds one). It then reduces the parts as
@@ -76,8 +76,8 @@ def gather_tensor(
     """Every rank's ``local`` (``None`` where a rank has none), in rank order, on ``device``.
 
     Two collectives on every rank (one when no rank holds a tensor); ranks holding tensors of
-    different dtypes or numbers of dimensions raise the same :class:`EvaluationError` on every
-    rank.
+    different dtypes or numbers of dimensions raise the same
+    [`EvaluationError`][continual_eval.evaluation.EvaluationError] on every rank.
     """
     metas = [m.tolist() for m in _all_gather(_describe(local, device), group)]
     if any(m[0] == 2 for m in metas):

@@ -1,18 +1,18 @@
-"""The torchmetrics internals that :class:`~continual_eval.evaluation.MetricScorer` relies on.
+"""The torchmetrics internals that `MetricScorer` relies on.
 
 Why: torchmetrics has no public API for what an exact cross-rank reduction needs to know of a
 metric: its declared states with their defaults (``Metric._defaults``) and their cross-rank
 reductions (``Metric._reductions``), whether its class keeps the default state sync (an override
 of ``sync`` or ``_sync_dist``), the unwrapped ``compute`` (each instance wraps its class's
 ``compute`` with a sync and a cache), and which kernel a stat-scores metric updates with
-(``MulticlassStatScores._update_state``). :class:`MetricScorer` needs them to sum sum-reduced
+(``MulticlassStatScores._update_state``). `MetricScorer` needs them to sum sum-reduced
 states in the evaluation's own collective, to gather every other state itself (so that a rank
 holding no sample of a task takes part in exactly the collectives the others run: torchmetrics'
 own sync sends such a rank's empty list state as a 1-D tensor of another shape and dtype, which
 gloo refuses with "Received data size doesn't match"), and to know which updates may be fed
 concatenated batches. Every such access sits here, nowhere else.
 
-Checked on torchmetrics :data:`CHECKED_VERSIONS` (the floor in ``.ci/lowest.txt`` and the newest
+Checked on torchmetrics `CHECKED_VERSIONS` (the floor in ``.ci/lowest.txt`` and the newest
 installed); ``tests/callback/test_torchmetrics_adapter.py`` pins them and checks each assumption
 against the installed version.
 """

@@ -4,24 +4,25 @@ A class-incremental model has one output per class id (a single growing head, ``
 task ``j`` brings the classes ``task_classes[j]``. The two scorers here restrict the argmax of the
 same logits in the two ways of Masana et al., "Class-incremental learning: survey and performance
 evaluation" (TPAMI 2022), the functions of
-:mod:`continual_eval.functional.class_incremental` applied batch by batch:
+`continual_eval.functional.class_incremental` applied batch by batch:
 
-* :class:`TaskAwareAccuracyScorer` (``acc_task_aware``, task-IL): ``R[i, j]`` is the accuracy on
-  task ``j``'s test set with the argmax over task ``j``'s classes only (the task is known at test
-  time; Mammoth's ``mask_classes``). It does not depend on the stage ``i``.
-* :class:`TaskAgnosticAccuracyScorer` (``acc_task_agnostic``, class-IL): ``R[i, j]`` is the
-  accuracy on task ``j``'s test set with the argmax over the classes of the tasks
-  ``<= max(i, j)``. For ``j <= i`` (the seen tasks, every cell the usual metrics read but FWT)
-  that is exactly the classes seen so far, Masana et al.'s class-IL accuracy and Mammoth's
-  ``argmax(outputs[:, :n_seen_classes])``. For a task not trained yet (``j > i``) its own classes
-  (and those of the tasks before it) are allowed too: restricted to the seen classes, a future
-  task's samples could never be right, so ``R[i, j] = 0`` for every ``j > i`` by construction
-  and forward transfer would be meaningless. The untrained baseline uses ``i = -1``: the tasks
-  ``<= j``. ``all_outputs=True`` takes the argmax over every output instead (a plain
+* [`TaskAwareAccuracyScorer`][continual_eval.evaluation.TaskAwareAccuracyScorer]
+  (``acc_task_aware``, task-IL): ``R[i, j]`` is the accuracy on task ``j``'s test set with the
+  argmax over task ``j``'s classes only (the task is known at test time; Mammoth's
+  ``mask_classes``). It does not depend on the stage ``i``.
+* [`TaskAgnosticAccuracyScorer`][continual_eval.evaluation.TaskAgnosticAccuracyScorer]
+  (``acc_task_agnostic``, class-IL): ``R[i, j]`` is the accuracy on task ``j``'s test set with the
+  argmax over the classes of the tasks ``<= max(i, j)``. For ``j <= i`` (the seen tasks, every cell
+  the usual metrics read but FWT) that is exactly the classes seen so far, Masana et al.'s class-IL
+  accuracy and Mammoth's ``argmax(outputs[:, :n_seen_classes])``. For a task not trained yet
+  (``j > i``) its own classes (and those of the tasks before it) are allowed too: restricted to the
+  seen classes, a future task's samples could never be right, so ``R[i, j] = 0`` for every ``j > i``
+  by construction and forward transfer would be meaningless. The untrained baseline uses ``i = -1``:
+  the tasks ``<= j``. ``all_outputs=True`` takes the argmax over every output instead (a plain
   ``logits.argmax(1)``, whatever the stage).
 
 Ties go to the first maximum in class-id order among the allowed classes, as
-:func:`torch.argmax` breaks them.
+`torch.argmax` breaks them.
 
 Both are count-based and batch-additive (integer counts, summed exactly across ranks by the
 loop's reduction). The evaluation loop calls ``set_task(j, stage)`` right after
@@ -29,11 +30,11 @@ loop's reduction). The evaluation loop calls ``set_task(j, stage)`` right after
 task-agnostic scorer reads the stage from it (``None``: ``-1``). The task-agnostic scorer also
 counts its predictions in a confusion matrix: the rows of task ``j``'s classes (true class, in
 ``task_classes[j]``'s order) by predicted class id, ``[max_k |task_classes[k]|, C]`` int64 per
-task, accumulated on the device with one :func:`torch.bincount` per update and appended to its
+task, accumulated on the device with one `torch.bincount` per update and appended to its
 local counts after the problem counts (see ``num_problems`` in
-:class:`~continual_eval.evaluation.Scorer`), so it reduces exactly with the same collective; its
-:meth:`TaskAgnosticAccuracyScorer.details` turns the reduced counts into the blocks, which the
-loop returns in :attr:`~continual_eval.evaluation.TaskEvaluation.details_by_scorer`.
+[`Scorer`][continual_eval.evaluation.Scorer]), so it reduces exactly with the same collective; its
+[`TaskAgnosticAccuracyScorer.details`][continual_eval.evaluation.TaskAgnosticAccuracyScorer.details]
+turns the reduced counts into the blocks, which the loop returns in `details_by_scorer`.
 
 Targets are checked as by the built-in accuracy scorer (class indices, whole-number floats, or
 one-hot/probability rows), and also against the task: a target that is not one of
@@ -67,9 +68,11 @@ __all__ = [
     "task_classes_from_loaders",
 ]
 
-#: the matrix name (and scorer ``name``) of :class:`TaskAwareAccuracyScorer`
+#: the matrix name (and scorer ``name``) of
+#: [`TaskAwareAccuracyScorer`][continual_eval.evaluation.TaskAwareAccuracyScorer]
 AWARE_NAME = "acc_task_aware"
-#: the matrix name (and scorer ``name``) of :class:`TaskAgnosticAccuracyScorer`
+#: the matrix name (and scorer ``name``) of
+#: [`TaskAgnosticAccuracyScorer`][continual_eval.evaluation.TaskAgnosticAccuracyScorer]
 AGNOSTIC_NAME = "acc_task_agnostic"
 
 _NOT_IN_TASK = (
@@ -105,13 +108,13 @@ class _ClassIncrementalScorer(_LabelScorer):
         #: the most classes of one task (the rows of a task's confusion block)
         self.max_task_classes = max(len(c) for c in self.class_lists)
         self._task: int | None = None
-        #: the stage of the evaluation (``-1``: the untrained baseline), from :meth:`set_task`
+        #: the stage of the evaluation (``-1``: the untrained baseline), from `set_task`
         self.stage = -1
         self._cache: dict[tuple[Any, ...], Any] = {}
 
     @property
     def num_problems(self) -> int:
-        """Entries after ``[value, total]`` of :meth:`local_counts` that are problem counts."""
+        """Entries after ``[value, total]`` of `local_counts` that are problem counts."""
         return len(self.target_problems)
 
     @property
@@ -240,12 +243,12 @@ class _ClassIncrementalScorer(_LabelScorer):
 class TaskAwareAccuracyScorer(_ClassIncrementalScorer):
     """Task-aware (task-IL) accuracy, matrix ``acc_task_aware``: ``R[i, j]`` is the accuracy on
     task ``j``'s test set with the argmax over ``task_classes[j]`` only (the first maximum in
-    class-id order), :func:`~continual_eval.functional.class_incremental.task_aware_predictions`
+    class-id order), `task_aware_predictions`
     batch by batch. The same restriction at every stage, the baseline included.
 
     Args:
         task_classes: one list of class ids per task (checked by
-            :func:`~continual_eval.functional.class_incremental.check_task_classes`: no empty
+            [`check_task_classes`][continual_eval.functional.check_task_classes]: no empty
             task, no negative id, no class in two tasks).
         check_targets: count the targets outside the task's classes (``False`` where a
             task-agnostic scorer of the same evaluation counts them already, as
@@ -275,15 +278,17 @@ class TaskAgnosticAccuracyScorer(_ClassIncrementalScorer):
     """Task-agnostic (class-IL) accuracy, matrix ``acc_task_agnostic``: ``R[i, j]`` is the
     accuracy on task ``j``'s test set with the argmax over the classes of the tasks ``<= max(i,
     j)`` (the seen classes for ``j <= i``; see the module docstring for why a future task ``j >
-    i`` brings its own), ``i`` the stage the loop passes to :meth:`set_task` (``-1``, the
+    i`` brings its own), ``i`` the stage the loop passes to `set_task` (``-1``, the
     baseline, when none). ``all_outputs=True``: the argmax over every output.
 
     Also counts the confusion of its predictions, per task scored: ``[K, C]`` int64, ``K`` the
     most classes of a task, row ``r`` the true class ``task_classes[j][r]``, column the predicted
     class id (rows past task ``j``'s class count stay 0). The counts follow the accuracy counts in
-    :meth:`local_counts`, so the loop sums them across ranks exactly; :meth:`details` gives the
-    reduced blocks of the tasks scored, ``[tasks, K, C]``. With ``confusion=False`` nothing is
-    counted (one accuracy alone).
+    [`local_counts`][continual_eval.evaluation.TaskAgnosticAccuracyScorer.local_counts], so the loop
+    sums them across ranks exactly;
+    [`details`][continual_eval.evaluation.TaskAgnosticAccuracyScorer.details] gives the reduced
+    blocks of the tasks scored, ``[tasks, K, C]``. With ``confusion=False`` nothing is counted (one
+    accuracy alone).
 
     Args:
         task_classes: one list of class ids per task.
@@ -381,8 +386,8 @@ def task_classes_from_loaders(test_loaders: Sequence[Any]) -> list[list[int]]:
     pass over each, through the evaluation's fast path for tensor datasets).
 
     Raises ``ValueError`` for a loader without a sample, for a negative label, and for a class
-    found in two test sets (as :func:`~continual_eval.functional.class_incremental.
-    check_task_classes` words it); ``TypeError`` for batches that are not ``(x, y, ...)``.
+    found in two test sets (as [`check_task_classes`][continual_eval.functional.check_task_classes]
+    words it); ``TypeError`` for batches that are not ``(x, y, ...)``.
 
     Example:
         >>> from torch.utils.data import DataLoader, TensorDataset

@@ -1,6 +1,6 @@
 """Tensor-backed test sets read a batch at a time, without per-sample fetch and collate.
 
-Switched by :data:`continual_eval.evaluation.switches.FAST_PATH`, read at call time.
+Switched by `continual_eval.evaluation.switches.FAST_PATH`, read at call time.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ class _FastBatches:
         return part if fresh else part.clone(memory_format=torch.contiguous_format)
 
     def _rows_per_chunk(self, tensors: Sequence[Tensor]) -> int:
-        """A whole number of batches whose rows of the widest tensor fit :data:`CHUNK_BYTES`."""
+        """A whole number of batches whose rows of the widest tensor fit `CHUNK_BYTES`."""
         row_bytes = max(math.prod(t.shape[1:]) * t.element_size() for t in tensors)
         return self.batch_size * max(1, CHUNK_BYTES // max(1, row_bytes * self.batch_size))
 
@@ -225,11 +225,11 @@ def fast_loader(
     exact; else ``loader`` itself.
 
     The fast path takes a torch ``DataLoader`` (exactly, not a subclass) read in order (a
-    ``SequentialSampler``, or a shard of :func:`shard_dataloader`, in a plain ``BatchSampler``)
+    ``SequentialSampler``, or a shard of `shard_dataloader`, in a plain ``BatchSampler``)
     with the default collate function over
 
     * a ``TensorDataset`` (exactly), or a ``Subset`` (chain) of one: the rows of a chunk of
-      batches (:data:`CHUNK_BYTES` per tensor) are copied at once (a slice, or one
+      batches (`CHUNK_BYTES` per tensor) are copied at once (a slice, or one
       ``index_select`` for scattered indices) and split into the batches;
     * a dataset defining ``__getitems__`` (or a ``Subset`` of one), read with ``num_workers=0``:
       ``default_collate(dataset.__getitems__(batch_indices))``, what the DataLoader does.

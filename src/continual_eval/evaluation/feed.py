@@ -22,9 +22,9 @@ class _OutputWatch:
     infinite: a NaN or ``+inf`` anywhere in the vector, or every score ``-inf``; ``-inf`` scores
     next to finite ones (masked classes) are fine. Per update (a batch, or a group of consecutive
     batches concatenated) this costs a max, an ``isfinite`` and a sum on the device, and keeps one
-    flag per row (sample) of the update; :func:`_watch_counts` turns the watches of every task
+    flag per row (sample) of the update; `_watch_counts` turns the watches of every task
     into counts in a few ops for all tasks, and only a task with a non-finite prediction reads its
-    flags back (:func:`_first_bad_batches`).
+    flags back (`_first_bad_batches`).
     """
 
     def __init__(self) -> None:
@@ -131,9 +131,9 @@ class _TaskFeed:
     Scorers that are not ``batch_additive`` get each batch as the step returned it, at once. The
     batch-additive scorers and the watch get copies of consecutive batches concatenated along dim
     0, one update per group: a group ends when a batch does not fit it (another shape beyond dim 0,
-    dtype or device), when its copies reach :data:`BUFFER_BYTES`, and at the end of the task
-    (:meth:`flush`). A batch that cannot be concatenated (0-d, or not as many predictions as
-    targets) or that alone holds :data:`BUFFER_BYTES` is fed alone, uncopied, after the group
+    dtype or device), when its copies reach `BUFFER_BYTES`, and at the end of the task
+    (`flush`). A batch that cannot be concatenated (0-d, or not as many predictions as
+    targets) or that alone holds `BUFFER_BYTES` is fed alone, uncopied, after the group
     before it. Without batch-additive scorers the watch too sees every batch alone and nothing is
     copied.
     """

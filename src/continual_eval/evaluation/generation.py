@@ -1,18 +1,18 @@
 r"""Generation-based scoring: decode each prompt, turn the new tokens into text, score the text
 against its reference, and average over the task's items.
 
-A :class:`GenerationScorer` is free-running (``scoring = "free-running"``): the model reads its
+A `GenerationScorer` is free-running (``scoring = "free-running"``): the model reads its
 own previous tokens, as at inference. Teacher-forced scores (the token scorers of
-:mod:`~continual_eval.evaluation.language`, ``scoring = "teacher-forced"``) feed the reference
+`language`, ``scoring = "teacher-forced"``) feed the reference
 tokens instead; the two are not comparable (teacher forcing inflates scores).
 
 Decoding. ``decoder="auto"`` (default) calls the module's own ``generate`` when it has one (a
-Hugging Face model: :func:`generate_decode`), else :func:`greedy_decode`, a plain loop that keeps
+Hugging Face model: `generate_decode`), else `greedy_decode`, a plain loop that keeps
 a KV cache when the module's ``forward`` takes ``use_cache`` and ``cache`` (or
 ``past_key_values``) and returns it as Hugging Face models do, and otherwise re-reads the whole
 sequence each step. Greedy (argmax) by default, so a score is a deterministic function of the
 weights; ``do_sample=True`` needs a ``seed``, and each cell (stage, task) then draws from its own
-seed, :func:`cell_seed` (recorded in :attr:`GenerationScorer.cell_seeds`).
+seed, `cell_seed` (recorded in `GenerationScorer.cell_seeds`).
 
 Synced decoding (several processes: the loop passes its ``all_reduce``). Under data parallelism
 each rank decodes its own items, and under sharded strategies (FSDP, DeepSpeed ZeRO-3) every
@@ -20,15 +20,15 @@ forward is a collective, so every rank must run the same number of forwards. Two
 sum-reductions keep them in step, so decoding never deadlocks:
 
 * per batch, a handshake ``all_reduce([1])`` before decoding; a rank out of batches posts ``[0]``
-  from :meth:`GenerationScorer.end_task`, and while the sum is positive it decodes a replayed
+  from `GenerationScorer.end_task`, and while the sum is positive it decodes a replayed
   prompt (its last batch's first item, else one pad token) with the others and discards it; the
   task ends for every rank at the first round whose sum is 0;
-* per decoding step, a done flag: :func:`greedy_decode` reduces "this rank has unfinished
+* per decoding step, a done flag: `greedy_decode` reduces "this rank has unfinished
   sequences" after each step and stops only when no rank has (a finished rank keeps stepping);
   Hugging Face's ``generate`` runs its own done-flag all-reduce (``synced_gpus=True``) through
   ``torch.distributed`` on the default group, the group Lightning's strategies reduce over.
 
-The handshakes and :func:`greedy_decode`'s flags go through the loop's ``all_reduce`` (the
+The handshakes and `greedy_decode`'s flags go through the loop's ``all_reduce`` (the
 Trainer's ``strategy.reduce``), not through ``torch.distributed`` directly.
 """
 
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: ``decoder(module, inputs, *, max_new_tokens, eos_token_id, pad_token_id, sync, do_sample,
-#: temperature, generator) -> new token ids [N, L]`` (see :func:`greedy_decode`)
+#: temperature, generator) -> new token ids [N, L]`` (see `greedy_decode`)
 Decoder = Callable[..., Tensor]
 #: ``sync(this_rank_active) -> any_rank_active``, one collective per call
 Sync = Callable[[bool], bool]
@@ -182,7 +182,7 @@ def generate_decode(
     encoder-decoder model's decoder start token, cut off). With ``sync`` (several processes)
     ``synced_gpus=True``: ``generate`` then runs its own per-step done-flag all-reduce through
     ``torch.distributed``. Sampling draws from the global RNG, which
-    :class:`GenerationScorer` seeds per cell (``generator`` is not used)."""
+    `GenerationScorer` seeds per cell (``generator`` is not used)."""
     options: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "do_sample": do_sample,
@@ -254,9 +254,9 @@ _NOT_FINITE_SCORE = "the text metric returned {n} non-finite scores"
 
 class GenerationScorer:
     """The mean over a task's items of a text metric of the decoded continuation against the
-    reference: :math:`\\frac{1}{N}\\sum_n m(\\text{decode}(g_n), r_n)`, free-running.
+    reference: `\\frac{1}{N}\\sum_n m(\\text{decode}(g_n), r_n)`, free-running.
 
-    Per batch: the prompt (``inputs(batch)``, default :func:`prompt_inputs`) is decoded
+    Per batch: the prompt (``inputs(batch)``, default `prompt_inputs`) is decoded
     (``decoder``, see the module docstring), each row's new tokens are cut at its first
     ``eos_token_id`` (exclusive) and passed, as a list of token-id lists, to ``decode`` (a
     tokenizer's ``batch_decode`` fits), which returns one text per row; the texts are scored
@@ -267,23 +267,23 @@ class GenerationScorer:
     Args:
         decode: ``list[list[int]] -> list[str]``.
         metric: ``"exact_match"``, ``"token_f1"``, ``"rouge_l"``, ``"edit_similarity"`` (see
-            :mod:`~continual_eval.evaluation.text_metrics`) or a callable ``(predictions,
+            `text_metrics`) or a callable ``(predictions,
             references) -> per-item scores``.
         max_new_tokens: most tokens decoded per prompt.
         eos_token_id: the token that ends a continuation (``None``: always ``max_new_tokens``).
         pad_token_id: what finished rows receive, and the prompt of a rank with nothing to
             decode under synced decoding.
-        decoder: ``"auto"``, ``"greedy"`` (:func:`greedy_decode`), ``"generate"``
-            (:func:`generate_decode`) or a callable with :func:`greedy_decode`'s signature (which
+        decoder: ``"auto"``, ``"greedy"`` (`greedy_decode`), ``"generate"``
+            (`generate_decode`) or a callable with `greedy_decode`'s signature (which
             must call ``sync`` once per step as it does, when given).
         do_sample, temperature, seed: sampling instead of argmax; needs ``seed``, and each
-            cell draws from :func:`cell_seed` ``(seed, stage, task, rank)``.
+            cell draws from `cell_seed` ``(seed, stage, task, rank)``.
         name: the score's name (default: the metric's name).
         bounds: the score's range; default ``(0, 1)`` for the built-in metrics, ``None`` for a
             callable.
         inputs, references: read a batch's prompt and references.
         record_items: keep the first ``record_items`` items of each task on this rank as
-            :class:`GenerationRecord` in :attr:`records_by_task` (``-1``: all; ``0``: none).
+            `GenerationRecord` in `records_by_task` (``-1``: all; ``0``: none).
 
     Count-based (exact under DDP: per-item score sums and item counts are summed). Under several
     processes decoding is synced (module docstring); the loop's ``all_reduce`` must be given.
@@ -378,7 +378,7 @@ class GenerationScorer:
     def decoding(self) -> dict[str, Any]:
         """How the scores were produced, for results.json: ``scoring``, the decoding strategy
         (``"greedy"``/``"sample"``), ``max_new_tokens``, the metric, and for sampling the
-        ``seed`` and ``temperature`` (each cell's seed: :attr:`cell_seeds`)."""
+        ``seed`` and ``temperature`` (each cell's seed: `cell_seeds`)."""
         out: dict[str, Any] = {
             "scoring": self.scoring,
             "strategy": "sample" if self.do_sample else "greedy",

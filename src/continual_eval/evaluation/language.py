@@ -1,27 +1,27 @@
 r"""Token-level scores of language models: perplexity, mean token NLL and token accuracy.
 
 Functional layer (pure tensor functions) and thin count-based scorers over it, registered in
-:func:`~continual_eval.evaluation.make_scorer` as ``"perplexity"`` (``"ppl"``), ``"token_nll"``
-and ``"token_accuracy"``.
+[`make_scorer`][continual_eval.evaluation.make_scorer] as ``"perplexity"`` (``"ppl"``),
+``"token_nll"`` and ``"token_accuracy"``.
 
 Layout: ``preds`` are the logits with the vocabulary on dim 1, ``[N, V, T]``, the layout
 ``F.cross_entropy`` takes for sequences and the class-dimension convention of every scorer here;
 the mapping-batch step hands a causal LM's ``[N, T, V]`` logits as ``logits.transpose(1, 2)`` (a
-view, no copy; see :func:`~continual_eval.evaluation.default_batch_step`). ``labels`` are token
+view, no copy; see `default_batch_step`). ``labels`` are token
 ids ``[N, T]``; positions whose label is ``ignore_index`` (default ``-100``, padding and prompt
 tokens by the Hugging Face convention) are not scored.
 
 Causal shift (``shift=True``, the default): the labels are the inputs, as a Hugging Face causal
-LM takes ``labels=input_ids``, so the logits at position :math:`t` are scored against the label
-at :math:`t + 1` (the last position's logits and the first label are not scored).
+LM takes ``labels=input_ids``, so the logits at position `t` are scored against the label
+at `t + 1` (the last position's logits and the first label are not scored).
 ``shift=False``: ``labels[:, t]`` is the target of ``preds[:, :, t]`` (sequence-to-sequence
 decoder labels, or labels already shifted).
 
-Scores, over the scored tokens :math:`\mathcal{T}` of a task (every batch, every rank):
+Scores, over the scored tokens `\mathcal{T}` of a task (every batch, every rank):
 
-* ``token_nll`` :math:`= \frac{1}{|\mathcal{T}|}\sum_{t \in \mathcal{T}} -\log p(y_t)` (nats);
-* ``perplexity`` :math:`= \exp(\text{token\_nll})`, lower is better, bounds ``(1, inf)``;
-* ``token_accuracy`` :math:`= \frac{1}{|\mathcal{T}|}\sum_{t} [\arg\max_v s_{t,v} = y_t]`.
+* ``token_nll`` `= \frac{1}{|\mathcal{T}|}\sum_{t \in \mathcal{T}} -\log p(y_t)` (nats);
+* ``perplexity`` `= \exp(\text{token\_nll})`, lower is better, bounds ``(1, inf)``;
+* ``token_accuracy`` `= \frac{1}{|\mathcal{T}|}\sum_{t} [\arg\max_v s_{t,v} = y_t]`.
 
 Exact under DDP: every rank's NLL sum (float64) and token counts (int64, exact in the loop's
 float64 reduction below 2**53) are summed, then divided once: the token-weighted mean, never a
@@ -29,8 +29,8 @@ mean of per-batch or per-rank means (the per-sample ``cross_entropy`` scorer wei
 sequence as one sample whatever its length).
 
 Memory: no full-vocabulary float copy of the logits. The cross-entropy is taken over chunks of
-positions holding at most ``chunk_elements`` logits (default :func:`chunk_size`: the larger of
-:data:`CHUNK_ELEMENTS` and 1/:data:`MAX_CHUNKS` of the batch's logits, so the temporaries stay
+positions holding at most ``chunk_elements`` logits (default `chunk_size`: the larger of
+`CHUNK_ELEMENTS` and 1/`MAX_CHUNKS` of the batch's logits, so the temporaries stay
 below 4 MiB or 1/64 of the logits and a batch takes at most about 64 chunks); the only
 full-vocabulary temporaries, the chunk's log-softmax and the float32 upcast of half-precision
 logits, are chunk-sized; the per-position NLL lives one chunk at a time and each sequence's sum
@@ -77,7 +77,8 @@ def chunk_size(logits_numel: int) -> int:
 
 
 def _check_layout(preds: Tensor, labels: Tensor) -> None:
-    """:class:`EvaluationError` unless ``preds`` ``[N, V, T]`` and ``labels`` ``[N, T]`` fit."""
+    """[`EvaluationError`][continual_eval.evaluation.EvaluationError] unless ``preds`` ``[N, V, T]``
+    and ``labels`` ``[N, T]`` fit."""
     if labels.is_floating_point() or labels.dtype == torch.bool or labels.is_complex():
         raise EvaluationError(f"token labels must be integer token ids, got {labels.dtype}")
     if not preds.is_floating_point():
@@ -143,7 +144,7 @@ def sequence_token_nll(
 ) -> tuple[Tensor, Tensor]:
     r"""Per sequence, the summed NLL of its scored tokens and their number.
 
-    :math:`\ell_{n,t} = \log\sum_v e^{s_{n,v,t}} - s_{n,y_{n,t},t}` (the cross-entropy of the
+    `\ell_{n,t} = \log\sum_v e^{s_{n,v,t}} - s_{n,y_{n,t},t}` (the cross-entropy of the
     softmax over the vocabulary, ``F.cross_entropy(..., reduction="none")`` one chunk at a time),
     summed over the positions whose label is not ``ignore_index`` (after the causal shift when
     ``shift``).
@@ -151,11 +152,11 @@ def sequence_token_nll(
     Args:
         preds: logits ``[N, V, T]`` (vocabulary on dim 1).
         labels: token ids ``[N, T]``; labels outside ``[0, V)`` that are not ``ignore_index`` are
-            not scored here (count them with :func:`out_of_vocabulary`).
+            not scored here (count them with `out_of_vocabulary`).
         shift: apply the causal shift (labels are the inputs).
         ignore_index: the label of unscored positions.
         chunk_elements: most logits per chunk (bounds the temporaries); ``None``:
-            :func:`chunk_size` of the logits.
+            `chunk_size` of the logits.
 
     Returns:
         ``(nll [N] float64, tokens [N] int64)``.
@@ -214,7 +215,7 @@ _NOT_FINITE_NLL = (
 
 class _TokenScorer:
     """Shared state of the token scorers: per update, device scalars (value, tokens, labels out
-    of the vocabulary), reduced once in :meth:`local_counts`; count-based (exact under DDP)."""
+    of the vocabulary), reduced once in `local_counts`; count-based (exact under DDP)."""
 
     count_based = True
     #: what results.json records of how the score was produced: the reference tokens are fed
@@ -274,7 +275,7 @@ class _TokenScorer:
 
 
 class TokenNLLScorer(_TokenScorer):
-    r"""Mean NLL per scored token, :math:`\frac{1}{|\mathcal{T}|}\sum_t -\log p(y_t)` in nats,
+    r"""Mean NLL per scored token, `\frac{1}{|\mathcal{T}|}\sum_t -\log p(y_t)` in nats,
     summed over every batch and rank before the one division (see the module docstring for the
     layout, the causal shift and the ignore index). Lower is better; ``bounds = (0, inf)``."""
 
@@ -310,7 +311,7 @@ class TokenNLLScorer(_TokenScorer):
 
 
 class PerplexityScorer(TokenNLLScorer):
-    r"""Perplexity :math:`\exp\big(\frac{1}{|\mathcal{T}|}\sum_t -\log p(y_t)\big)`: the
+    r"""Perplexity `\exp\big(\frac{1}{|\mathcal{T}|}\sum_t -\log p(y_t)\big)`: the
     exponential of the token-weighted mean NLL of the task (its total NLL over its total scored
     tokens, every batch and rank), not a mean of per-sequence perplexities. Lower is better;
     ``bounds = (1, inf)``."""
@@ -323,7 +324,7 @@ class PerplexityScorer(TokenNLLScorer):
 
 
 class TokenAccuracyScorer(_TokenScorer):
-    r"""Token accuracy :math:`\frac{1}{|\mathcal{T}|}\sum_t [\arg\max_v s_{t,v} = y_t]` over the
+    r"""Token accuracy `\frac{1}{|\mathcal{T}|}\sum_t [\arg\max_v s_{t,v} = y_t]` over the
     scored tokens of the task (integer counts, exact under DDP). Higher is better; bounds
     ``(0, 1)``."""
 
@@ -352,8 +353,9 @@ class TokenAccuracyScorer(_TokenScorer):
 
 
 def _mean_per_token(name: str, reduced_counts: Tensor) -> Tensor:
-    """``value / tokens`` per task (``[tasks, K]`` counts), float64; an :class:`EvaluationError`
-    with ``task_row`` for a task without a scored token."""
+    """``value / tokens`` per task (``[tasks, K]`` counts), float64; an
+    [`EvaluationError`][continual_eval.evaluation.EvaluationError] with ``task_row`` for a task
+    without a scored token."""
     value, tokens = reduced_counts[:, 0].double(), reduced_counts[:, 1].double()
     empty = tokens == 0
     if bool(empty.any()):
@@ -376,7 +378,7 @@ TOKEN_SCORERS = {
 
 
 def make_token_scorer(key: str) -> _TokenScorer | None:
-    """The token scorer named ``key`` (a :data:`TOKEN_SCORERS` key, default options), else
+    """The token scorer named ``key`` (a `TOKEN_SCORERS` key, default options), else
     ``None``."""
     cls = TOKEN_SCORERS.get(key)
     return None if cls is None else cls()

@@ -101,7 +101,7 @@ def _sampled_indices(loader: Any) -> Sequence[int] | None:
 
     ``drop_last=True`` with a partial last batch: a sequential sampler reads all but the last
     ``len % batch_size`` indices; a shuffling one drops a random tail, which raises
-    :class:`_UnreproducibleError`, as does a distributed sampler whose samples cannot be known.
+    `_UnreproducibleError`, as does a distributed sampler whose samples cannot be known.
     """
     if (
         not isinstance(loader, DataLoader)
@@ -226,10 +226,10 @@ def shard_dataloader(
 
 def spare_dataloader(loader: Any) -> DataLoader[Any] | None:
     """A loader of one real sample of ``loader``'s test set (the first index it reads), in the
-    main process, or ``None`` when its samples cannot be known (see :func:`shard_dataloader`) or
+    main process, or ``None`` when its samples cannot be known (see `shard_dataloader`) or
     it has none.
 
-    Lockstep evaluation (:mod:`~continual_eval.evaluation.lockstep`) runs the model on it, and
+    Lockstep evaluation (`lockstep`) runs the model on it, and
     discards the output, on a process that holds no sample of the task while the others score
     theirs: under a strategy whose forward pass is a collective every process must call the model
     equally often.

@@ -4,7 +4,7 @@ Under a strategy whose forward pass is a collective (FSDP2 ``fully_shard`` and F
 parameters in every forward, DeepSpeed ZeRO-3 gathers its partitions), the ranks must call the
 model equally often and in the same order, or the first rank to run out of test data leaves the
 others waiting in an all-gather until the process-group timeout. Unpadded shards
-(:func:`~continual_eval.evaluation.shard_dataloader`) give the ranks up to one batch more or less
+(`shard_dataloader`) give the ranks up to one batch more or less
 of a task, and a rank may hold no sample of a small task at all.
 
 The rule (one collective per evaluation): before scoring, the ranks agree on every task's
@@ -12,13 +12,13 @@ largest batch count (one element-wise max over ``[tasks]`` counts); each rank sc
 batches, then runs the forward pass on a real sample of the same task it already has (the first
 sample of its last batch when the batch's tensors share one leading size, else the whole batch;
 without a batch, one sample of the task's test set,
-:func:`~continual_eval.evaluation.spare_dataloader`) until it reached the agreed count,
+`spare_dataloader`) until it reached the agreed count,
 discarding the output. The scores are unchanged: the discarded
 passes are never counted. A loader whose length is not known exactly (an iterable dataset)
 instead agrees batch by batch: one max of ``[has a batch, cannot pad]`` per batch of that task.
 
-This module is Lightning-free: :mod:`~continual_eval.evaluation.strategy` decides when a Trainer
-needs it and builds the :class:`Lockstep`.
+This module is Lightning-free: `strategy` decides when a Trainer
+needs it and builds the [`Lockstep`][continual_eval.evaluation.Lockstep].
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Lockstep:
         max_reduce: element-wise maximum of an int64 tensor across ranks (e.g.
             ``partial(strategy.reduce, reduce_op="max")``); every rank calls it equally often.
         spare_loaders: per task, a loader of one real sample of its test set
-            (:func:`~continual_eval.evaluation.spare_dataloader`), or ``None``: what a rank that
+            (`spare_dataloader`), or ``None``: what a rank that
             holds no batch of the task runs its forward passes on.
     """
 
@@ -88,8 +88,8 @@ def agree_batch_counts(
 
     ``lengths[k]``: this rank's batch count of the ``k``-th task (``None``: unknown);
     ``can_pad[k]``: whether this rank has a batch of the task to repeat when it runs out (a spare
-    loader). Raises :class:`EvaluationError` on every rank together when a rank holds no batch
-    of a task that others score and has nothing to pad with.
+    loader). Raises [`EvaluationError`][continual_eval.evaluation.EvaluationError] on every rank
+    together when a rank holds no batch of a task that others score and has nothing to pad with.
     """
     n = len(lengths)
     if n == 0:

@@ -4,12 +4,13 @@ Each test batch goes through ``step`` (one forward pass) once; its ``(preds, tar
 checked for non-finite predictions once and fed to every scorer. Scorers that are not
 ``batch_additive`` get each batch at once, as ``step`` returned it; the batch-additive ones
 (the built-in accuracy, top-k and cross-entropy scorers, the torchmetrics metrics
-:class:`MetricScorer` knows to be) and the non-finite check get copies of a task's
-consecutive batches concatenated, one update per task (or per :data:`BUFFER_BYTES` of
+`MetricScorer` knows to be) and the non-finite check get copies of a task's
+consecutive batches concatenated, one update per task (or per `BUFFER_BYTES` of
 copies; a batch of another shape beyond dim 0, dtype or device starts a new group), so their
 per-batch work runs once per group.
 
-Reduction: each task's counts (every scorer's :meth:`~Scorer.local_counts`, then the output
+Reduction: each task's counts (every scorer's
+    [`local_counts`][continual_eval.evaluation.Scorer.local_counts], then the output
 checks) are summed across ranks by ``all_reduce``: once for all tasks when every scorer is
 count-based (a metric whose states are all sum-reduced tensors is: its states are among its
 counts), else once per task, right after it, followed by each non-count-based metric scorer's
@@ -20,13 +21,14 @@ to summation order. Count-based scores are computed after every task's counts ar
 and checked. No host sync per batch.
 
 Lockstep (``lockstep`` given: a strategy whose forward pass is a collective, see
-:mod:`~continual_eval.evaluation.lockstep`): every rank runs every task's loader, the ranks
+`lockstep`): every rank runs every task's loader, the ranks
 agree on each task's largest batch count in one collective, and a rank with fewer batches runs
 the remaining forward passes on one sample of a batch it already has (or the task's spare
 sample), discarding the outputs; ``unsharded`` tasks are iterated by every rank and counted
 by rank 0. The scores equal those without lockstep.
 
-Errors: :class:`EvaluationError` names the task (index and name) and its test dataloader. Raised
+Errors: [`EvaluationError`][continual_eval.evaluation.EvaluationError] names the task (index and
+    name) and its test dataloader. Raised
 on every rank together, after the task's counts are reduced: the loader yielded no sample (on any
 rank); the model returned non-finite scores (how many, and the first batch holding one); targets
 that are not labels of the output's class dimension; non-finite losses; a metric value that is
@@ -89,7 +91,8 @@ __all__ = ["TaskEvaluation", "evaluate_tasks"]
 
 @dataclass(frozen=True)
 class TaskEvaluation:
-    """Per-task result of :func:`evaluate_tasks`, identical on every rank.
+    """Per-task result of [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks], identical on
+    every rank.
 
     ``scores_by_scorer[i][k]`` is scorer ``i``'s score on ``task_ids[k]`` (float64, CPU), aligned
     with the scorers passed (``scorer_names[i]`` is its ``name``; two scorers may share a name);
@@ -173,7 +176,8 @@ def _owns_target(batch: Any, target: Tensor) -> bool:
 
 class _BatchScorers:
     """The scorers that score the raw batch with the module themselves (``needs_batch``:
-    decoding, see :class:`Scorer`), with the loop's ``all_reduce`` for their synced steps."""
+    decoding, see [`Scorer`][continual_eval.evaluation.Scorer]), with the loop's ``all_reduce`` for
+    their synced steps."""
 
     def __init__(
         self, scorers: Sequence[Scorer], all_reduce: Callable[[Tensor], Tensor] | None
@@ -184,7 +188,7 @@ class _BatchScorers:
         self.all_reduce = all_reduce
 
     def update(self, forward: _Forward, batch: Any) -> None:
-        """One counted batch (never a lockstep pass: those are caught up in :meth:`end`)."""
+        """One counted batch (never a lockstep pass: those are caught up in `end`)."""
         with forward.context() if forward.context is not None else nullcontext():
             for s in self.scorers:
                 s.update_batch(forward.module, batch, self.all_reduce)  # type: ignore[attr-defined]
@@ -325,7 +329,7 @@ class _Tally:
         return scores, details(counts) if callable(details) else None
 
     def finish(self, task_ids: Sequence[int]) -> TaskEvaluation:
-        """Reduce what :meth:`add` held (one collective), check it, and score every task."""
+        """Reduce what `add` held (one collective), check it, and score every task."""
         if not self.per_task and self.rows:
             counts = self._reduce()
             for k, j in enumerate(task_ids):
@@ -410,13 +414,14 @@ def evaluate_tasks(
 
     Args:
         module: the model; called through ``step`` (default: ``module(x)`` / ``module(x, t)``).
-        dataloaders: one test loader per task, sharded for this rank (:func:`shard_dataloader`),
+        dataloaders: one test loader per task, sharded for this rank (`shard_dataloader`),
             or full loaders (``unsharded``) that only rank 0 counts.
         task_ids: which tasks to score.
-        scorer: one scorer (default :class:`AccuracyScorer`), used as given.
-        scorers: several scorers, each a :class:`Scorer` or a specification for
-            :func:`make_scorer` (``"accuracy"``, ``"loss"``, ``"top5"``, a torchmetrics metric, a
-            loss callable); not together with ``scorer``.
+        scorer: one scorer (default `AccuracyScorer`), used as given.
+        scorers: several scorers, each a [`Scorer`][continual_eval.evaluation.Scorer] or a
+            specification for [`make_scorer`][continual_eval.evaluation.make_scorer]
+            (``"accuracy"``, ``"loss"``, ``"top5"``, a torchmetrics metric, a loss callable); not
+            together with ``scorer``.
         device: where batches go (plain move, no user transfer hooks).
         step: ``(module, batch, task_id) -> (preds, target)``.
         forward_context: e.g. the Trainer's ``precision_plugin.forward_context``.
@@ -433,14 +438,15 @@ def evaluate_tasks(
         lockstep: run the ranks' forward passes in step; ``None``: each its own batches only.
 
     Returns:
-        :class:`TaskEvaluation`, the same on every rank: ``scores_by_scorer`` aligned with the
-        scorers, ``scores`` the first scorer's.
+        [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation], the same on every rank:
+        ``scores_by_scorer`` aligned with the scorers, ``scores`` the first scorer's.
 
     Raises:
         EvaluationError: naming the task (index and name) and its test dataloader, on every rank
             together after the task's counts are reduced (see the module docstring), or at once
             on the rank that met an output of the wrong structure or shape.
-        TypeError, ValueError: ``scorers`` that :func:`make_scorer` refuses.
+        TypeError, ValueError: ``scorers`` that
+        [`make_scorer`][continual_eval.evaluation.make_scorer] refuses.
     """
     scorer_list = _resolve_scorers(scorer, scorers)
     device = torch.device(device) if device is not None else _module_device(module)

@@ -1,6 +1,6 @@
 """One persistent worker pool per group of test loaders with equal worker settings.
 
-Switched by :data:`continual_eval.evaluation.switches.POOLED_LOADERS`, read at call time.
+Switched by `continual_eval.evaluation.switches.POOLED_LOADERS`, read at call time.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ class _PoolView:
 
 def _worker_pool(loaders: Sequence[DataLoader[Any]]) -> _WorkerPool:
     """The kept pool reading ``loaders``, else a new one (shutting down the least recently used
-    pool past :data:`_MAX_POOLS` and pools whose loaders are gone)."""
+    pool past `_MAX_POOLS` and pools whose loaders are gone)."""
     for pool in list(_POOLS):
         if not pool.alive():
             _POOLS.remove(pool)

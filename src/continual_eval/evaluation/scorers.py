@@ -1,38 +1,41 @@
-r"""Scorers: the unit of measurement. Each scorer of a run owns one score matrix :math:`R^m`.
+r"""Scorers: the unit of measurement. Each scorer of a run owns one score matrix `R^m`.
 
-:func:`~continual_eval.evaluation.evaluate_tasks` runs one forward pass per test batch and feeds
-its ``(preds, target)`` to every scorer of the run, in order. A scorer is any object satisfying
-:class:`Scorer`; :func:`make_scorer` builds one from a short specification.
+[`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks] runs one forward pass per test batch
+and feeds its ``(preds, target)`` to every scorer of the run, in order. A scorer is any object
+satisfying [`Scorer`][continual_eval.evaluation.Scorer];
+[`make_scorer`][continual_eval.evaluation.make_scorer] builds one from a short specification.
 
 Built-ins:
 
 ============================  =======================  ================  ==============
 scorer                        ``name``                 higher is better  ``bounds``
 ============================  =======================  ================  ==============
-:class:`AccuracyScorer`       ``accuracy``             yes               ``(0, 1)``
-:class:`TopKAccuracyScorer`   ``top{k}_accuracy``      yes               ``(0, 1)``
-:class:`LossScorer`           ``cross_entropy``, or    no                ``None``
+`AccuracyScorer`              ``accuracy``             yes               ``(0, 1)``
+`TopKAccuracyScorer`          ``top{k}_accuracy``      yes               ``(0, 1)``
+`LossScorer`                  ``cross_entropy``, or    no                ``None``
                               the loss's name
-:class:`MetricScorer`         the metric's class name  the metric's      ``(0, 1)`` or
+`MetricScorer`                the metric's class name  the metric's      ``(0, 1)`` or
                                                                          ``None``
 ============================  =======================  ================  ==============
 
 Exactness under DDP on unpadded shards: count/sum scorers (``count_based = True``) return their
-per-rank sums from :meth:`Scorer.local_counts`, which the loop sums across ranks in its own
-collectives (int64 counts exactly; float sums exactly up to summation order, see
-:func:`~continual_eval.evaluation.evaluate_tasks`). A torchmetrics metric whose states are all
-sum-reduced tensors is count-based too (its states are its local counts, summed with the others in
-one collective for all tasks, exactly as its own sync sums them); any other metric's states are
-gathered by :class:`MetricScorer` after each task, with the same collectives on every rank
-(a rank without samples of the task included). Scorers hold no state between evaluations
-(:meth:`Scorer.start` resets them), so a resumed run needs nothing from them.
+per-rank sums from [`Scorer.local_counts`][continual_eval.evaluation.Scorer.local_counts], which the
+loop sums across ranks in its own collectives (int64 counts exactly; float sums exactly up to
+summation order, see [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks]). A torchmetrics
+metric whose states are all sum-reduced tensors is count-based too (its states are its local counts,
+summed with the others in one collective for all tasks, exactly as its own sync sums them); any
+other metric's states are gathered by `MetricScorer` after each task, with the same collectives on
+every rank (a rank without samples of the task included). Scorers hold no state between evaluations
+([`Scorer.start`][continual_eval.evaluation.Scorer.start] resets them), so a resumed run needs
+nothing from them.
 
 Speed: a scorer that declares ``batch_additive = True`` may be fed a task's consecutive batches
-concatenated (copies; a group ends once it reaches :data:`BUFFER_BYTES`) in one
-:meth:`Scorer.update` call instead of one call per batch, so that its per-batch work (target
-checks, argmax, a torchmetrics update) runs once per task. The built-in label scorers are
-batch-additive (integer counts are unchanged; a loss sum changes at most by its summation order),
-and so are the torchmetrics metrics that :class:`MetricScorer` knows to be (see there).
+concatenated (copies; a group ends once it reaches `BUFFER_BYTES`) in one
+[`Scorer.update`][continual_eval.evaluation.Scorer.update] call instead of one call per batch, so
+that its per-batch work (target checks, argmax, a torchmetrics update) runs once per task. The
+built-in label scorers are batch-additive (integer counts are unchanged; a loss sum changes at most
+by its summation order), and so are the torchmetrics metrics that `MetricScorer` knows to be (see
+there).
 """
 
 from __future__ import annotations
@@ -71,44 +74,49 @@ BUFFER_BYTES = 16 * 2**20
 
 
 class Scorer(Protocol):
-    """What :func:`~continual_eval.evaluation.evaluate_tasks` needs of a scorer.
+    """What [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks] needs of a scorer.
 
     Attributes:
         name: what a cell of its matrix holds (``"accuracy"``, ``"cross_entropy"``,
             ``"top5_accuracy"``, a metric's class name).
         higher_is_better: the direction of the score (forgetting and transfer are signed by it).
         bounds: ``(lowest, highest)`` score, or ``None`` when unbounded (e.g. a loss).
-        count_based: ``True``: :meth:`result` is a function of the reduced :meth:`local_counts`
-            alone, called once after all tasks with every task's counts; ``False``: :meth:`result`
-            runs its own collectives (e.g. a torchmetrics sync) and is called once per task, right
-            after it, on every rank in the same order.
+        count_based: ``True``: [`result`][continual_eval.evaluation.Scorer.result] is a function of
+            the reduced [`local_counts`][continual_eval.evaluation.Scorer.local_counts] alone,
+            called once after all tasks with every task's counts; ``False``:
+            [`result`][continual_eval.evaluation.Scorer.result] runs its own collectives (e.g. a
+            torchmetrics sync) and is called once per task, right after it, on every rank in the
+            same order.
         target_problems: (optional) ``target_problems[k - 2]`` describes a positive entry ``k >=
-            2`` of :meth:`local_counts`, with ``{n}`` its count; without it: targets outside the
-            class dimension.
+            2`` of [`local_counts`][continual_eval.evaluation.Scorer.local_counts], with ``{n}`` its
+            count; without it: targets outside the class dimension.
         num_problems: (optional) how many entries after ``[value, total]`` of
-            :meth:`local_counts` are problem counts; the entries after them are further sums that
-            only :meth:`result` reads. Without it: every entry after ``total`` is a problem count.
+            [`local_counts`][continual_eval.evaluation.Scorer.local_counts] are problem counts; the
+            entries after them are further sums that only
+            [`result`][continual_eval.evaluation.Scorer.result] reads. Without it: every entry after
+            ``total`` is a problem count.
         batch_additive: (optional, default ``False``) ``True`` promises that one
-            :meth:`update` with two batches concatenated along dim 0 counts what two calls, one
-            per batch, count (exactly for counts; float sums up to summation order) and that
-            :meth:`update` keeps no reference to its arguments. The loop may then feed the
-            scorer a task's consecutive batches whose shapes beyond dim 0, dtypes and devices
-            agree as one concatenation of copies (up to :data:`BUFFER_BYTES`), once per task
-            when they fit.
+            [`update`][continual_eval.evaluation.Scorer.update] with two batches concatenated along
+            dim 0 counts what two calls, one per batch, count (exactly for counts; float sums up to
+            summation order) and that [`update`][continual_eval.evaluation.Scorer.update] keeps no
+            reference to its arguments. The loop may then feed the scorer a task's consecutive
+            batches whose shapes beyond dim 0, dtypes and devices agree as one concatenation of
+            copies (up to `BUFFER_BYTES`), once per task when they fit.
 
     Protocol per task: ``start(device)``, then ``set_task(j, stage)`` (optional method: the index
     of the task about to be scored and the evaluation's stage, ``-1`` for the untrained baseline,
     ``None`` when not tied to a stage, for a scorer whose scoring depends on them),
     ``update(preds, target)`` for each batch (the tensors every scorer sees: an update that
-    modifies them in place is refused, see :func:`checked_update`) or group of batches
-    (``batch_additive``), then ``local_counts()`` and ``result``. A count-based :meth:`result`
-    that refuses one task's counts raises :class:`EvaluationError` with ``task_row`` set to that
+    modifies them in place is refused, see `checked_update`) or group of batches
+    (``batch_additive``), then ``local_counts()`` and ``result``. A count-based
+    [`result`][continual_eval.evaluation.Scorer.result] that refuses one task's counts raises
+    [`EvaluationError`][continual_eval.evaluation.EvaluationError] with ``task_row`` set to that
     task's row, so that the loop names the task. A count-based scorer may also define
     ``details(reduced_counts)``: what it reports besides the scores from the same ``[tasks, K]``
-    counts (e.g. confusion counts), returned in :attr:`TaskEvaluation.details_by_scorer`.
+    counts (e.g. confusion counts), returned in `TaskEvaluation.details_by_scorer`.
 
     Scorers of the raw batch (decoding, e.g.
-    :class:`~continual_eval.evaluation.generation.GenerationScorer`) set ``needs_batch = True``:
+    `GenerationScorer`) set ``needs_batch = True``:
     instead of ``update(preds, target)`` the loop calls ``update_batch(module, batch,
     all_reduce)`` for each of the task's batches (after the device move and ``convert_input``,
     inside ``forward_context`` and the grad context, after the step's forward; no step forward
@@ -130,9 +138,10 @@ class Scorer(Protocol):
         ...
 
     def update(self, preds: Tensor, target: Tensor) -> None:
-        """Score one batch. Raise :class:`EvaluationError` for an output that cannot be scored;
-        count invalid targets instead (reported after the task on every rank, see
-        :meth:`local_counts`). Avoid host syncs (``.item()``, ``int(t)``) here."""
+        """Score one batch. Raise [`EvaluationError`][continual_eval.evaluation.EvaluationError] for
+        an output that cannot be scored; count invalid targets instead (reported after the task on
+        every rank, see [`local_counts`][continual_eval.evaluation.Scorer.local_counts]). Avoid host
+        syncs (``.item()``, ``int(t)``) here."""
         ...
 
     def local_counts(self) -> Tensor:
@@ -145,12 +154,13 @@ class Scorer(Protocol):
 
     def result(self, reduced_counts: Tensor) -> Tensor:
         """The score. ``count_based``: ``reduced_counts`` is ``[tasks, K]`` (every task's summed
-        :meth:`local_counts`, in the scorer's dtype), return ``[tasks]``; else ``[K]`` of the
-        task just scored, return a scalar."""
+        [`local_counts`][continual_eval.evaluation.Scorer.local_counts], in the scorer's dtype),
+        return ``[tasks]``; else ``[K]`` of the task just scored, return a scalar."""
         ...
 
 
-#: the attributes and methods :func:`make_scorer` requires of a user's scorer object
+#: the attributes and methods [`make_scorer`][continual_eval.evaluation.make_scorer] requires of a
+#: user's scorer object
 _PROTOCOL_ATTRIBUTES = ("name", "higher_is_better", "bounds", "count_based")
 _PROTOCOL_METHODS = ("start", "update", "local_counts", "result")
 
@@ -267,7 +277,7 @@ class _LabelScorer:
     bounds: tuple[float, float] | None = (0.0, 1.0)
     #: every count is a sum over samples: batches may be fed concatenated
     batch_additive = True
-    #: what a positive entry ``2, 3, 4`` of :meth:`local_counts` means; ``{n}``: that entry
+    #: what a positive entry ``2, 3, 4`` of `local_counts` means; ``{n}``: that entry
     target_problems: tuple[str, ...] = (_OUT_OF_RANGE, _NOT_WHOLE, _NOT_DISTRIBUTION)
     #: layouts without a class dimension (``preds`` already labels) are refused when set
     needs_class_scores = False
@@ -398,7 +408,7 @@ class _LabelScorer:
 
 
 class AccuracyScorer(_LabelScorer):
-    r"""Accuracy :math:`\frac{1}{N}\sum_n [\hat y_n = y_n]` with :math:`\hat y` the argmax over
+    r"""Accuracy `\frac{1}{N}\sum_n [\hat y_n = y_n]` with `\hat y` the argmax over
     dim 1 of ``preds`` (or ``preds`` itself when it holds integer labels shaped like ``target``).
 
     Targets are class indices (integers, or floats holding whole numbers), or one-hot (float or
@@ -417,12 +427,12 @@ class AccuracyScorer(_LabelScorer):
 
 
 class TopKAccuracyScorer(_LabelScorer):
-    r"""Top-k accuracy :math:`\frac{1}{N}\sum_n [\,|\{c : s_{nc} > s_{n y_n}\}| < k\,]`: a
+    r"""Top-k accuracy `\frac{1}{N}\sum_n [\,|\{c : s_{nc} > s_{n y_n}\}| < k\,]`: a
     sample counts as correct when fewer than ``k`` classes score strictly higher than its label
     over dim 1 (so a tie at the k-th place counts in the label's favour; without ties this is "the
     label is among the ``k`` highest scores"). Named ``top{k}_accuracy``; bounds ``(0, 1)``.
 
-    Targets as for :class:`AccuracyScorer` (a one-hot/probability target is read as its argmax);
+    Targets as for `AccuracyScorer` (a one-hot/probability target is read as its argmax);
     ``preds`` must hold class scores ``[N, C, ...]`` with ``C >= k``. Exact under DDP (counts).
     """
 
@@ -449,19 +459,19 @@ class TopKAccuracyScorer(_LabelScorer):
 
 
 class LossScorer(_LabelScorer):
-    r"""Mean loss :math:`\frac{1}{N}\sum_n \ell_n` over the task's test samples; lower is better,
+    r"""Mean loss `\frac{1}{N}\sum_n \ell_n` over the task's test samples; lower is better,
     unbounded (``bounds = None``).
 
     ``loss_fn=None``: the per-sample cross-entropy ``F.cross_entropy(preds, target,
     reduction="none")`` of class scores ``[N, C, ...]`` (mean over every element for ``[N, C, d1,
     ...]`` outputs, as ``reduction="mean"`` does), named ``cross_entropy``. Targets as for
-    :class:`AccuracyScorer`: class indices (invalid ones are counted and reported after the task,
+    `AccuracyScorer`: class indices (invalid ones are counted and reported after the task,
     and clamped into range before the loss so no device assert fires), or one-hot/probability
     targets shaped like ``preds`` (used as soft targets).
 
     ``loss_fn`` a callable ``(preds, target) -> Tensor``: per-sample losses with a leading batch
     dimension ``[N, ...]`` (the mean is over all their elements), or one scalar, read as the
-    batch's mean and weighted by its size :math:`N` = ``preds.shape[0]`` (exact for a plain mean
+    batch's mean and weighted by its size `N` = ``preds.shape[0]`` (exact for a plain mean
     over samples). Its targets are not checked. Named ``name``, else the callable's
     ``__name__`` (a class name for an ``nn.Module``), else ``"loss"``.
 
@@ -610,7 +620,7 @@ def _summed_states(metric: Any) -> tuple[str, ...] | None:
 
 
 def _gathers_itself(metric: Any) -> bool:
-    """Whether :class:`MetricScorer` gathers ``metric``'s states across ranks itself (so that a
+    """Whether `MetricScorer` gathers ``metric``'s states across ranks itself (so that a
     rank without samples takes part in the same collectives): every metric in it keeps the default
     sync, none has a ``dist_sync_fn`` of its own, and each syncs on compute. A metric with a sync
     of its own (e.g. torchmetrics' detection mAP) is left to it."""
@@ -662,14 +672,14 @@ class MetricScorer:
     Reduction (``count_based``): when every state of the metric is a tensor that torchmetrics'
     sync sums (``dist_reduce_fx="sum"``: the stat-score, confusion-matrix, mean and sum metrics;
     and the metric syncs the default way, see below), its states after a task are part of
-    :meth:`local_counts`: the loop sums them across ranks with every other count in one collective
-    for all tasks (``all_reduce``, as for every count-based scorer), and :meth:`result` loads each
+    `local_counts`: the loop sums them across ranks with every other count in one collective
+    for all tasks (``all_reduce``, as for every count-based scorer), and `result` loads each
     task's summed states into the metric and runs its class's ``compute`` (not the instance's
     wrapper: no second sync, no cache), once per task, after the evaluation. That is torchmetrics'
     own sync (gather, sum), so integer states reduce exactly and float states up to summation
     order. Any other metric (list or ``cat`` states, ``max``/``min``/``mean`` reductions, a
     ``process_group`` of its own, child metrics) is reduced right after each task, on every rank:
-    the scorer gathers its states itself (:mod:`~continual_eval.evaluation._metric_sync`: a
+    the scorer gathers its states itself (`_metric_sync`: a
     fixed-size description, then the states padded to one shape: the same collectives on every
     rank, also on a rank that holds no sample of the task, where torchmetrics' own sync sends a
     placeholder of another shape), reduces them as torchmetrics does and runs ``compute`` without
@@ -677,15 +687,15 @@ class MetricScorer:
     ``sync``/``_sync_dist``) runs it; ``sync_on_compute=False`` is honoured (no sync).
 
     Errors: an exception of the metric's ``update`` (e.g. a ``num_classes`` that does not fit
-    the output) is an :class:`EvaluationError` naming the metric, chained to the original; an
-    update that modifies ``preds``/``target`` in place is refused where torch counts the writes
-    (not on inference tensors).
+    the output) is an [`EvaluationError`][continual_eval.evaluation.EvaluationError] naming the
+    metric, chained to the original; an update that modifies ``preds``/``target`` in place is
+    refused where torch counts the writes (not on inference tensors).
 
     Batching (``batch_additive``): ``None`` (default) feeds the metric each task's batches
-    concatenated (:data:`BUFFER_BYTES` at a time, see :class:`Scorer`) only when that cannot
-    change its states: integer sum-reduced states, ``full_state_update = False``, and the update
-    of torchmetrics' multiclass stat-scores or confusion-matrix metrics (accuracy, precision,
-    recall, F-beta, specificity, Hamming distance, Jaccard index, Cohen's kappa, Matthews
+    concatenated (`BUFFER_BYTES` at a time, see [`Scorer`][continual_eval.evaluation.Scorer]) only
+    when that cannot change its states: integer sum-reduced states, ``full_state_update = False``,
+    and the update of torchmetrics' multiclass stat-scores or confusion-matrix metrics (accuracy,
+    precision, recall, F-beta, specificity, Hamming distance, Jaccard index, Cohen's kappa, Matthews
     correlation with ``multidim_average="global"``), a sum over samples of integer counts; else
     one update per batch. ``True``/``False`` force either (``True`` asserts that the metric's
     update over a concatenation of batches equals its updates over each).
@@ -802,9 +812,10 @@ class MetricScorer:
 
     def result(self, reduced_counts: Tensor) -> Tensor:
         """The metric's ``compute()``: one finite number per task, else
-        :class:`EvaluationError` (with ``task_row``, the task's row, for a count-based metric).
-        Count-based: ``reduced_counts`` ``[tasks, K]``; each task's summed states are loaded into
-        the metric and its compute (without another sync) returns its score."""
+        [`EvaluationError`][continual_eval.evaluation.EvaluationError] (with ``task_row``, the
+        task's row, for a count-based metric). Count-based: ``reduced_counts`` ``[tasks, K]``; each
+        task's summed states are loaded into the metric and its compute (without another sync)
+        returns its score."""
         if not self.count_based:
             value = self._one_number(self._compute_over_ranks(), None)
             if not bool(torch.isfinite(value)):
@@ -831,9 +842,9 @@ class MetricScorer:
 
     def _compute_over_ranks(self) -> Any:
         """The metric's ``compute`` over every rank's samples of the task just scored: its states
-        gathered by :func:`~continual_eval.evaluation._metric_sync.gathered_states` (the same
+        gathered by `gathered_states` (the same
         collectives on every rank, whether it saw samples or not), then computed without another
-        sync. A metric with a sync of its own (:func:`_gathers_itself`) runs it; one process
+        sync. A metric with a sync of its own (`_gathers_itself`) runs it; one process
         computes locally."""
         metric = self._metric
         if not (self._gathers and metric.distributed_available_fn()):
@@ -847,7 +858,7 @@ class MetricScorer:
 
     def _one_number(self, value: Any, row: int | None, convert: bool = True) -> Tensor:
         """``value`` as a scalar tensor (float64 with ``convert``), else
-        :class:`EvaluationError`."""
+        [`EvaluationError`][continual_eval.evaluation.EvaluationError]."""
         if isinstance(value, (int, float)):
             value = torch.tensor(float(value))
         if not isinstance(value, Tensor):
@@ -882,8 +893,9 @@ def checked_update(scorer: Scorer) -> Callable[[Tensor, Tensor], None]:
     """What the evaluation loop calls to feed ``scorer`` a batch: ``scorer.update`` itself for the
     package's scorers (they check their inputs, and a user's loss or metric inside them,
     themselves), else a call that refuses meta tensors, turns an exception of the scorer's into
-    an :class:`EvaluationError` (chained) and raises when the update modified ``preds`` or
-    ``target`` in place (:func:`input_versions`; not detectable on inference tensors)."""
+    an [`EvaluationError`][continual_eval.evaluation.EvaluationError] (chained) and raises when the
+    update modified ``preds`` or ``target`` in place (`input_versions`; not detectable on inference
+    tensors)."""
     if isinstance(scorer, (_LabelScorer, MetricScorer)):
         return scorer.update
     update = scorer.update
@@ -918,8 +930,9 @@ def checked_result(
 ) -> Tensor:
     """``scorer.result(reduced_counts)``, checked: a real (not complex or boolean) tensor off the
     meta device holding, with ``task_ids`` (a count-based scorer), one score per task ``[tasks]``,
-    else one number (returned as a 0-d tensor). Anything else is an :class:`EvaluationError`
-    naming the scorer (and the tasks)."""
+    else one number (returned as a 0-d tensor). Anything else is an
+    [`EvaluationError`][continual_eval.evaluation.EvaluationError] naming the scorer (and the
+    tasks)."""
     value = scorer.result(reduced_counts)
     want = "one number" if task_ids is None else f"[{len(task_ids)}], one score per task"
     what = f"scorer {scorer.name!r}: result()"
@@ -959,7 +972,8 @@ _STRINGS = (
 
 
 def _protocol_gaps(obj: Any) -> list[str]:
-    """What ``obj`` lacks of the :class:`Scorer` protocol, in words (empty: it satisfies it)."""
+    """What ``obj`` lacks of the [`Scorer`][continual_eval.evaluation.Scorer] protocol, in words
+    (empty: it satisfies it)."""
     gaps = [f"`{a}`" for a in _PROTOCOL_ATTRIBUTES if not hasattr(obj, a)]
     gaps += [f"method `{m}()`" for m in _PROTOCOL_METHODS if not callable(getattr(obj, m, None))]
     if gaps:
@@ -993,22 +1007,23 @@ def _binds_no_arguments(fn: Any) -> bool:
 
 
 def make_scorer(spec: Any) -> Scorer:
-    """A :class:`Scorer` from ``spec``:
+    """A [`Scorer`][continual_eval.evaluation.Scorer] from ``spec``:
 
-    * ``"accuracy"``/``"acc"``: :class:`AccuracyScorer`; ``"cross_entropy"``/``"loss"``:
-      :class:`LossScorer` (per-sample cross-entropy); ``"top5"``, ``"top_5"``,
-      ``"top5_accuracy"`` (any ``k >= 1``): :class:`TopKAccuracyScorer`; ``"perplexity"``/
+    * ``"accuracy"``/``"acc"``: `AccuracyScorer`; ``"cross_entropy"``/``"loss"``:
+      `LossScorer` (per-sample cross-entropy); ``"top5"``, ``"top_5"``,
+      ``"top5_accuracy"`` (any ``k >= 1``): `TopKAccuracyScorer`; ``"perplexity"``/
       ``"ppl"``, ``"token_nll"``, ``"token_accuracy"``: the token scorers of
-      :mod:`~continual_eval.evaluation.language` (default options);
+      `language` (default options);
     * a torchmetrics ``Metric`` instance, a ``Metric`` subclass or another callable taking no
       argument that returns a ``Metric`` (e.g. ``functools.partial(MulticlassF1Score,
-      num_classes=10)``): :class:`MetricScorer`;
-    * an object satisfying :class:`Scorer` (returned as it is);
-    * any other callable taking ``(preds, target)``: :class:`LossScorer` with it as ``loss_fn``.
+      num_classes=10)``): `MetricScorer`;
+    * an object satisfying [`Scorer`][continual_eval.evaluation.Scorer] (returned as it is);
+    * any other callable taking ``(preds, target)``: `LossScorer` with it as ``loss_fn``.
 
     Raises:
         ValueError: an unknown string.
-        TypeError: anything else, naming what an object lacks of the :class:`Scorer` protocol.
+        TypeError: anything else, naming what an object lacks of the
+            [`Scorer`][continual_eval.evaluation.Scorer] protocol.
     """
     from torchmetrics import Metric
 

@@ -54,10 +54,10 @@ def _pooled(dataloaders: Sequence[Any]) -> dict[int, tuple[_WorkerPool, int]]:
 def _batch_sources(
     dataloaders: Sequence[Any], tasks: Sequence[int], device: torch.device
 ) -> dict[int, _TaskSource]:
-    """For each of ``tasks``: its :class:`_TaskSource`.
+    """For each of ``tasks``: its `_TaskSource`.
 
     A cached loader that holds its batches yields them as they are; other loaders go through
-    :func:`fast_loader` (batches made on ``device``), else a worker pool shared by the loaders
+    `fast_loader` (batches made on ``device``), else a worker pool shared by the loaders
     with equal worker settings, else as given (a cached loader keeps what they yield).
     """
     pin = device.type not in ("cpu", "mps", "meta") and torch.accelerator.is_available()

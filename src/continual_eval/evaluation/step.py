@@ -17,7 +17,8 @@ BatchStep = Callable[[nn.Module, Any, int], tuple[Tensor, Tensor]]
 
 
 def _model_scores(output: Any) -> Tensor:
-    """``output`` if it is one tensor, else an :class:`EvaluationError` saying what it was."""
+    """``output`` if it is one tensor, else an
+    [`EvaluationError`][continual_eval.evaluation.EvaluationError] saying what it was."""
     if isinstance(output, Tensor):
         return output
     pick = "[0]"
@@ -49,7 +50,7 @@ LABELS_KEY = "labels"
 def model_logits(output: Any) -> Tensor:
     """The logits of a model output: the output itself when it is a tensor, else its ``logits``
     attribute (a Hugging Face ``ModelOutput``), else its ``"logits"`` key (a mapping); an
-    :class:`EvaluationError` saying what it was otherwise."""
+    [`EvaluationError`][continual_eval.evaluation.EvaluationError] saying what it was otherwise."""
     if isinstance(output, Tensor):
         return output
     logits = getattr(output, "logits", None)
@@ -131,7 +132,7 @@ def mapping_batch_step(module: nn.Module, batch: Mapping[str, Any]) -> tuple[Ten
 
 def default_batch_step(module: nn.Module, batch: Any, task_id: int) -> tuple[Tensor, Tensor]:
     """``(x, y)`` -> ``(module(x), y)``; ``(x, y, t)`` -> ``(module(x, t), y)``; a mapping batch
-    (``input_ids``, ``attention_mask``, ``labels``, ...) -> :func:`mapping_batch_step`.
+    (``input_ids``, ``attention_mask``, ``labels``, ...) -> `mapping_batch_step`.
 
     Mapping batches, the exact rule: the model is called as ``module(**inputs)`` with ``inputs``
     every key of the batch that ``module.forward`` names as a parameter, except ``labels`` (when
@@ -141,7 +142,7 @@ def default_batch_step(module: nn.Module, batch: Any, task_id: int) -> tuple[Ten
     ``DataCollatorForSeq2Seq(model=...)`` makes them). The logits are the output itself (a
     tensor), its ``logits`` attribute (a ``ModelOutput``) or its ``"logits"`` key; 3-D logits
     ``[N, T, V]`` become ``[N, V, T]`` (``transpose(1, 2)``, a view) for the token scorers of
-    :mod:`~continual_eval.evaluation.language`.
+    `language`.
 
     A LightningModule may instead define ``continual_eval_step(batch, task_id) -> (preds, target)``
     (it wins over every rule here).

@@ -1,14 +1,14 @@
 """How an evaluation must run under a Lightning strategy: whether its forward passes are
 collectives (then the ranks evaluate in lockstep) and how the model must be called.
 
-* :func:`collective_forward`: ``True`` when a forward pass of the module under the strategy is a
-  collective, read from what the module and the strategy are (not from the strategy's name):
-  parameters that are DTensors (FSDP2 ``fully_shard``, tensor parallelism: Lightning's
-  ``ModelParallelStrategy``), FSDP-managed modules (``FSDPModule``, FSDP1's
+* [`collective_forward`][continual_eval.evaluation.collective_forward]: ``True`` when a forward pass
+  of the module under the strategy is a collective, read from what the module and the strategy are
+  (not from the strategy's name): parameters that are DTensors (FSDP2 ``fully_shard``, tensor
+  parallelism: Lightning's ``ModelParallelStrategy``), FSDP-managed modules (``FSDPModule``, FSDP1's
   ``FullyShardedDataParallel``: ``FSDPStrategy``), DeepSpeed ZeRO-3 partitioned parameters (their
   ``ds_id``) or the strategy's ``zero_stage_3``; or what the strategy or module declares in
-  :data:`LOCKSTEP_ATTR`.
-* :func:`strategy_step`: the batch step called the way the strategy's own ``test_step`` calls the
+  `LOCKSTEP_ATTR`.
+* `strategy_step`: the batch step called the way the strategy's own ``test_step`` calls the
   model. Under FSDP1 and DeepSpeed, Lightning wraps the LightningModule and routes ``test_step``
   through the wrapper's ``forward`` (its forward redirection), which gathers the flattened or
   partitioned parameters first; a call that bypassed the wrapper would see the shards. Under
@@ -16,7 +16,7 @@ collectives (then the ranks evaluate in lockstep) and how the model must be call
   replicas are whole; the DDP wrapper's forward would add buffer broadcasts, collectives) the
   LightningModule is called directly.
 
-* :func:`parameter_counts`: the element counts of the model as built, read from sharded
+* `parameter_counts`: the element counts of the model as built, read from sharded
   parameters without gathering them.
 
 This module is the only one that reads private names of Lightning and torch: the strategy's
@@ -62,7 +62,7 @@ def _sharding_module(m: nn.Module) -> bool:
 
 def collective_forward(strategy: Any, module: nn.Module) -> bool:
     """Whether a forward pass of ``module`` under ``strategy`` is a collective (see the module
-    docstring); a :data:`LOCKSTEP_ATTR` set on ``module`` or ``strategy`` decides first."""
+    docstring); a `LOCKSTEP_ATTR` set on ``module`` or ``strategy`` decides first."""
     for owner in (module, strategy):
         declared = getattr(owner, LOCKSTEP_ATTR, None)
         if declared is not None:

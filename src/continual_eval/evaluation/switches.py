@@ -7,7 +7,7 @@ from __future__ import annotations
 __all__ = ["FAST_PATH", "POOLED_LOADERS"]
 
 #: Read tensor-backed test sets without the DataLoader
-#: (:func:`~continual_eval.evaluation.fast_loader`). ``False``: every test set goes through its
+#: (`fast_loader`). ``False``: every test set goes through its
 #: DataLoader.
 FAST_PATH = True
 

@@ -29,12 +29,12 @@ class TaskLoaders:
         loaders: one test loader per task (index = task id).
         task_names: names for error messages.
         subset_size: ``n`` for the fixed per-step subsets (``None``: none); task ``j``'s subset is
-            :func:`~continual_eval.evaluation.subset_dataloader` with seed ``subset_seed + j``.
+            `subset_dataloader` with seed ``subset_seed + j``.
         subset_seed: seed of the subsets.
         cache: ``None`` (auto: the loaders the per-step evaluations read, when
-            :func:`~continual_eval.evaluation.cache_safety` deems them safe and ``per_step`` is
-            on), ``True`` (every loader) or ``False`` (never).
-        cache_max_bytes: cap of the :class:`~continual_eval.evaluation.BatchCache`.
+            [`cache_safety`][continual_eval.evaluation.cache_safety] deems them safe and
+            ``per_step`` is on), ``True`` (every loader) or ``False`` (never).
+        cache_max_bytes: cap of the `BatchCache`.
         per_step: whether evaluations inside stages happen (they make the auto cache worth it).
     """
 

@@ -1,16 +1,16 @@
 r"""Per-item text metrics of generated text against references: each takes the predictions and the
 references (two equally long sequences of ``str``) and returns one float64 score per item, in
-``[0, 1]``, higher is better. :class:`~continual_eval.evaluation.generation.GenerationScorer`
+``[0, 1]``, higher is better. `GenerationScorer`
 takes their mean over a task's items.
 
-* :func:`exact_match`: 1 when the two texts are equal after a normalisation (default
+* `exact_match`: 1 when the two texts are equal after a normalisation (default
   ``"strip"``: surrounding whitespace removed, nothing else changed);
-* :func:`token_f1`: SQuAD's token F1 (Rajpurkar et al., "SQuAD: 100,000+ Questions for Machine
+* `token_f1`: SQuAD's token F1 (Rajpurkar et al., "SQuAD: 100,000+ Questions for Machine
   Comprehension of Text"), torchmetrics' ``squad``: texts lower-cased, punctuation and the
   articles a/an/the removed, split on whitespace; the F1 of the bag-of-tokens overlap;
-* :func:`rouge_l`: the ROUGE-L F-measure (Lin, "ROUGE: A Package for Automatic Evaluation of
+* `rouge_l`: the ROUGE-L F-measure (Lin, "ROUGE: A Package for Automatic Evaluation of
   Summaries"), the longest common subsequence of words, torchmetrics' ``rouge_score``;
-* :func:`edit_similarity`: :math:`1 - d(p, r) / \max(|p|, |r|)` with :math:`d` the character
+* `edit_similarity`: `1 - d(p, r) / \max(|p|, |r|)` with `d` the character
   Levenshtein distance (torchmetrics' ``edit_distance``), 1 for two empty texts (the "edit
   similarity" of code-completion benchmarks and TRACE, Wang et al., "TRACE: A Comprehensive
   Benchmark for Continual Learning in Large Language Models").
@@ -74,7 +74,7 @@ def exact_match(
     """1.0 where ``normalize(pred) == normalize(ref)``, else 0.0 (float64 ``[items]``).
 
     ``normalize``: ``"strip"`` (default; surrounding whitespace removed), ``"none"`` (the
-    texts as they are), ``"squad"`` (:func:`normalize_squad`) or a callable ``str -> str``.
+    texts as they are), ``"squad"`` (`normalize_squad`) or a callable ``str -> str``.
     """
     _check(preds, refs)
     norm = _NORMALIZERS.get(normalize) if isinstance(normalize, str) else normalize
@@ -141,7 +141,7 @@ def edit_similarity(preds: Sequence[str], refs: Sequence[str]) -> Tensor:
     return torch.where(longest > 0, 1.0 - distance / longest.clamp(min=1), 1.0)
 
 
-#: the names :class:`~continual_eval.evaluation.generation.GenerationScorer` accepts
+#: the names `GenerationScorer` accepts
 TEXT_METRICS: dict[str, TextMetric] = {
     "exact_match": exact_match,
     "token_f1": token_f1,

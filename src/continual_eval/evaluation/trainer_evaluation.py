@@ -1,8 +1,8 @@
 """Evaluation inside a running Lightning fit: the test loaders a Trainer's datamodule or module
-gives, and :func:`~continual_eval.evaluation.evaluate_tasks` wired to the Trainer's device,
-precision plugin and strategy (what ``ContinualEvalCallback`` calls from its hooks): in lockstep
-when the strategy's forward pass is a collective, the model called through the strategy's
-forward redirection when the strategy wraps it (:mod:`~continual_eval.evaluation.strategy`)."""
+gives, and [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks] wired to the Trainer's
+device, precision plugin and strategy (what ``ContinualEvalCallback`` calls from its hooks): in
+lockstep when the strategy's forward pass is a collective, the model called through the strategy's
+forward redirection when the strategy wraps it (`strategy`)."""
 
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def evaluate_under_trainer(
 ) -> TaskEvaluation:
     """Score ``task_ids`` with every scorer on this rank's shards of ``task_loaders`` (their
     fixed subsets with ``subset``), counts reduced over the Trainer's ranks; the
-    :class:`~continual_eval.evaluation.TaskEvaluation`, its scores aligned with ``scorers``.
-    ``stage`` goes to the scorers' ``set_task``. Rank 0 reports the batch cache once it is
-    filled."""
+    [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation], its scores aligned with
+    ``scorers``. ``stage`` goes to the scorers' ``set_task``. Rank 0 reports the batch cache once it
+    is filled."""
     world = trainer.world_size
     strategy = trainer.strategy
     device = strategy.root_device

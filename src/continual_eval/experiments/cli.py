@@ -3,11 +3,12 @@
 The config is an ordinary LightningCLI file (``trainer``, ``model``, ``data``, ``seed_everything``)
 plus two sections of this command:
 
-``continual``  arguments of :class:`~continual_eval.ContinualEvalCallback` (its test loaders and
-               task names come from the datamodule, which must be a :class:`TaskStreamDataModule`;
+``continual``  arguments of [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] (its
+test loaders and
+               task names come from the datamodule, which must be a `TaskStreamDataModule`;
                ``task_classes: [[0, 1], [2, 3], ...]`` turns on class-incremental evaluation,
                as in ``configs/digits_class_incremental.yaml``);
-``stream``     :class:`StreamOptions`: experiment name, method label, seeds, reference model
+``stream``     `StreamOptions`: experiment name, method label, seeds, reference model
                (``reference: none | isolated | joint``), report.
 
 ``trainer.max_epochs`` is the training budget *per task*. Each task is one ``trainer.fit`` on the
@@ -25,18 +26,18 @@ exit code 1.
 
 ``stream.experiment`` and ``stream.method`` become directory names, so they are checked, not
 rewritten: a name is refused (exit code 2, a one-line message naming the option) when it is empty,
-``.`` or ``..``, longer than :data:`MAX_RUN_NAME_LENGTH` characters, has leading or trailing
+``.`` or ``..``, longer than `MAX_RUN_NAME_LENGTH` characters, has leading or trailing
 whitespace, or holds a path separator (``/`` or ``\\``, on every platform) or a control, format
 or line-separator character. The resolved run directory must also lie inside ``stream.save_dir``
 (a symbolic link inside it that points elsewhere is refused too). A ``stream.reference`` other
 than ``none``, ``isolated`` or ``joint`` is refused the same way (exit code 2, one line).
 
 With ``stream.reference: isolated`` or ``joint`` the reference (see
-:mod:`continual_eval.references`) is trained before the stream, its per-task scores are stored in
+`continual_eval.references`) is trained before the stream, its per-task scores are stored in
 results.json as ``metadata["reference"]`` with ``metadata["reference_kind"]``, and the end of the
-run prints, from :mod:`continual_eval.functional`, the intransigence per task and its mean
-(``intransigence_per_task``, ``intransigence``) and, for an isolated reference, the forward
-transfer against it (``forward_transfer_per_task`` / ``forward_transfer`` with
+run prints, from [`continual_eval.functional`][continual_eval.functional], the intransigence per
+task and its mean (``intransigence_per_task``, ``intransigence``) and, for an isolated reference,
+the forward transfer against it (``forward_transfer_per_task`` / ``forward_transfer`` with
 ``convention="isolated"``).
 """
 
@@ -107,8 +108,8 @@ class OptionError(ValueError):
 
 
 def check_run_name(value: object, option: str) -> str:
-    """``value`` when it can be one directory name of a run path, else :class:`RunNameError`
-    naming ``option``: a non-empty string of at most :data:`MAX_RUN_NAME_LENGTH` characters, not
+    """``value`` when it can be one directory name of a run path, else `RunNameError`
+    naming ``option``: a non-empty string of at most `MAX_RUN_NAME_LENGTH` characters, not
     ``.`` or ``..``, without ``/``, ``\\``, control, format or line-separator characters and
     without leading or trailing whitespace."""
     shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:60]}..."
@@ -133,7 +134,7 @@ def check_run_name(value: object, option: str) -> str:
 
 
 def _check_inside(run_dir: Path, save_dir: Path) -> None:
-    """:class:`RunNameError` unless ``run_dir`` resolves (symbolic links followed) inside
+    """`RunNameError` unless ``run_dir`` resolves (symbolic links followed) inside
     ``save_dir``."""
     root, resolved = save_dir.resolve(), run_dir.resolve()
     if not resolved.is_relative_to(root):
@@ -150,7 +151,7 @@ class StreamOptions:
     Args:
         experiment: experiment name; runs go to ``<save_dir>/<experiment>/<method>/version_N``
             (``<save_dir>/<experiment>/version_N`` without a method) unless a logger is set.
-            Must be a safe directory name (:func:`check_run_name`).
+            Must be a safe directory name (`check_run_name`).
         method: method label, stored in the metadata (default: the model's ``method``
             attribute, else its class name); a safe directory name when set.
         seeds: run the whole stream once per seed (each in its own run directory); empty = once,
@@ -161,7 +162,7 @@ class StreamOptions:
             (``trainer.max_epochs`` epochs over the union: every example seen as often as in the
             stream). Their per-task scores go to ``metadata["reference"]`` and the kind to
             ``metadata["reference_kind"]``; the fit prints intransigence (and, isolated, FWT
-            against isolated training). See :mod:`continual_eval.references`.
+            against isolated training). See `continual_eval.references`.
         report: write the report (PNGs + report.md) into ``<run_dir>/report`` after the stream.
         save_dir: root of the default loggers.
     """
@@ -197,7 +198,7 @@ class StreamCLI(LightningCLI):
 
 
 def tensorboard_available() -> bool:
-    """Whether :class:`~lightning.pytorch.loggers.TensorBoardLogger` can write here: tensorboard
+    """Whether `TensorBoardLogger` can write here: tensorboard
     (or tensorboardX) imports. Lightning itself only checks the installed-package metadata."""
     for module in ("tensorboard", "tensorboardX"):
         try:
@@ -219,7 +220,7 @@ def _default_loggers(save_dir: str, name: str, *, tensorboard: bool = True) -> l
 
 
 def _missing_optional(err: BaseException) -> str | None:
-    """The optional module (:data:`OPTIONAL_MODULES`) whose failed import caused ``err``, if any:
+    """The optional module (`OPTIONAL_MODULES`) whose failed import caused ``err``, if any:
     ``err`` itself or an error down its chain of causes (jsonargparse wraps what a class's
     ``__init__`` raised in its own errors)."""
     seen: set[int] = set()
@@ -235,7 +236,7 @@ def _missing_optional(err: BaseException) -> str | None:
 
 
 def _write_report(paths: list[Path], out_dir: Path) -> Path | None:
-    """:func:`~continual_eval.report.write_report`, or ``None`` and one line naming the extra
+    """`write_report`, or ``None`` and one line naming the extra
     when matplotlib (the figures) is not installed."""
     try:
         return write_report(paths, out_dir)

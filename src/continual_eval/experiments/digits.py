@@ -124,14 +124,14 @@ class DigitsMLP(pl.LightningModule):
     def reference_model(self) -> DigitsMLP:
         """A copy with the same weights and no replay memory: plain (isolated or joint) training,
         the same reference for every method (used by
-        :func:`~continual_eval.references.train_reference`)."""
+        [`train_reference`][continual_eval.train_reference])."""
         plain = copy.deepcopy(self)
         plain.memory = None
         return plain
 
     def continual_eval_memory_size(self) -> int:
         """Samples held by the replay memory (0 for naive fine-tuning): the ``replay_memory`` of
-        each stage's cost (:mod:`continual_eval.stage_cost`)."""
+        each stage's cost (`continual_eval.stage_cost`)."""
         return 0 if self.memory is None else len(self.memory)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ Tasks (prompt -> answer, ``s`` a string of 3-6 letters from ``a``-``h``):
 A sequence is ``BOS prompt answer EOS``; the loss and the perplexity are over the answer tokens
 and the EOS (the prompt's labels are -100). Test batches also carry the left-padded prompt
 (``prompt_input_ids``, ``prompt_attention_mask``) and the answer text (``references``) for
-:class:`~continual_eval.evaluation.generation.GenerationScorer`; the model's ``forward`` takes a
+`GenerationScorer`; the model's ``forward`` takes a
 KV cache (``use_cache``, ``cache``), so greedy decoding reads each token once.
 ``configs/lm_char_tasks.yaml`` runs it with ``continual-eval fit``; ``examples/language_model.md``
 reads its numbers.
@@ -45,7 +45,7 @@ TASKS = ("copy", "reverse", "add")
 
 
 class CharTokenizer:
-    """One token per character of :attr:`alphabet`, after three special tokens: ``PAD`` (0),
+    """One token per character of `alphabet`, after three special tokens: ``PAD`` (0),
     ``BOS`` (1), ``EOS`` (2)."""
 
     PAD, BOS, EOS = 0, 1, 2
@@ -72,13 +72,13 @@ TOKENIZER = CharTokenizer()
 
 
 def decode_text(rows: Sequence[Sequence[int]]) -> list[str]:
-    """:meth:`CharTokenizer.batch_decode` of the shared tokenizer: the ``decode`` of the
+    """`CharTokenizer.batch_decode` of the shared tokenizer: the ``decode`` of the
     config's generation scorer."""
     return TOKENIZER.batch_decode(rows)
 
 
 def make_items(task: str, count: int, generator: torch.Generator) -> list[tuple[str, str]]:
-    """``count`` ``(prompt, answer)`` pairs of ``task`` (one of :data:`TASKS`)."""
+    """``count`` ``(prompt, answer)`` pairs of ``task`` (one of `TASKS`)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; known: {TASKS}")
     items = []
@@ -141,7 +141,7 @@ def _test_collate(items: Sequence[tuple[str, str]]) -> dict[str, Any]:
 
 
 class SyntheticTextTasks(TaskStreamDataModule):
-    """The three tasks of :data:`TASKS` (or a subset, in the order given), ``train_size`` and
+    """The three tasks of `TASKS` (or a subset, in the order given), ``train_size`` and
     ``test_size`` items each, drawn from ``data_seed`` (not the run's seed: every seed is scored
     on the same test items)."""
 
@@ -205,13 +205,13 @@ class _Block(nn.Module):
 
 
 class CharTransformer(pl.LightningModule):
-    """A GPT-style causal transformer over :class:`CharTokenizer`'s ids, trained with AdamW on
+    """A GPT-style causal transformer over `CharTokenizer`'s ids, trained with AdamW on
     the answer tokens (the batch's ``labels``, shifted: position ``t`` predicts ``t + 1``).
 
     ``forward(input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False)``
     returns ``{"logits": [N, T, V], "cache": ...}`` (the cache: every block's keys and values
     and the attention mask so far, when ``use_cache``), the keyword protocol of Hugging Face
-    causal LMs that :func:`~continual_eval.evaluation.generation.greedy_decode` reads. Positions
+    causal LMs that `greedy_decode` reads. Positions
     count the attended tokens (left-padded prompts start at 0)."""
 
     def __init__(

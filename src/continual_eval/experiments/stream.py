@@ -1,6 +1,7 @@
 """Task-stream plumbing shared by the experiments: a datamodule that serves one task at a time,
-and :func:`fit_stream`, which trains a task stream through :func:`~continual_eval.fit_tasks` with
-a :class:`~continual_eval.ContinualEvalCallback` (and, on request, a reference model first)."""
+and `fit_stream`, which trains a task stream through [`fit_tasks`][continual_eval.fit_tasks] with
+a [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] (and, on request, a reference
+model first)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ class TaskStreamDataModule(pl.LightningDataModule):
 
 
 class _TaskStages(Sequence[TaskStreamDataModule]):
-    """The datamodule once per task, for :func:`~continual_eval.fit_tasks`: item ``i`` selects
+    """The datamodule once per task, for [`fit_tasks`][continual_eval.fit_tasks]: item ``i`` selects
     task ``i`` (``current_task``) right before its ``fit`` and prints the progress lines (the task
     about to train, and how many epochs the previous stage trained)."""
 
@@ -148,7 +149,7 @@ def _reference_trainer_kwargs(trainer: pl.Trainer) -> dict[str, Any]:
 
 def reference_kind(reference: object) -> str | None:
     """``"isolated"``, ``"joint"`` or ``None`` (no reference) from a ``reference`` option, one of
-    :data:`REFERENCE_OPTIONS`; anything else is a :class:`ValueError` naming the choices."""
+    `REFERENCE_OPTIONS`; anything else is a `ValueError` naming the choices."""
     if not isinstance(reference, str) or reference not in REFERENCE_OPTIONS:
         raise ValueError(
             f"reference must be one of {', '.join(REFERENCE_OPTIONS)}, got {reference!r}"
@@ -173,7 +174,7 @@ def stream_reference(
     dirpath: Path | None,
     trainer_kwargs: dict[str, Any] | None = None,
 ) -> Reference:
-    """:func:`~continual_eval.references.train_reference` on the datamodule's tasks.
+    """[`train_reference`][continual_eval.train_reference] on the datamodule's tasks.
 
     The copies start from ``model``'s current (untrained) weights (a model may define
     ``reference_model()`` to supply a copy without its continual-learning extras: DigitsMLP drops
@@ -212,15 +213,15 @@ def fit_stream(
     reference: str = "none",
 ) -> ContinualEvalCallback:
     """Train ``model`` on the datamodule's tasks in order, one ``fit`` per task on ``trainer``
-    (:func:`~continual_eval.fit_tasks`, the datamodule serving task ``i`` in fit ``i``).
+    ([`fit_tasks`][continual_eval.fit_tasks], the datamodule serving task ``i`` in fit ``i``).
 
-    ``trainer.max_epochs`` is the budget per task. A :class:`ContinualEvalCallback` built from
-    ``callback_kwargs`` (task names from the datamodule, ``metadata`` stored in results.json) is
-    appended to the Trainer's callbacks and returned. ``reference``: ``"none"``,
-    ``"isolated"`` or ``"joint"``: first train that reference
-    (:func:`stream_reference`, results in ``<run dir>/isolated_reference/task_j`` or
-    ``<run dir>/joint_reference``) and store its per-task scores as ``metadata["reference"]``
-    and the kind as ``metadata["reference_kind"]``.
+    ``trainer.max_epochs`` is the budget per task. A
+    [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] built from ``callback_kwargs``
+    (task names from the datamodule, ``metadata`` stored in results.json) is appended to the
+    Trainer's callbacks and returned. ``reference``: ``"none"``, ``"isolated"`` or ``"joint"``:
+    first train that reference (`stream_reference`, results in
+    ``<run dir>/isolated_reference/task_j`` or ``<run dir>/joint_reference``) and store its per-task
+    scores as ``metadata["reference"]`` and the kind as ``metadata["reference_kind"]``.
     """
     kind = reference_kind(reference)
     callback_kwargs = dict(callback_kwargs or {})
@@ -278,7 +279,7 @@ def fit_stream(
 
 def run_dir_of(trainer: pl.Trainer, callback_kwargs: dict[str, Any]) -> Path:
     """The run directory: where the callback built from ``callback_kwargs`` writes results.json
-    (:func:`~continual_eval.results.files.default_results_dir`; an empty ``dirpath`` counts as
+    (`default_results_dir`; an empty ``dirpath`` counts as
     unset)."""
     return default_results_dir(trainer, callback_kwargs.get("dirpath") or None)
 

@@ -3,7 +3,7 @@
 Nothing here keeps state or modifies its inputs; every function takes ``validate`` to skip the
 value checks (which read back from the device) in hot loops. Every accuracy-matrix function takes
 ``higher_is_better`` (``False`` for a loss: transfer and forgetting keep their meaning) and
-``bounds`` (the validation range, :data:`UNIT_BOUNDS` by default, ``None`` for unbounded); the
+``bounds`` (the validation range, `UNIT_BOUNDS` by default, ``None`` for unbounded); the
 stability functions take ``higher_is_better``.
 """
 

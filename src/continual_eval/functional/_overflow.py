@@ -72,7 +72,7 @@ def rescaled(
     compute: Callable[..., Any], scores: Tensor, *vectors: Tensor | None, terms: int
 ) -> Any:
     """``compute(scores / s, *(v / s))`` multiplied back by ``s`` (every tensor, in nested
-    dicts and tuples), ``s`` from :func:`_scale`: the metrics are homogeneous of degree one in
+    dicts and tuples), ``s`` from `_scale`: the metrics are homogeneous of degree one in
     the scores (means, differences, maxima over positive multiples), so this is their value,
     with sums that no longer overflow. Cells far below the largest (by ``2**-1000`` or so) may
     lose digits."""

@@ -5,7 +5,7 @@ synchronises with the device (it reads values back), which is why every public f
 ``validate`` flag that hot loops can turn off.
 
 ``bounds`` is the validation range of a score: ``(lo, hi)`` checks ``lo <= cell <= hi`` (either end
-may be infinite), ``None`` checks nothing but finiteness. The default, :data:`UNIT_BOUNDS`, is the
+may be infinite), ``None`` checks nothing but finiteness. The default, `UNIT_BOUNDS`, is the
 accuracy range ``[0, 1]``.
 """
 

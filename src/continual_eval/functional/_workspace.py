@@ -55,7 +55,7 @@ def workspace(shape: tuple[int, ...], like: Tensor) -> Tensor:
 
 
 def scratch_for(x: Tensor, shape: tuple[int, ...] | None = None) -> Tensor | None:
-    """A :func:`workspace` buffer to write a result derived from ``x`` into, or ``None`` (allocate
+    """A `workspace` buffer to write a result derived from ``x`` into, or ``None`` (allocate
     fresh) when autograd records ``x``: ``out=`` arguments do not support differentiation."""
     if torch.is_grad_enabled() and x.requires_grad:
         return None

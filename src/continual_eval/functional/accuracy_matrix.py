@@ -43,11 +43,11 @@ Conventions where the literature disagrees (written for ``higher_is_better=True`
   the untrained baseline; ``convention="isolated"``: ``R[j,j] - b[j]`` with ``b`` the accuracy of
   a model trained on task ``j`` alone.
 
-Batches. With ``validate=False`` every function but :func:`continual_metrics` also takes a stack
-of matrices ``[..., T, T]`` (``baseline`` and ``reference`` ``[..., T]``) and returns the metric
-of each, ``[...]`` (per task: ``[..., T-1]``): the paired bootstrap of
-:mod:`~continual_eval.functional.intervals` scores thousands of resampled matrices in one call.
-Validation checks a single ``[T, T]`` matrix.
+Batches. With ``validate=False`` every function but
+[`continual_metrics`][continual_eval.continual_metrics] also takes a stack of matrices
+``[..., T, T]`` (``baseline`` and ``reference`` ``[..., T]``) and returns the metric of each,
+``[...]`` (per task: ``[..., T-1]``): the paired bootstrap of `intervals` scores thousands of
+resampled matrices in one call. Validation checks a single ``[T, T]`` matrix.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _zero(scores: Tensor) -> Tensor:
 def _mean(values: Tensor, validate: bool = False) -> Tensor:
     """Equal-weight mean over the last dimension; with ``validate``, ``sum(v / n)`` where the sum
     of finite values overflows although their mean does not (see
-    :mod:`~continual_eval.functional._overflow`)."""
+    `_overflow`)."""
     mean = values.mean(dim=-1)
     if validate and not all_finite(mean) and all_finite(values):
         mean = (values / values.shape[-1]).sum(dim=-1)
@@ -127,7 +127,7 @@ def _mean(values: Tensor, validate: bool = False) -> Tensor:
 
 
 def _mean_or_zero(values: Tensor, like: Tensor, validate: bool = False) -> Tensor:
-    """Equal-weight mean (:func:`_mean`); zero (not NaN) when there is nothing to average
+    """Equal-weight mean (`_mean`); zero (not NaN) when there is nothing to average
     (T = 1)."""
     return _mean(values, validate) if values.shape[-1] else _zero(like)
 
@@ -142,7 +142,7 @@ def _check_per_task(
     cells: Callable[[int], list[tuple[str, Tensor]]],
     first_task: int = 0,
 ) -> None:
-    """Raise :func:`overflow_error` for the first task whose value is not finite (the inputs
+    """Raise `overflow_error` for the first task whose value is not finite (the inputs
     were validated finite, so a difference of them overflowed); entry ``k`` is task
     ``first_task + k``, whose inputs ``cells(k)`` names."""
     if not all_finite(values):
@@ -251,7 +251,8 @@ def forgetting_per_task(
     ``max_{j<=i<=T-2} R[i,j] - R[T-1,j]`` (may be negative). For lower-is-better, the best is the
     minimum: ``R[T-1,j] - min_{j<=i<=T-1} R[i,j]`` (``peak``, non-negative) and
     ``R[T-1,j] - min_{j<=i<=T-2} R[i,j]`` (``chaudhry``). Avalanche's per-task "forgetting"
-    ``R[j,j] - R[T-1,j]`` is minus :func:`backward_transfer_per_task`.
+    ``R[j,j] - R[T-1,j]`` is minus
+    [`backward_transfer_per_task`][continual_eval.functional.backward_transfer_per_task].
     """
     check_forgetting_convention(convention)
     bounds = _check_options(higher_is_better, bounds)
@@ -354,7 +355,8 @@ def forgetting(
     bounds: Bounds = UNIT_BOUNDS,
     validate: bool = True,
 ) -> Tensor:
-    r"""Forgetting ``= 1/(T-1) sum_{j<T-1} F_j`` (:func:`forgetting_per_task`); zero for T = 1."""
+    r"""Forgetting ``= 1/(T-1) sum_{j<T-1} F_j``
+    ([`forgetting_per_task`][continual_eval.functional.forgetting_per_task]); zero for T = 1."""
     per_task = forgetting_per_task(
         scores,
         convention=convention,

@@ -5,30 +5,31 @@ Each training stage ``i`` adds the classes of task ``i``; the model has one outp
 survey and performance evaluation" (TPAMI 2022), written as argmax restrictions:
 
 * *task-aware* (task-IL): a test sample of task ``j`` is predicted among task ``j``'s classes only
-  (the task is known at test time: task ``j``'s head), :func:`task_aware_predictions`. This is
+  (the task is known at test time: task ``j``'s head), `task_aware_predictions`. This is
   Mammoth's ``mask_classes(outputs, dataset, j)`` (every output outside task ``j``'s block set to
   ``-inf``) for any class-to-task assignment, not only contiguous blocks.
 * *task-agnostic* (class-IL): after stage ``i`` a sample is predicted among the classes of all
-  tasks ``<= i`` (the classes seen so far), :func:`task_agnostic_predictions`; Mammoth's
+  tasks ``<= i`` (the classes seen so far), `task_agnostic_predictions`; Mammoth's
   class-IL accuracy ``argmax(outputs[:, :n_seen_classes])``. ``all_outputs=True`` takes the
   argmax over every output instead (a plain ``logits.argmax(-1)``).
 
-Both break ties as :func:`torch.argmax` does: the first maximum, in class-id order, among the
-allowed classes; a NaN logit among them is the maximum (as in :func:`torch.argmax`).
+Both break ties as `torch.argmax` does: the first maximum, in class-id order, among the
+allowed classes; a NaN logit among them is the maximum (as in `torch.argmax`).
 
 Inputs and conventions (zero-based; ``C`` classes, ``T`` tasks, ``S`` stages):
 
 * ``class_task``: ``[C]`` integer tensor, the task of each class id, ``-1`` for a class of no task;
-  made (with validation) by :func:`check_task_classes`. Class ``c`` is *seen* at stage ``i`` when
-  ``0 <= class_task[c] <= i``; it is *new* at stage ``i`` when ``class_task[c] == i`` and *old*
-  when ``class_task[c] < i``.
+  made (with validation) by [`check_task_classes`][continual_eval.functional.check_task_classes].
+  Class ``c`` is *seen* at stage ``i`` when ``0 <= class_task[c] <= i``; it is *new* at stage ``i``
+  when ``class_task[c] == i`` and *old* when ``class_task[c] < i``.
 * ``confs``: integer confusion counts, ``[S, C, C]`` (one matrix per stage) or one ``[C, C]``
   matrix. ``confs[k, c, p]`` counts the test samples of true class ``c`` predicted as class ``p``
   after training stage ``first_stage + k`` (``first_stage`` is ``0`` unless given; a single
   ``[C, C]`` matrix is the stage ``first_stage``, and the stage dimension is then dropped from the
   result). Count *all* test samples of the tasks evaluated at that stage, predicted with
-  :func:`task_agnostic_predictions` for that stage; :func:`confusion_counts` makes one matrix.
-  Rows of classes not seen yet (future tasks evaluated, e.g. for forward transfer) may be
+  `task_agnostic_predictions` for that stage;
+  [`confusion_counts`][continual_eval.functional.confusion_counts] makes one matrix. Rows of classes
+  not seen yet (future tasks evaluated, e.g. for forward transfer) may be
   present: every seen-class measure ignores them.
 * Results are ``float64`` (a ratio of counts, correctly rounded), on ``confs``' device.
 * Undefined values are NaN, never 0: the accuracy of a class or task with no test sample at that
@@ -41,7 +42,7 @@ Seen-class accuracy comes in two weightings (``weighting``):
 
 * ``"sample"`` (iCaRL, PyCIL: accuracy on the union of the seen tasks' test sets):
   ``sum_{j<=i} correct[i, j] / sum_{j<=i} n[i, j]``;
-* ``"task"`` (the mean of the class-IL accuracy matrix's row, as :mod:`accuracy_matrix` averages):
+* ``"task"`` (the mean of the class-IL accuracy matrix's row, as `accuracy_matrix` averages):
   ``(1/|J|) sum_{j in J} R[i, j]`` with ``R[i, j] = correct[i, j] / n[i, j]`` and ``J`` the tasks
   ``j <= i`` with a test sample at stage ``i``.
 
@@ -68,7 +69,8 @@ _NAN = math.nan
 
 
 class TaskClasses(NamedTuple):
-    """The class-to-task assignment, normalised by :func:`check_task_classes`.
+    """The class-to-task assignment, normalised by
+    [`check_task_classes`][continual_eval.functional.check_task_classes].
 
     Attributes:
         class_task: ``[C]`` long, the task of each class id; ``-1`` for a class of no task.
@@ -165,7 +167,7 @@ def check_task_classes(
         device: where the returned tensors live (default CPU).
 
     Returns:
-        :class:`TaskClasses` ``(class_task [C], order [C], boundaries [T + 1])``.
+        `TaskClasses` ``(class_task [C], order [C], boundaries [T + 1])``.
 
     Example:
         >>> tc = check_task_classes([[3, 0], [1, 4]], num_classes=6)
@@ -399,7 +401,7 @@ def task_aware_predictions(
 
     Args:
         logits: ``[..., C]`` floating outputs over all class ids.
-        class_task: ``[C]`` the task of each class (:attr:`TaskClasses.class_task`).
+        class_task: ``[C]`` the task of each class (`TaskClasses.class_task`).
         task: the task of every sample (int), or of each sample (integer tensor of
             ``logits.shape[:-1]``, e.g. ``[N]``).
         validate: check that every requested task has a class (one device read-back).
@@ -439,7 +441,7 @@ def task_agnostic_predictions(
 
     Args:
         logits: ``[..., C]`` floating outputs over all class ids.
-        class_task: ``[C]`` the task of each class (:attr:`TaskClasses.class_task`).
+        class_task: ``[C]`` the task of each class (`TaskClasses.class_task`).
         stage: the training stage just finished (int), or one per sample (integer tensor of
             ``logits.shape[:-1]``).
         all_outputs: predict among all ``C`` outputs instead of the seen classes.
@@ -470,7 +472,7 @@ def confusion_counts(
 ) -> Tensor:
     """The ``[C, C]`` int64 confusion matrix: ``conf[c, p] = #{n: target[n] == c, pred[n] == p}``.
 
-    One :func:`torch.bincount` of ``target * C + pred`` (exact integer counts; deterministic, no
+    One `torch.bincount` of ``target * C + pred`` (exact integer counts; deterministic, no
     weights). Add the matrices of several batches to accumulate.
 
     Args:
@@ -554,7 +556,7 @@ def per_task_accuracy(
 
     ``correct[i, j]`` and ``n[i, j]`` sum the diagonal and the rows of ``confs[i]`` over task
     ``j``'s classes. With task-agnostic predictions this is the class-IL accuracy matrix (feed it
-    to :mod:`accuracy_matrix`); every cell is as measured, unseen tasks included (their
+    to `accuracy_matrix`); every cell is as measured, unseen tasks included (their
     accuracy is 0 under the seen-class restriction, a task's classes never being predicted
     before it is trained). NaN where task ``j`` has no test sample at that stage.
 
@@ -613,7 +615,8 @@ def last_accuracy(
     validate: bool = True,
 ) -> Tensor:
     """The seen-class accuracy of the last stage given (``confs[-1]``, at stage
-    ``first_stage + S - 1``): :func:`seen_accuracy` of the final model; a scalar."""
+    ``first_stage + S - 1``): [`seen_accuracy`][continual_eval.functional.seen_accuracy] of the
+    final model; a scalar."""
     value = seen_accuracy(
         confs, class_task, weighting=weighting, first_stage=first_stage, validate=validate
     )
@@ -624,12 +627,13 @@ def average_incremental_seen_accuracy(
     confs: Tensor, class_task: Tensor, *, weighting: str = "sample", validate: bool = True
 ) -> Tensor:
     """Average incremental accuracy ``(1/S) sum_{i<S} A_i`` with ``A_i`` the seen-class accuracy
-    after stage ``i`` (:func:`seen_accuracy`; ``confs[0]`` is stage 0); a scalar.
+    after stage ``i`` ([`seen_accuracy`][continual_eval.functional.seen_accuracy]; ``confs[0]`` is
+    stage 0); a scalar.
 
     ``weighting="sample"`` is what iCaRL (Rebuffi et al., 2017) and PyCIL report as average
     (incremental) accuracy; ``"task"`` equals
-    :func:`~continual_eval.functional.accuracy_matrix.average_incremental_accuracy` of the
-    class-IL accuracy matrix (:func:`per_task_accuracy`) when every task has test samples. NaN
+    [`average_incremental_accuracy`][continual_eval.functional.average_incremental_accuracy] of the
+    class-IL accuracy matrix (`per_task_accuracy`) when every task has test samples. NaN
     when some stage's seen accuracy is NaN.
     """
     return seen_accuracy(confs, class_task, weighting=weighting, validate=validate).mean()
@@ -646,9 +650,9 @@ def old_new_accuracy(
     """Accuracy on the old classes (tasks ``j < i``) and on the new ones (task ``i``) at each
     stage ``i``; each ``[S]`` (scalars for one matrix).
 
-    Weighted as :func:`seen_accuracy` (``weighting`` changes only ``old``: ``new`` is one task).
-    ``old`` is NaN at stage 0 (no old task) and wherever the old classes have no test sample;
-    ``new`` is NaN where task ``i`` has no test sample.
+    Weighted as [`seen_accuracy`][continual_eval.functional.seen_accuracy] (``weighting`` changes
+    only ``old``: ``new`` is one task). ``old`` is NaN at stage 0 (no old task) and wherever the old
+    classes have no test sample; ``new`` is NaN where task ``i`` has no test sample.
 
     Example:
         >>> conf1 = torch.tensor([[5, 0, 5], [0, 0, 0], [0, 0, 2]])
@@ -672,8 +676,9 @@ def mean_class_accuracy(
     first_stage: int = 0,
     validate: bool = True,
 ) -> Tensor:
-    """Mean class accuracy at each stage: the mean of :func:`per_class_accuracy` over the classes
-    where it is defined; ``[S]`` (a scalar for one matrix).
+    """Mean class accuracy at each stage: the mean of
+    [`per_class_accuracy`][continual_eval.functional.per_class_accuracy] over the classes where it
+    is defined; ``[S]`` (a scalar for one matrix).
 
     With ``class_task``: over the seen classes that have a test sample. Without: over every class
     that has a test sample at that stage (Avalanche's ``ClassAccuracy`` with ``classes=None``).
@@ -688,8 +693,8 @@ def average_mean_class_accuracy(
 ) -> Tensor:
     """Average mean class accuracy (AMCA): ``(1/S) sum_{i<S} (1/|K_i|) sum_{c in K_i} a[i, c]``
     with ``a[i, c]`` the per-class accuracy and ``K_i`` the classes where it is defined at stage
-    ``i`` (:func:`mean_class_accuracy`; ``confs[0]`` is stage 0); a scalar, NaN if some stage has
-    no such class.
+    ``i`` ([`mean_class_accuracy`][continual_eval.functional.mean_class_accuracy]; ``confs[0]`` is
+    stage 0); a scalar, NaN if some stage has no such class.
 
     Matches Avalanche's ``AverageMeanClassAccuracy`` (``avalanche/evaluation/metrics/amca.py``;
     Verwimp et al., CLAD, 2022): the mean over evaluation phases of the mean per-class accuracy of
@@ -714,11 +719,11 @@ def per_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") ->
     ``[C]``.
 
     ``class_accuracy`` is ``[S, C]`` per-class accuracy from stage 0 on, NaN where not measured
-    (:func:`per_class_accuracy` with ``class_task``, so that stages before a class's task do not
-    count). With ``a`` its defined values:
+    ([`per_class_accuracy`][continual_eval.functional.per_class_accuracy] with ``class_task``, so
+    that stages before a class's task do not count). With ``a`` its defined values:
 
     * ``"peak"`` (the default, as
-      :func:`~continual_eval.functional.accuracy_matrix.forgetting_per_task`):
+      [`forgetting_per_task`][continual_eval.functional.forgetting_per_task]):
       ``max_{k<=S-1} a[k, c] - a[S-1, c]`` (never negative);
     * ``"chaudhry"``: ``max_{k<S-1} a[k, c] - a[S-1, c]``, the peak over earlier stages only (may
       be negative).
@@ -754,8 +759,8 @@ def per_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") ->
 
 
 def mean_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
-    """The mean of :func:`per_class_forgetting` over the classes where it is defined; a scalar,
-    NaN when it is defined for no class."""
+    """The mean of [`per_class_forgetting`][continual_eval.functional.per_class_forgetting] over the
+    classes where it is defined; a scalar, NaN when it is defined for no class."""
     return torch.nanmean(per_class_forgetting(class_accuracy, convention=convention))
 
 
@@ -807,7 +812,7 @@ def confusion_in_arrival_order(
 ) -> tuple[Tensor, Tensor]:
     """Rows and columns of ``confs`` (``[C, C]`` or ``[S, C, C]``) permuted into arrival order.
 
-    ``out[..., a, b] = confs[..., order[a], order[b]]`` with ``order`` = :attr:`TaskClasses.order`
+    ``out[..., a, b] = confs[..., order[a], order[b]]`` with ``order`` = `TaskClasses.order`
     (task 0's classes as listed, then task 1's, ..., then the classes of no task). Returns
     ``(out, boundaries)``: task ``j``'s block is ``out[..., b[j]:b[j+1], b[j]:b[j+1]]`` with
     ``b = boundaries`` (``[T + 1]``, on CPU or where ``task_classes`` lives); draw lines at

@@ -5,7 +5,7 @@ value a run would have reported had it stopped after stage ``s``. All curves are
 ``O(T^2)`` intermediates (running column maxima, row sums); nothing is ``O(T^3)``, and no Python
 loop runs over tasks.
 
-``higher_is_better`` and ``bounds`` are as in :mod:`~continual_eval.functional.accuracy_matrix`.
+``higher_is_better`` and ``bounds`` are as in `accuracy_matrix`.
 A lower-is-better score is served by the same scan on its negation (written straight into the
 scan's buffer instead of the ``tril`` copy, so it costs what the default costs); every difference
 is then reversed, which gives the same bits as the higher-is-better metrics of ``-R``.
@@ -42,8 +42,8 @@ from continual_eval.functional.accuracy_matrix import (
 )
 from continual_eval.functional.family import CURVE_KEYS as FAMILY_CURVE_KEYS
 
-#: the keys of :func:`continual_metrics_curve`, from the metric family
-#: (:mod:`continual_eval.functional.family`)
+#: the keys of [`continual_metrics_curve`][continual_eval.functional.continual_metrics_curve], from
+#: the metric family (`continual_eval.functional.family`)
 CURVE_KEYS = FAMILY_CURVE_KEYS
 
 
@@ -66,7 +66,7 @@ def _running_max_rows(x: Tensor, spare: Tensor) -> Tensor:
 def _scan_peak(
     scores: Tensor, higher_is_better: bool = True
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Running column maxima of :func:`trained_history` (of ``-R`` for lower-is-better; unmasked:
+    """Running column maxima of `trained_history` (of ``-R`` for lower-is-better; unmasked:
     ``P[s, j]`` for ``s < j`` is 0 or ``-inf``), ``sum_{j<=s} R[s, j]`` (of ``R`` itself) and a
     free ``[T, T]`` scratch buffer of the workspace (``None`` under autograd).
 
@@ -138,8 +138,9 @@ def continual_metrics_curve(
     min (``forgetting[s] = 1/s sum_{j<s} (R[s,j] - min_{j<=i<=s} R[i,j])``); ``acc``,
     ``learning_accuracy`` and ``average_incremental_accuracy`` are unchanged.
 
-    ``curve[key][-1]`` equals :func:`continual_metrics` (and the scalar functions) on the full
-    matrix. Arguments as in :func:`continual_eval.functional.continual_metrics`.
+    ``curve[key][-1]`` equals [`continual_metrics`][continual_eval.continual_metrics] (and the
+    scalar functions) on the full matrix. Arguments as in
+    [`continual_eval.functional.continual_metrics`][continual_eval.continual_metrics].
     """
     check_forgetting_convention(forgetting)
     bounds = _check_options(higher_is_better, bounds)
@@ -152,10 +153,10 @@ def continual_metrics_curve(
 def _checked_curves(
     scores: Tensor, baseline: Tensor, forgetting: str, higher_is_better: bool, validate: bool
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """:func:`_curves`; with ``validate``, a non-finite value of finite inputs is explained: a
+    """`_curves`; with ``validate``, a non-finite value of finite inputs is explained: a
     term (a difference of two cells) beyond the dtype raises naming its stage, task and cells,
     and otherwise (a row sum overflowed) the curves are recomputed from rescaled inputs
-    (:mod:`~continual_eval.functional._overflow`)."""
+    (`_overflow`)."""
     curve, final = _curves(scores, baseline, forgetting, higher_is_better)
     if not validate or all_finite(*curve.values(), final):
         return curve, final
@@ -262,10 +263,11 @@ def all_continual_metrics(
 
     Returns the final values (0-dim: ``acc``, ``bwt``, ``fwt``, ``forgetting``,
     ``learning_accuracy``, ``average_incremental_accuracy``, and ``intransigence`` when
-    ``reference`` is given), ``"curve"`` (:func:`continual_metrics_curve`: every metric after every
-    stage) and ``"per_task"`` (``bwt``, ``fwt``, ``forgetting`` of shape ``[T-1]``, and
-    ``intransigence`` ``[T]``), each equal to the single-purpose function of the same name,
-    with the same ``higher_is_better`` and ``bounds``.
+    ``reference`` is given), ``"curve"``
+    ([`continual_metrics_curve`][continual_eval.functional.continual_metrics_curve]: every metric
+    after every stage) and ``"per_task"`` (``bwt``, ``fwt``, ``forgetting`` of shape ``[T-1]``, and
+    ``intransigence`` ``[T]``), each equal to the single-purpose function of the same name, with the
+    same ``higher_is_better`` and ``bounds``.
     """
     check_forgetting_convention(forgetting)
     bounds = _check_options(higher_is_better, bounds)

@@ -1,8 +1,9 @@
 """The metric family of an accuracy matrix, listed once.
 
 Every place that names the metrics reads them from here: the final metrics
-(:class:`~continual_eval.ContinualMetrics`, ``results.json``'s ``metrics``, the logged scalars),
-the per-stage curves (:func:`~continual_eval.functional.continual_metrics_curve`,
+([`ContinualMetrics`][continual_eval.ContinualMetrics], ``results.json``'s ``metrics``, the logged
+scalars), the per-stage curves
+([`continual_metrics_curve`][continual_eval.functional.continual_metrics_curve],
 ``metrics_per_stage``), the per-task values (``per_task``), the titles and the columns of
 ``continual-eval report``.
 """

@@ -6,14 +6,16 @@ functions state that error from the per-item records of one run.
 
 Inputs: ``items`` has one entry per task ``j``, the value of each of its test items after every
 stage, ``[T, n_j]`` (row ``i``: after stage ``i``; item ``k`` is the ``k``-th item of the task's
-test set in every row). 0/1 scores (correct or not) are ``bool`` tensors or :class:`PackedBits`;
-other per-item scores (a per-sample loss) are floating tensors. ``baseline`` (the untrained
-model, for FWT) and ``reference`` (a reference model, for intransigence) hold one ``[n_j]`` entry
-per task, the same items. Rows ``i < j - 1`` of task ``j`` are cells no metric reads (``R[i, j]``
-with ``j > i + 1``): any value, NaN included, is allowed there. To state the metrics after stage
-``s < T - 1``, pass the leading ``s + 1`` tasks with their first ``s + 1`` rows.
+test set in every row). 0/1 scores (correct or not) are ``bool`` tensors or
+[`PackedBits`][continual_eval.functional.PackedBits]; other per-item scores (a per-sample loss) are
+floating tensors. ``baseline`` (the untrained model, for FWT) and ``reference`` (a reference model,
+for intransigence) hold one ``[n_j]`` entry per task, the same items. Rows ``i < j - 1`` of task
+``j`` are cells no metric reads (``R[i, j]`` with ``j > i + 1``): any value, NaN included, is
+allowed there. To state the metrics after stage ``s < T - 1``, pass the leading ``s + 1`` tasks with
+their first ``s + 1`` rows.
 
-Per cell (:func:`cell_intervals`), at confidence ``c`` with ``z = Phi^{-1}((1 + c) / 2)``:
+Per cell ([`cell_intervals`][continual_eval.functional.cell_intervals]), at confidence ``c`` with
+``z = Phi^{-1}((1 + c) / 2)``:
 
 * 0/1 scores: the Wilson score interval (Wilson, "Probable inference, the law of succession, and
   statistical inference", JASA 1927) of ``x`` successes in ``n`` items, ``p = x / n``:
@@ -22,16 +24,16 @@ Per cell (:func:`cell_intervals`), at confidence ``c`` with ``z = Phi^{-1}((1 + 
 * other scores: the Student-t interval ``mean -/+ t_{(1+c)/2, n-1} s / sqrt(n)`` (``s``: the
   sample standard deviation of the items, ``ddof = 1``).
 
-The metrics (:func:`paired_bootstrap`): ``R[i, j]`` and ``R[j, j]`` (and ``b[j]``, ``ref[j]``) are
-scored on the *same* items, so the noise of BWT, FWT, forgetting and intransigence is paired and
-much smaller than independent binomial errors of the two cells suggest. The paired bootstrap
-draws one resample of each task's items and uses it in every cell of that task: resample ``r``
-gives task ``j`` weights ``w_{rk}`` over its items and
+The metrics ([`paired_bootstrap`][continual_eval.functional.paired_bootstrap]): ``R[i, j]`` and
+``R[j, j]`` (and ``b[j]``, ``ref[j]``) are scored on the *same* items, so the noise of BWT, FWT,
+forgetting and intransigence is paired and much smaller than independent binomial errors of the two
+cells suggest. The paired bootstrap draws one resample of each task's items and uses it in every
+cell of that task: resample ``r`` gives task ``j`` weights ``w_{rk}`` over its items and
 
 ``R*_r[i, j] = sum_k w_{rk} v_{ijk} / sum_k w_{rk}``, likewise ``b*_r[j]``, ``ref*_r[j]``,
 
 then every metric of ``(R*_r, b*_r, ref*_r)`` by the formulas of
-:mod:`~continual_eval.functional.accuracy_matrix` (batched over ``r``). Tasks are resampled
+`accuracy_matrix` (batched over ``r``). Tasks are resampled
 independently (a stratified bootstrap: strata are tasks). The interval is the percentile
 interval: the ``(1-c)/2`` and ``(1+c)/2`` quantiles of the ``resamples`` values
 (``numpy.quantile``, linear interpolation). Two weight schemes:
@@ -48,11 +50,12 @@ interval: the ``(1-c)/2`` and ``(1+c)/2`` quantiles of the ``resamples`` values
   (``w`` = the counts); several times slower (a weight matrix and a matrix product per task).
 
 Randomness: ``numpy.random.default_rng(seed)`` (PCG64), so an interval is reproducible from
-``(items, seed, resamples, weights)``; :func:`resample_weights` returns the weights themselves.
+``(items, seed, resamples, weights)``;
+[`resample_weights`][continual_eval.functional.resample_weights] returns the weights themselves.
 
 What the intervals mean, and what they do not: they state the error due to the finite test set
 (a new test set of the same size drawn from the same population), for the trained models as
-they are; not the variation between training runs (seeds: :mod:`continual_eval.seed_statistics`).
+they are; not the variation between training runs (seeds: `continual_eval.seed_statistics`).
 Forgetting is a maximum over stages; where several stages tie for a task's peak, the plug-in
 value is biased upward and no bootstrap interval covers reliably (the bootstrap of a maximum is
 inconsistent at ties; Andrews, Econometrica 2000): read a forgetting interval near 0 with care.
@@ -129,7 +132,8 @@ class PackedBits(NamedTuple):
 
 
 def pack_bits(values: Tensor) -> PackedBits:
-    """:class:`PackedBits` of a ``bool`` tensor along its last dimension (its items)."""
+    """[`PackedBits`][continual_eval.functional.PackedBits] of a ``bool`` tensor along its last
+    dimension (its items)."""
     if not isinstance(values, Tensor) or values.dtype != torch.bool:
         raise TypeError(f"pack_bits takes a bool tensor, got {_describe(values)}")
     packed = np.packbits(values.detach().cpu().numpy(), axis=-1, bitorder="little")
@@ -137,8 +141,8 @@ def pack_bits(values: Tensor) -> PackedBits:
 
 
 def unpack_bits(packed: PackedBits) -> Tensor:
-    """The ``bool`` tensor ``[..., n]`` of :class:`PackedBits` (the inverse of
-    :func:`pack_bits`)."""
+    """The ``bool`` tensor ``[..., n]`` of [`PackedBits`][continual_eval.functional.PackedBits] (the
+    inverse of [`pack_bits`][continual_eval.functional.pack_bits])."""
     bits = packed.bits.detach().cpu().numpy()
     values = np.unpackbits(bits, axis=-1, count=int(packed.num_items), bitorder="little")
     return torch.from_numpy(values.astype(bool))
@@ -440,8 +444,9 @@ def _valid_bytes(n: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- cell intervals
 @dataclass(frozen=True)
 class CellIntervals:
-    """Per-cell intervals (:func:`cell_intervals`): ``scores`` ``[..., T, T]`` (``R[i, j]``),
-    ``baseline`` and ``reference`` ``[..., T]`` when given; NaN in cells no metric reads."""
+    """Per-cell intervals ([`cell_intervals`][continual_eval.functional.cell_intervals]): ``scores``
+    ``[..., T, T]`` (``R[i, j]``), ``baseline`` and ``reference`` ``[..., T]`` when given; NaN in
+    cells no metric reads."""
 
     scores: IntervalTensors
     baseline: IntervalTensors | None
@@ -564,7 +569,7 @@ class _Draws:
     padding bits cleared), from ``SeedSequence(seed, spawn_key=(0,))``. A stratum that keeps
     none of its items in resample ``r`` gets fresh words from ``SeedSequence(seed,
     spawn_key=(1, r, stratum))`` until it keeps one, so the draws never depend on the block
-    size. Multinomial: counts ``[S, rows, n_max]`` (:meth:`counts`)."""
+    size. Multinomial: counts ``[S, rows, n_max]`` (`counts`)."""
 
     def __init__(self, layout: _Layout, seed: int, weights: str) -> None:
         self.layout, self.scheme, self.seed = layout, weights, int(seed)
@@ -646,10 +651,10 @@ def resample_weights(
     seed: int = 0,
     weights: str = "double_or_nothing",
 ) -> list[Tensor]:
-    """The weights :func:`paired_bootstrap` draws for tasks of these test-set sizes: task
-    ``j``'s ``[resamples, n_j]`` (float64; ``{0, 2}`` for double-or-nothing, counts for
-    multinomial). For several runs (leading dimensions), list the sizes run by run
-    (``num_items * runs``). The same for 0/1 and for floating items."""
+    """The weights [`paired_bootstrap`][continual_eval.functional.paired_bootstrap] draws for tasks
+    of these test-set sizes: task ``j``'s ``[resamples, n_j]`` (float64; ``{0, 2}`` for
+    double-or-nothing, counts for multinomial). For several runs (leading dimensions), list the
+    sizes run by run (``num_items * runs``). The same for 0/1 and for floating items."""
     _check_bootstrap_options(0.5, resamples, seed, weights)
     sizes = tuple(int(n) for n in num_items)
     if not sizes or min(sizes) < 1:
@@ -706,7 +711,8 @@ def _resampled_blocks(
 # ---------------------------------------------------------------------------- paired bootstrap
 @dataclass(frozen=True)
 class BootstrapIntervals:
-    """The paired bootstrap's intervals (:func:`paired_bootstrap`) and how they were drawn.
+    """The paired bootstrap's intervals
+    ([`paired_bootstrap`][continual_eval.functional.paired_bootstrap]) and how they were drawn.
 
     Every tensor has the entries' leading (run) dimensions first: 0-dim metrics for one run."""
 
@@ -766,7 +772,7 @@ def _nan_to_none(value: Any) -> Any:
 
 def _task_mean(per_task: Tensor) -> Tensor:
     """Equal-weight mean over tasks (last dimension); zero when there is none (``T = 1``), the
-    convention of :func:`~continual_eval.functional.forgetting`."""
+    convention of [`forgetting`][continual_eval.functional.forgetting]."""
     if per_task.shape[-1]:
         return per_task.mean(dim=-1)
     return per_task.new_zeros(per_task.shape[:-1])
@@ -866,7 +872,7 @@ def paired_bootstrap(
 
     ``forgetting`` (``"peak"`` or ``"chaudhry"``), ``fwt_convention`` (``"gem"``: ``baseline`` is
     the untrained model; ``"isolated"``: a model trained on each task alone) and
-    ``higher_is_better`` are those of :mod:`~continual_eval.functional.accuracy_matrix`. The
+    ``higher_is_better`` are those of `accuracy_matrix`. The
     estimates are the metrics of the run's cells (the means over all items). Entries with
     leading dimensions ``[..., T, n_j]`` are several runs on test sets of these sizes (seeds,
     simulations), each resampled independently; every result keeps those dimensions.

@@ -3,10 +3,11 @@ r"""Item-level forgetting: which test items go from right to wrong between evalu
 An accuracy cell ``R[i, j]`` hides how it changes: a task can lose 50 items and regain 45 others
 with its accuracy down by only 5. These functions read the per-item records of 0/1 scores (right
 or wrong), one entry per task ``j``, ``[T, n_j]`` (row ``i``: after stage ``i``; ``bool`` or
-:class:`~continual_eval.functional.intervals.PackedBits`), with the untrained model's ``[n_j]``
+[`PackedBits`][continual_eval.functional.PackedBits]), with the untrained model's ``[n_j]``
 as an optional ``baseline``. Item ``v[i, k]`` is item ``k`` of task ``j`` after stage ``i``.
 
-Per stage ``i`` and task ``j`` (:func:`item_transitions`, ``[T, T]`` each, NaN where undefined):
+Per stage ``i`` and task ``j`` ([`item_transitions`][continual_eval.functional.item_transitions],
+``[T, T]`` each, NaN where undefined):
 
 * against the previous stage: ``right_to_wrong[i, j] = #{k : v[i-1, k] and not v[i, k]}`` and
   ``wrong_to_right[i, j]`` the reverse, for ``i >= j`` (the previous evaluation of stage ``j``
@@ -19,8 +20,8 @@ Per stage ``i`` and task ``j`` (:func:`item_transitions`, ``[T, T]`` each, NaN w
   Network Learning", ICLR 2019: an item is *forgotten* when it goes from right to wrong between
   two consecutive evaluations): ``forgotten_once[i, j]``, the items of task ``j`` with at least
   one right-to-wrong step between consecutive stages in ``j..i`` (0 at ``i = j``), i.e. after
-  task ``j`` was trained. :func:`forgetting_events` gives each item's number of events
-  (nonzero: the items forgotten at least once).
+  task ``j`` was trained. [`forgetting_events`][continual_eval.functional.forgetting_events] gives
+  each item's number of events (nonzero: the items forgotten at least once).
 """
 
 from __future__ import annotations

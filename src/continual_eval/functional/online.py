@@ -3,11 +3,11 @@ blind baselines, aggregation over stream position, and held-out curves over time
 
 Pure tensor functions: nothing here keeps state or modifies its inputs.
 
-The stream is a sequence of batches :math:`B_0, B_1, \dots, B_{T-1}`; :math:`f_{<k}` is the model
-after training on :math:`B_0, \dots, B_{k-1}` (before its optimizer step on :math:`B_k`).
+The stream is a sequence of batches `B_0, B_1, \dots, B_{T-1}`; `f_{<k}` is the model
+after training on `B_0, \dots, B_{k-1}` (before its optimizer step on `B_k`).
 
 **The lookahead table.** ``correct[k, m]`` and ``total[k, m]`` hold the correct predictions and the
-number of samples of :math:`f_{<k}` on batch :math:`B_{k+m}` (``total`` 0 where :math:`k + m \ge
+number of samples of `f_{<k}` on batch `B_{k+m}` (``total`` 0 where `k + m \ge
 T` or the cell was not scored). Every accuracy below is a sum over cells of this table, so a plain
 test-then-train loop that fills it gives all of them::
 
@@ -19,46 +19,46 @@ test-then-train loop that fills it gives all of them::
                 total[k, m] = len(y)
         train_step(model, batches[k])
 
-* prequential (test-then-train) online accuracy, column 0 (:func:`prequential_accuracy`):
-  :math:`a_{\mathrm{online}} = \sum_k c_{k,0} / \sum_k n_{k,0}`, each batch scored by the model
+* prequential (test-then-train) online accuracy, column 0 (`prequential_accuracy`):
+  `a_{\mathrm{online}} = \sum_k c_{k,0} / \sum_k n_{k,0}`, each batch scored by the model
   before its optimizer step on it (Cai, Sener & Koltun, "Online Continual Learning with Natural
   Distribution Shifts: An Empirical Study with Visual Data", ICCV 2021: "each incoming small batch
   of data is first used for testing and then added to the training set");
-* near-future accuracy at delay :math:`\delta` batches, column :math:`\delta`
-  (:func:`near_future_accuracy`): :math:`a_{\mathrm{NF}}(\delta) = \sum_{k < T-\delta}
+* near-future accuracy at delay `\delta` batches, column `\delta`
+  (`near_future_accuracy`): `a_{\mathrm{NF}}(\delta) = \sum_{k < T-\delta}
   c_{k,\delta} / \sum_{k<T-\delta} n_{k,\delta}`, the model scored on the samples
-  :math:`\delta` batches ahead of its training position, past the spurious label correlation of
+  `\delta` batches ahead of its training position, past the spurious label correlation of
   the immediate next samples (Hammoud, Prabhu, Lim, Torr, Bibi & Ghanem, "Rapid Adaptation in
   Online Continual Learning: Are We Evaluating It Right?", ICCV 2023, arXiv 2305.09275; their code
   reads the test stream ``delay * test_batch_size`` samples ahead of the training stream);
-  :math:`\delta = 0` is the online accuracy;
-* label-delay accuracy at delay :math:`d` (:func:`label_delay_accuracy`): at stream step
-  :math:`t` the unlabeled batch :math:`x_t` is predicted by the model trained on the labels of
-  :math:`B_0, \dots, B_{t-d-1}` (Csaba, Zhang, Müller, Lim, Elhoseiny, Torr & Bibi, "Label Delay in
-  Online Continual Learning", NeurIPS 2024: each step reveals :math:`x_t` and the labels of step
-  :math:`t-d`; the model is evaluated on :math:`x_t` before its update). In training positions
-  :math:`k = t - d`: the cells :math:`(k, d)` for every :math:`k`, plus :math:`(0, m)` for
-  :math:`m < d` (the first :math:`d` steps have no label yet and are scored by the untrained
-  model). :math:`d = 0` is the online accuracy. Its only difference from near-future accuracy at
+  `\delta = 0` is the online accuracy;
+* label-delay accuracy at delay `d` (`label_delay_accuracy`): at stream step
+  `t` the unlabeled batch `x_t` is predicted by the model trained on the labels of
+  `B_0, \dots, B_{t-d-1}` (Csaba, Zhang, Müller, Lim, Elhoseiny, Torr & Bibi, "Label Delay in
+  Online Continual Learning", NeurIPS 2024: each step reveals `x_t` and the labels of step
+  `t-d`; the model is evaluated on `x_t` before its update). In training positions
+  `k = t - d`: the cells `(k, d)` for every `k`, plus `(0, m)` for
+  `m < d` (the first `d` steps have no label yet and are scored by the untrained
+  model). `d = 0` is the online accuracy. Its only difference from near-future accuracy at
   the same delay is that head.
 
 **Blind baselines** (Hammoud et al.): classifiers that never look at the input and predict from
 past labels only, to measure how much of an online accuracy label correlation alone explains.
-:func:`recent_mode` predicts the most frequent label among the ``window`` labels revealed last
-(``window=None``: among all labels revealed so far); :func:`last_label` predicts the last revealed
+`recent_mode` predicts the most frequent label among the ``window`` labels revealed last
+(``window=None``: among all labels revealed so far); `last_label` predicts the last revealed
 label (``recent_mode`` with ``window=1``). A query scores the samples of a batch with the labels
 revealed before a cutoff (the start of the training batch whose model the learner uses), so the
 blind predictor knows exactly what the learner knows. Ties go to the label seen most recently
 (Hammoud et al.'s code also breaks ties towards the newest label); with no label revealed the
 prediction is ``-1``, which never matches a label.
 
-**Aggregation over the stream**: :func:`cumulative_accuracy` (the running average online accuracy
-:math:`a_t = \sum_{s \le t} c_s / \sum_{s \le t} n_s` that Cai et al. plot),
-:func:`windowed_accuracy` (the same over the last ``w`` bins), :func:`binned_counts` (counts summed
+**Aggregation over the stream**: `cumulative_accuracy` (the running average online accuracy
+`a_t = \sum_{s \le t} c_s / \sum_{s \le t} n_s` that Cai et al. plot),
+`windowed_accuracy` (the same over the last ``w`` bins), `binned_counts` (counts summed
 into bins of stream position).
 
-**Held-out sets over time** (:func:`segment_index`, :func:`held_out_curves`,
-:func:`area_under_curve`): ``accuracy[e, j]`` is the score at evaluation ``e`` (made after
+**Held-out sets over time** (`segment_index`, `held_out_curves`,
+`area_under_curve`): ``accuracy[e, j]`` is the score at evaluation ``e`` (made after
 ``positions[e]`` training samples) on held-out set ``j``, drawn from the stream segment that starts
 at position ``starts[j]``. These need no task ids: the segments are stream positions.
 """
@@ -140,11 +140,11 @@ def lookahead_counts(
     correct: Tensor, total: Tensor, delay: int, *, label_delay: bool = False
 ) -> tuple[Tensor, Tensor]:
     r"""``(correct, total)`` per training position ``k`` (``[T]`` each, int64): what the score at
-    ``delay`` attributes to the model :math:`f_{<k}`.
+    ``delay`` attributes to the model `f_{<k}`.
 
     Near-future (``label_delay=False``): column ``delay`` of the lookahead table (see the module
     docstring). Label delay (``label_delay=True``): the same, and row 0 also holds the first
-    ``delay`` batches :math:`B_0 .. B_{d-1}`, scored by the untrained model (cells ``(0, m)``,
+    ``delay`` batches `B_0 .. B_{d-1}`, scored by the untrained model (cells ``(0, m)``,
     ``m < d``). ``delay = 0`` gives the prequential counts either way.
 
     >>> correct = torch.tensor([[1, 2, 0], [3, 1, 0], [2, 0, 0]])
@@ -165,7 +165,7 @@ def lookahead_counts(
 
 
 def prequential_accuracy(correct: Tensor, total: Tensor) -> Tensor:
-    r"""Prequential (test-then-train) online accuracy :math:`\sum_k c_{k,0} / \sum_k n_{k,0}`,
+    r"""Prequential (test-then-train) online accuracy `\sum_k c_{k,0} / \sum_k n_{k,0}`,
     0-dim float64 (NaN when nothing was scored): each batch scored by the model before its
     optimizer step on it (Cai et al., ICCV 2021). ``correct``/``total``: the lookahead table
     (module docstring), ``[T, M]`` with ``M >= 1``.
@@ -178,8 +178,8 @@ def prequential_accuracy(correct: Tensor, total: Tensor) -> Tensor:
 
 
 def near_future_accuracy(correct: Tensor, total: Tensor, delay: int) -> Tensor:
-    r"""Near-future accuracy :math:`\sum_k c_{k,\delta} / \sum_k n_{k,\delta}`, 0-dim float64:
-    the model :math:`f_{<k}` scored on batch :math:`B_{k+\delta}`, ``delay`` batches ahead of its
+    r"""Near-future accuracy `\sum_k c_{k,\delta} / \sum_k n_{k,\delta}`, 0-dim float64:
+    the model `f_{<k}` scored on batch `B_{k+\delta}`, ``delay`` batches ahead of its
     training position (Hammoud et al., ICCV 2023). NaN when no cell of column ``delay`` was scored
     (a stream of at most ``delay`` batches).
 
@@ -193,10 +193,10 @@ def near_future_accuracy(correct: Tensor, total: Tensor, delay: int) -> Tensor:
 
 
 def label_delay_accuracy(correct: Tensor, total: Tensor, delay: int) -> Tensor:
-    r"""Online accuracy under a label delay of ``delay`` steps, 0-dim float64: at step :math:`t`
-    the batch :math:`x_t` is predicted by the model trained on the labels of steps before
-    :math:`t - d` (Csaba et al., NeurIPS 2024), i.e. cells :math:`(t-d, d)` of the lookahead table
-    and, for :math:`t < d`, the untrained model's cells :math:`(0, t)`.
+    r"""Online accuracy under a label delay of ``delay`` steps, 0-dim float64: at step `t`
+    the batch `x_t` is predicted by the model trained on the labels of steps before
+    `t - d` (Csaba et al., NeurIPS 2024), i.e. cells `(t-d, d)` of the lookahead table
+    and, for `t < d`, the untrained model's cells `(0, t)`.
 
     >>> c = torch.tensor([[1, 2], [3, 0]])
     >>> n = torch.tensor([[4, 4], [4, 0]])
@@ -330,7 +330,7 @@ def _check_counts(correct: Tensor, total: Tensor) -> None:
 
 
 def cumulative_accuracy(correct: Tensor, total: Tensor) -> Tensor:
-    r"""The running average accuracy :math:`a_t = \sum_{s \le t} c_s / \sum_{s \le t} n_s` over
+    r"""The running average accuracy `a_t = \sum_{s \le t} c_s / \sum_{s \le t} n_s` over
     consecutive bins (windows) of the stream, ``[n]`` float64 (NaN before the first scored
     sample): the average online accuracy "up to time t" of Cai et al. (ICCV 2021).
 
@@ -342,7 +342,7 @@ def cumulative_accuracy(correct: Tensor, total: Tensor) -> Tensor:
 
 
 def windowed_accuracy(correct: Tensor, total: Tensor, window: int) -> Tensor:
-    r"""Accuracy over the last ``window`` bins, :math:`\sum_{s=t-w+1}^{t} c_s /
+    r"""Accuracy over the last ``window`` bins, `\sum_{s=t-w+1}^{t} c_s /
     \sum_{s=t-w+1}^{t} n_s`, ``[n]`` float64 (fewer bins at the start; NaN where they hold no
     sample): a moving average weighted by sample counts.
 
@@ -416,20 +416,20 @@ def held_out_curves(accuracy: Tensor, segment: Tensor) -> dict[str, Tensor]:
     mean is over no set, or over a set not evaluated).
 
     ``accuracy[e, j]``: the score on held-out set ``j`` at evaluation ``e``; ``segment[e]``: the
-    stream segment the stream is in at evaluation ``e`` (:func:`segment_index`; ``-1`` before
+    stream segment the stream is in at evaluation ``e`` (`segment_index`; ``-1`` before
     training, ``J`` or more for "every set is in the past", e.g. held-out sets not tied to stream
-    positions). With :math:`s = ` ``segment[e]``:
+    positions). With `s = ` ``segment[e]``:
 
-    * ``seen``: :math:`\frac{1}{|S|}\sum_{j \in S} A_{e,j}`, :math:`S = \{j \le s\}`: the
+    * ``seen``: `\frac{1}{|S|}\sum_{j \in S} A_{e,j}`, `S = \{j \le s\}`: the
       anytime accuracy on what the stream has shown so far (Koh et al., "Online Continual
       Learning on Class Incremental Blurry Task Configuration with Anytime Inference", ICLR 2022,
       evaluate on the seen classes at any time);
-    * ``past``: :math:`j < s`, the segments the stream has left (information retention, Cai et
+    * ``past``: `j < s`, the segments the stream has left (information retention, Cai et
       al., ICCV 2021, who evaluate the model on data of past time steps: their backward transfer);
-    * ``current``: :math:`j = s`;
-    * ``future``: :math:`j > s` (Cai et al.'s forward transfer: data of future time steps);
-    * ``forgetting``: :math:`\frac{1}{|P|}\sum_{j \in P} \left(\max_{e' \le e,\ s_{e'} \ge j}
-      A_{e',j} - A_{e,j}\right)`, :math:`P = \{j < s\}`: how far each left segment's score has
+    * ``current``: `j = s`;
+    * ``future``: `j > s` (Cai et al.'s forward transfer: data of future time steps);
+    * ``forgetting``: `\frac{1}{|P|}\sum_{j \in P} \left(\max_{e' \le e,\ s_{e'} \ge j}
+      A_{e',j} - A_{e,j}\right)`, `P = \{j < s\}`: how far each left segment's score has
       fallen from its best since the stream entered it (peak forgetting over time; never
       negative).
 
@@ -477,11 +477,11 @@ def _ratio_float(total: Tensor, count: Tensor) -> Tensor:
 
 def area_under_curve(values: Tensor, positions: Tensor) -> Tensor:
     r"""The mean of a curve over the stream by the trapezoid rule, 0-dim float64:
-    :math:`\frac{1}{x_{N-1} - x_0} \sum_{n=1}^{N-1} (x_n - x_{n-1}) \frac{v_n + v_{n-1}}{2}` over
+    `\frac{1}{x_{N-1} - x_0} \sum_{n=1}^{N-1} (x_n - x_{n-1}) \frac{v_n + v_{n-1}}{2}` over
     the points with a finite value. Applied to ``held_out_curves(...)["seen"]`` over stream
-    positions this is Koh et al.'s anytime accuracy :math:`A_{AUC}` (ICLR 2022; see
-    :func:`continual_eval.functional.anytime_accuracy` for the task-indexed version). NaN with
-    fewer than two finite points or a zero span.
+    positions this is Koh et al.'s anytime accuracy `A_{AUC}` (ICLR 2022; see
+    [`continual_eval.functional.anytime_accuracy`][continual_eval.functional.anytime_accuracy] for
+    the task-indexed version). NaN with fewer than two finite points or a zero span.
 
     >>> area_under_curve(torch.tensor([0.5, 0.7, 0.4]), torch.tensor([10, 20, 30]))
     tensor(0.5750, dtype=torch.float64)

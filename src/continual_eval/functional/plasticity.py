@@ -2,8 +2,8 @@ r"""Anytime and plasticity metrics of per-step evaluation curves.
 
 The inputs are the curves the callback records with ``eval_every_n_steps``
 (``ContinualEvalCallback.curves()``, or
-:meth:`ContinualResults.curves() <continual_eval.results.ContinualResults.curves>` of a run read
-back), the same as :mod:`continual_eval.functional.stability`'s:
+[`ContinualResults.curves()`][continual_eval.results.ContinualResults.curves] of a run read
+back), the same as `continual_eval.functional.stability`'s:
 
 * ``accuracy``: ``[N, T]`` floating, the score of task ``j`` at evaluation ``n`` (NaN where task
   ``j`` was not evaluated; the callback scores the tasks ``j <= stage[n]``);
@@ -20,8 +20,8 @@ boundary evaluation (the model there is the model stage ``k`` starts from). "Ste
 The callback records no evaluation at a stage's start: the scores there come from the accuracy
 matrix instead. Every function here takes ``initial``, ``[T]``: ``initial[k]`` is the score of
 task ``k`` at the start of stage ``k`` (before its first optimizer step), which
-:func:`stage_start_accuracy` reads from ``R`` and ``b`` (``b[0]``, then ``R[k-1, k]``). With
-``initial=None`` only the recorded evaluations are read.
+[`stage_start_accuracy`][continual_eval.functional.stage_start_accuracy] reads from ``R`` and ``b``
+(``b[0]``, then ``R[k-1, k]``). With ``initial=None`` only the recorded evaluations are read.
 
 Absent values are NaN, never 0 (``results.json`` shows them as ``null``): a metric whose
 evaluations are missing (a stage without the steps it needs, a NaN score where one is read, a
@@ -137,7 +137,7 @@ def stage_start_accuracy(scores: Tensor, baseline: Tensor, *, validate: bool = T
     return start
 
 
-#: the rules of :func:`anytime_accuracy`
+#: the rules of [`anytime_accuracy`][continual_eval.functional.anytime_accuracy]
 ANYTIME_RULES = ("trapezoid", "koh")
 
 
@@ -191,7 +191,7 @@ def anytime_accuracy(
     Koh et al. evaluate every ``dn`` training samples and define ``A_AUC = sum_{i=1}^{k} f(i dn)
     dn``, with ``f`` the accuracy on the test data of the classes seen so far; their code
     reports it divided by the span ``k dn``, i.e. the plain mean of ``f`` over the evaluations.
-    Two rules, with ``f`` = :func:`seen_task_accuracy` (the mean over seen tasks, or with
+    Two rules, with ``f`` = `seen_task_accuracy` (the mean over seen tasks, or with
     ``weights`` = the test-set sizes the accuracy over their pooled items, Koh et al.'s ``f``):
 
     * ``rule="trapezoid"`` (default): the area under ``f`` over optimizer steps by the
@@ -261,9 +261,10 @@ def learning_curve(
 
     ``a[k, b]`` is read from the evaluation of stage ``k`` at step ``start_k + b`` (see the
     module's stage starts); ``a[k, 0]`` is ``initial[k]`` when ``initial`` is given (the score
-    before the stage's first step, :func:`stage_start_accuracy`), else an evaluation of stage
-    ``k`` at step ``start_k`` if there is one. NaN where no evaluation stands for that step: the
-    curves need an evaluation at every one of the first ``beta`` steps of every stage
+    before the stage's first step,
+    [`stage_start_accuracy`][continual_eval.functional.stage_start_accuracy]), else an evaluation of
+    stage ``k`` at step ``start_k`` if there is one. NaN where no evaluation stands for that step:
+    the curves need an evaluation at every one of the first ``beta`` steps of every stage
     (``eval_every_n_steps=1``, or stages shorter than ``beta`` leave NaN). The column means are
     A-GEM's ``Z_b``.
     """
@@ -306,10 +307,11 @@ def learning_curve_area(
     with A-GEM", ICLR 2019):
 
     ``LCA_beta = 1/(beta+1) sum_{b=0}^{beta} Z_b``, ``Z_b = 1/S sum_k a[k, b]``, with ``a`` =
-    :func:`learning_curve` (``b`` in optimizer steps from the stage's start; ``b = 0`` is the
-    score before the stage's first step) and the ``S`` stages the curves hold (pass only finished
-    stages). NaN (absent) unless the curves hold steps ``0..beta`` of every stage, and for no
-    stage at all. ``LCA_0`` is the mean score of each task just before it is trained (``Z_0``).
+    [`learning_curve`][continual_eval.functional.learning_curve] (``b`` in optimizer steps from the
+    stage's start; ``b = 0`` is the score before the stage's first step) and the ``S`` stages the
+    curves hold (pass only finished stages). NaN (absent) unless the curves hold steps ``0..beta``
+    of every stage, and for no stage at all. ``LCA_0`` is the mean score of each task just before it
+    is trained (``Z_0``).
 
     >>> nan = float("nan")
     >>> acc = torch.tensor([[0.4, nan], [0.6, nan], [0.8, nan], [0.9, 0.5], [0.9, 0.7]])
@@ -341,9 +343,10 @@ def stage_auc(
     ``(start_k, initial[k])`` is put first and the span is the whole stage, ``[start_k,
     boundary step]``. NaN where a score read is NaN or the stage's points span no steps.
 
-    For the reference ``AUC^ref`` of :func:`auc_forward_transfer`, call this on the curves of the
-    reference run: one run that re-initialises the model at each stage gives ``[T]`` at once; for
-    ``T`` single-task runs, stack ``stage_auc(...)[0]`` of each.
+    For the reference ``AUC^ref`` of
+    [`auc_forward_transfer`][continual_eval.functional.auc_forward_transfer], call this on the
+    curves of the reference run: one run that re-initialises the model at each stage gives ``[T]``
+    at once; for ``T`` single-task runs, stack ``stage_auc(...)[0]`` of each.
     """
     if validate:
         _check_curves(accuracy, stage, steps)
@@ -386,12 +389,13 @@ def auc_forward_transfer_per_task(
     r"""Continual World's normalised forward transfer per task, ``[S]`` (Wolczyk et al., NeurIPS
     2021): ``FT_k = (AUC_k - AUC_k^ref) / (best - AUC_k^ref)``.
 
-    ``AUC_k`` = :func:`stage_auc` of these curves (with ``initial``), ``reference_auc`` ``[T]`` the
-    same area for a reference that learns task ``k`` alone from scratch (NaN: no reference).
-    ``best`` is the best attainable score: ``1`` (the paper's success rate, accuracy in
-    ``[0, 1]``) gives ``(AUC - AUC^ref) / (1 - AUC^ref)``; ``0`` for a loss gives
-    ``(AUC^ref - AUC) / AUC^ref``. Positive: learned faster than the reference; at most 1.
-    NaN where either area is NaN or the reference already attains ``best`` (``AUC^ref = best``).
+    ``AUC_k`` = [`stage_auc`][continual_eval.functional.stage_auc] of these curves (with
+    ``initial``), ``reference_auc`` ``[T]`` the same area for a reference that learns task ``k``
+    alone from scratch (NaN: no reference). ``best`` is the best attainable score: ``1`` (the
+    paper's success rate, accuracy in ``[0, 1]``) gives ``(AUC - AUC^ref) / (1 - AUC^ref)``; ``0``
+    for a loss gives ``(AUC^ref - AUC) / AUC^ref``. Positive: learned faster than the reference; at
+    most 1. NaN where either area is NaN or the reference already attains ``best``
+    (``AUC^ref = best``).
     """
     if validate:
         _check_curves(accuracy, stage, steps)
@@ -419,8 +423,9 @@ def auc_forward_transfer(
 ) -> Tensor:
     r"""Continual World's forward transfer ``FT = 1/S sum_k FT_k``, 0-dim (Wolczyk et al.,
     NeurIPS 2021), over the ``S`` stages the curves hold (pass only finished stages);
-    ``FT_k`` from :func:`auc_forward_transfer_per_task`. NaN (absent) when any ``FT_k`` is, and
-    for no stage.
+    ``FT_k`` from
+    [`auc_forward_transfer_per_task`][continual_eval.functional.auc_forward_transfer_per_task]. NaN
+    (absent) when any ``FT_k`` is, and for no stage.
 
     >>> nan = float("nan")
     >>> acc = torch.tensor([[0.2, nan], [0.6, nan], [0.5, 0.4], [0.5, 1.0]])

@@ -142,7 +142,7 @@ def boundary_indices(stage: Tensor) -> Tensor:
 
 
 def _boundaries(stage: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`boundary_indices` made safe to index with: ``(index, present)``, where ``index`` is
+    """`boundary_indices` made safe to index with: ``(index, present)``, where ``index`` is
     0 for a stage with no evaluation and ``present`` is ``False`` there."""
     last = boundary_indices(stage)
     present = last >= 0

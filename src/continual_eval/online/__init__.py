@@ -1,11 +1,11 @@
 """Online continual learning evaluation: prequential, near-future, label-delay and blind-baseline
 accuracy over a stream, held-out curves over time, and the compute beside them.
 
-* :class:`OnlineEvalCallback` (:mod:`continual_eval.online.callback`): the Lightning callback;
-* :class:`OnlineResults`, :func:`read_online` (:mod:`continual_eval.online.record`): the record
+* `OnlineEvalCallback` (`continual_eval.online.callback`): the Lightning callback;
+* `OnlineResults`, `read_online` (`continual_eval.online.record`): the record
   and its ``online.json``;
-* :func:`plot_online` (:mod:`continual_eval.online.plot`): the picture;
-* the pure tensor functions behind them: :mod:`continual_eval.functional.online`.
+* `plot_online` (`continual_eval.online.plot`): the picture;
+* the pure tensor functions behind them: `continual_eval.functional.online`.
 
 See docs/online.md.
 """

@@ -10,8 +10,8 @@ scores, per window of ``window_batches`` training batches:
     scores ``[N, C]``; the targets from ``outputs["target"]`` or the batch): no extra forward
     pass. They are eval-mode predictions only when no submodule behaves differently in training
     mode: dropout, batch norm (batch statistics), instance norm with running statistics, RReLU
-    and attention with dropout make them differ (:func:`~continual_eval.online.scoring.
-    train_mode_modules`), and so would augmentation inside ``training_step``;
+    and attention with dropout make them differ (`train_mode_modules`), and so would augmentation
+    inside ``training_step``;
   - ``"forward"``: one eval-mode forward of the training batch in ``on_train_batch_start``,
     before the training step and its optimizer step, through the evaluation engine's batch step,
     with every submodule's train/eval flag and the RNG states restored (the training that follows
@@ -23,27 +23,27 @@ scores, per window of ``window_batches`` training batches:
 * **near-future accuracy** at each of ``near_future_delays`` (batches): the model before its step
   on batch ``k`` scored on the stream's batch ``k + delay`` (Hammoud et al., ICCV 2023), read
   ahead from the training loader's dataset order or from ``stream`` (see
-  :mod:`continual_eval.online.stream`): one read and one eval-mode forward per delay per batch;
+  `continual_eval.online.stream`): one read and one eval-mode forward per delay per batch;
 * **label-delay accuracy** at each of ``label_delays``: the stream's batch ``t`` predicted by the
   model trained on the labels of batches before ``t - d`` (Csaba et al., NeurIPS 2024): the
   near-future scores at delay ``d`` plus the first ``d`` batches scored by the untrained model;
 * **blind baselines** on the same samples: the most frequent of the last ``blind_window`` revealed
   labels (``mode``), the last revealed label (``last``) and the most frequent label so far
   (``prior``), each knowing exactly the labels the learner has trained on
-  (:mod:`continual_eval.functional.online`);
+  (`continual_eval.functional.online`);
 * **held-out sets over the stream** (``held_out``): scored before training, every
   ``eval_every_n_windows`` windows, at every segment boundary (``segment_starts``) and at the end,
-  through :func:`~continual_eval.evaluation.evaluate_tasks`; from them the anytime accuracy and
-  forgetting over time and, with segment starts, the matrix ``R`` (row ``i`` when segment ``i``
-  ends) with its metrics;
+  through [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks]; from them the anytime
+  accuracy and forgetting over time and, with segment starts, the matrix ``R`` (row ``i`` when
+  segment ``i`` ends) with its metrics;
 * **compute** next to every window: samples, optimizer steps, wall time, held-out evaluation
   time, the callback's own forward passes, peak memory
-  (:class:`~continual_eval.stage_cost.StageCostRecorder`, one "stage" per window).
+  (`StageCostRecorder`, one "stage" per window).
 
 Exact under DDP: rows of every sample scored are gathered once per window and counted by stream
 position (each sample once, a ``DistributedSampler``'s padding left out), so 2 processes with
 batch size ``B`` give the counts of 1 process with batch size ``2B``. The global stream order is
-the sampler's interleaving (:mod:`continual_eval.online.stream`).
+the sampler's interleaving (`continual_eval.online.stream`).
 
 Resumable: the record, the open window (every rank's rows, gathered into the checkpoint), the blind
 predictors' state and the stream position are the callback's ``state_dict``; a run killed and
@@ -51,11 +51,12 @@ resumed from a checkpoint gives the record of an uninterrupted run when its trai
 where the checkpoint was written (checkpoints at epoch ends, or a resumable loader; Lightning
 replays a plain loader's epoch from its start, which this callback warns about).
 
-Files: ``online.json`` (:mod:`continual_eval.online.record`) and ``online.png``
-(:func:`~continual_eval.online.plot.plot_online`) in the run's results directory (``dirpath``,
-else the first logger's directory, as :class:`~continual_eval.ContinualEvalCallback` chooses: next
-to its ``results.json``), replaced atomically; logged per window to every logger
-(:mod:`continual_eval.online.publish`).
+Files: ``online.json`` (`continual_eval.online.record`) and ``online.png``
+(`plot_online`) in the run's results directory (``dirpath``,
+else the first logger's directory, as
+[`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] chooses: next to its
+``results.json``), replaced atomically; logged per window to every logger
+(`continual_eval.online.publish`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Held-out sets scored over the stream, through the evaluation engine.
 
-Each evaluation scores every held-out set with :func:`continual_eval.evaluation.evaluate_tasks`
-(eval mode, no gradient, train/eval flags and RNG states restored, each set sharded across ranks
-without padding and the counts summed: exact under DDP), on this rank's shards of a
-:class:`~continual_eval.evaluation.TaskLoaders`.
+Each evaluation scores every held-out set with
+[`continual_eval.evaluation.evaluate_tasks`][continual_eval.evaluation.evaluate_tasks] (eval mode,
+no gradient, train/eval flags and RNG states restored, each set sharded across ranks without padding
+and the counts summed: exact under DDP), on this rank's shards of a `TaskLoaders`.
 """
 
 from __future__ import annotations

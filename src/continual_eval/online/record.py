@@ -5,14 +5,14 @@ Schema (``format: "continual-eval-online"``, ``version: 1``), validated with msg
 (a value of the wrong type, a missing or unknown field is an error naming the field; nothing is
 coerced):
 
-* ``run_id``, ``protocol``: how the stream was scored (:class:`Protocol`);
-* ``windows``: one :class:`OnlineWindow` per ``window_batches`` training batches, in stream
+* ``run_id``, ``protocol``: how the stream was scored (`Protocol`);
+* ``windows``: one `OnlineWindow` per ``window_batches`` training batches, in stream
   order: which batches and stream positions it covers, and for each score (``online``,
   ``near_future/<delay>``, ``label_delay/<delay>``) the learner's correct predictions, the number
   of samples scored, and each blind predictor's correct predictions on the same samples
-  (:class:`ScoreCounts`), with the window's compute (:class:`WindowCost`);
-* ``held_out``: the evaluations on held-out sets over the stream (:class:`HeldOut`), or ``null``;
-* ``summary``: derived on writing (:meth:`OnlineResults.summary`) and ignored on reading (the
+  (`ScoreCounts`), with the window's compute (`WindowCost`);
+* ``held_out``: the evaluations on held-out sets over the stream (`HeldOut`), or ``null``;
+* ``summary``: derived on writing (`OnlineResults.summary`) and ignored on reading (the
   counts are the record; the summary is recomputed from them).
 
 Every count is summed over all ranks of the run (exact under DDP). A window's learner scores are
@@ -91,7 +91,7 @@ class ScoreCounts(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class WindowCost(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """What one window cost (see :mod:`continual_eval.stage_cost`, which measures it).
+    """What one window cost (see `continual_eval.stage_cost`, which measures it).
 
     ``samples``: training samples consumed, summed over ranks (a ``DistributedSampler``'s padding
     included); ``optimizer_steps``: increments of ``trainer.global_step``; ``train_seconds``: wall
@@ -100,7 +100,7 @@ class WindowCost(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     evaluation at the window's end (0 without one); ``scoring_forwards``: the forward passes the
     callback ran for prequential and lookahead scoring, summed over ranks (0 when prequential
     scores reuse the training step's outputs and nothing is read ahead); the rest as in
-    :class:`~continual_eval.stage_cost.StageCost`.
+    `StageCost`.
     """
 
     samples: NonNegative
@@ -210,8 +210,8 @@ def _schema_message(err: msgspec.ValidationError) -> str:
 class OnlineResults:
     """The record of an online evaluation (see the module docstring for the fields).
 
-    :meth:`to_dict`/:meth:`from_dict` give and read the ``online`` document; :meth:`write` and
-    :func:`read_online` the ``online.json`` file (replaced atomically: a reader sees the previous
+    `to_dict`/`from_dict` give and read the ``online`` document; `write` and
+    `read_online` the ``online.json`` file (replaced atomically: a reader sees the previous
     complete version or the new one).
     """
 
@@ -271,7 +271,7 @@ class OnlineResults:
 
     def held_out_segments(self) -> torch.Tensor:
         """Per held-out evaluation, the stream segment it was made in
-        (:func:`~continual_eval.functional.online.segment_index`); without segment starts every
+        (`segment_index`); without segment starts every
         set counts as seen and left (``J``), except before training (``-1``)."""
         A, positions = self.held_out_matrix()
         assert self.held_out is not None or not positions.numel()

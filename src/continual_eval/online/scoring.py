@@ -87,9 +87,9 @@ def predicted_labels(
 
     ``preds``: class scores ``[N, C]`` (the argmax; its top score is returned so that rows with a
     NaN or infinite top score can be told apart later, once per window: see
-    :meth:`~continual_eval.online.window.WindowBuffer.rows`) or integer labels ``[N]``.
+    `rows`) or integer labels ``[N]``.
     ``target``: integer labels ``[N]``, float labels holding whole numbers (others become
-    :data:`NOT_A_LABEL`), or one-hot / probability rows ``[N, C]`` (their argmax). Labels are
+    `NOT_A_LABEL`), or one-hot / probability rows ``[N, C]`` (their argmax). Labels are
     checked against ``C`` once per window, not here.
     ``where`` names the batch in errors.
     """
@@ -173,7 +173,7 @@ def forward_labels(
 ) -> tuple[Tensor, Tensor | None, Tensor, int]:
     """One forward of ``batch`` through the evaluation engine's batch step
     (``continual_eval_step``, else ``module(x)`` / ``module(x, t)``) under the Trainer's precision
-    plugin; run it inside :func:`scoring_context`. Returns :func:`predicted_labels`.
+    plugin; run it inside `scoring_context`. Returns `predicted_labels`.
 
     ``on_device``: the batch already went through the Trainer's transfer (a training batch);
     otherwise it is moved with a plain device move and the precision plugin's ``convert_input``

@@ -1,12 +1,12 @@
 r"""Stream positions of the samples a rank trains, and reading batches ahead of training.
 
 **The global stream order.** The stream is what the training loop consumes, over all ranks and
-epochs, in order. Epoch ``e`` starts at stream position :math:`o_e` (the valid samples of the
+epochs, in order. Epoch ``e`` starts at stream position `o_e` (the valid samples of the
 epochs before it); in it rank ``r`` of ``W`` trains its ``i``-th sample at position
-:math:`o_e + r + W i`. This is how a ``DistributedSampler`` (which Lightning puts into the
+`o_e + r + W i`. This is how a ``DistributedSampler`` (which Lightning puts into the
 training loader under DDP) interleaves a dataset: rank ``r`` reads the dataset order's entries
 ``r, r + W, r + 2W, ...``, so training step ``k`` of ``W`` ranks with per-rank batch size ``B``
-trains exactly the positions :math:`[o_e + kWB, o_e + (k+1)WB)`, the same samples one process
+trains exactly the positions `[o_e + kWB, o_e + (k+1)WB)`, the same samples one process
 with batch size ``WB`` trains at step ``k``. Positions at or beyond the epoch's dataset length
 are the sampler's padding (duplicates of the first samples): trained, never scored. Without a
 ``DistributedSampler`` (one process, or a loader the ranks shard themselves) the same formula
@@ -14,8 +14,8 @@ defines the order; the ranks must then train equally many samples per step (chec
 window).
 
 **Reading ahead.** The batch ``m`` steps ahead of a training step that starts at position ``c``
-is the global batch :math:`[c + mG, c + (m+1)G)`, :math:`G = WB`; rank ``r`` reads its share
-:math:`c + mG + r + Wj`, :math:`j < B`, so the ranks together score each future sample once.
+is the global batch `[c + mG, c + (m+1)G)`, `G = WB`; rank ``r`` reads its share
+`c + mG + r + Wj`, `j < B`, so the ranks together score each future sample once.
 Source ``"stream"``: ``stream[p]`` of a user-supplied indexable stream (any epoch, up to
 ``len(stream)``). Source ``"train_loader"``: the training loader's own dataset order of the
 current epoch (its batch sampler's indices, materialised once per epoch; a sampler that draws its
@@ -135,7 +135,7 @@ class LookaheadReader:
     """Reads this rank's share of the batch ``m`` steps ahead of the current training step.
 
     One reader per offset ``m``: a DataLoader over this rank's future slots from the current one
-    on (read through the evaluation engine's :func:`~continual_eval.evaluation.fast_loader`),
+    on (read through the evaluation engine's `fast_loader`),
     advanced one batch per training step, so that each future batch is read once per offset and
     no loader is built per step; it is rebuilt whenever the training step it expects is not the
     one asked for (an epoch's start, a resume, the label-delay head).
@@ -153,7 +153,7 @@ class LookaheadReader:
         self._readers: dict[int, tuple[int, Iterator[Any]]] = {}
 
     def ready(self) -> bool:
-        """Whether :meth:`begin_epoch` has run in this process."""
+        """Whether `begin_epoch` has run in this process."""
         return self._started
 
     def begin_epoch(self, loader: DataLoader[Any]) -> None:

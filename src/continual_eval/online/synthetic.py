@@ -1,6 +1,6 @@
 """A synthetic stream with strong label autocorrelation, a small learner, and the worked example.
 
-The stream (:func:`autocorrelated_stream`) comes in runs: ``run_length`` consecutive samples of
+The stream (`autocorrelated_stream`) comes in runs: ``run_length`` consecutive samples of
 one class, the next run's class drawn uniformly among the other classes. Inputs are Gaussian
 blobs, ``x = mu_y + noise * N(0, I)`` with class means ``mu_c`` drawn once from
 ``N(0, separation^2 I / dim)``. A classifier that never looks at ``x`` and predicts the last
@@ -8,7 +8,7 @@ label it saw is right on all but the first sample of every run: online accuracy 
 ``1 - 1 / run_length``. ``delay`` batches ahead, once ``delay * batch_size`` exceeds the run
 length, it is right about as often as label frequencies allow (chance, ``1 / classes``).
 
-Held-out sets (:func:`segment_held_out`): the stream is cut into ``segments`` equal segments; the
+Held-out sets (`segment_held_out`): the stream is cut into ``segments`` equal segments; the
 held-out set of a segment holds fresh samples of the classes that occur in it, in the proportions
 they occur, so that the held-out curves show what the learner keeps of each stretch of the stream.
 
@@ -104,7 +104,7 @@ def segment_held_out(
 
 class AutocorrelatedStream(pl.LightningDataModule):
     """The stream as one training loader in stream order (``shuffle=False``) and the segment
-    held-out sets (:meth:`held_out_loaders`, with :attr:`segment_starts`)."""
+    held-out sets (`held_out_loaders`, with `segment_starts`)."""
 
     def __init__(
         self,

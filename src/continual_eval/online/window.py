@@ -4,8 +4,8 @@ While a window is open each rank keeps, per scored batch, its predicted labels a
 the device, no host sync) with their stream positions, the training step they belong to, the
 lookahead offset ``m`` (0: the training batch itself) and the cutoff (the stream position where
 that training step starts: the labels revealed to the learner). At the window's end the rows of
-all ranks are gathered and :func:`score_rows` turns them into the window's counts: the lookahead
-table of :mod:`continual_eval.functional.online` per training step and offset, for the learner and
+all ranks are gathered and `score_rows` turns them into the window's counts: the lookahead
+table of `continual_eval.functional.online` per training step and offset, for the learner and
 for every blind predictor, which sees exactly the labels before each row's cutoff.
 """
 
@@ -71,9 +71,9 @@ class WindowBuffer:
         self.pieces.append(_Piece(step, offset, pred, top, target, first, stride, cutoff, classes))
 
     def rows(self, device: torch.device) -> Tensor:
-        """``[n, 7]`` int64 on ``device``, the columns of :data:`COLUMNS`; a prediction whose top
-        class score is NaN or infinite has the label :data:`~continual_eval.online.scoring.
-        NONFINITE` (checked here, once per window, on the device)."""
+        """``[n, 7]`` int64 on ``device``, the columns of `COLUMNS`; a prediction whose top
+        class score is NaN or infinite has the label `NONFINITE` (checked here, once per window, on
+        the device)."""
         parts = [] if self.merged is None else [self.merged.to(device)]
         pieces = self.pieces
         if pieces:
@@ -237,7 +237,7 @@ def score_rows(
     untrained model's scores of the first ``d`` batches). Raises ``ValueError`` naming the window
     (``where``) for non-finite predictions, targets that are not labels of the model's classes, and
     training positions that are not one contiguous run of the stream (the ranks did not train the
-    interleaved order of the module docstring of :mod:`continual_eval.online.stream`).
+    interleaved order of the module docstring of `continual_eval.online.stream`).
     """
     rows = rows.to("cpu", torch.int64)
     _check_rows(rows, where)

@@ -1,17 +1,25 @@
-"""The record of a run, in memory and on disk: :class:`ContinualResults` and the files of a run
-directory.
+"""The record of a run, in memory and on disk: [`ContinualResults`][continual_eval.ContinualResults]
+and the files of a run directory.
 
-* :mod:`~continual_eval.results.model`: :class:`ContinualResults` and every section it holds
-  (:class:`MatrixResults`, :class:`StepEvaluations`, :class:`Stability`, :class:`Plasticity`,
-  :class:`RunCost`, :class:`ReferenceMetrics`); :class:`ScoreMatrix` and
-  :class:`ReferenceScores` are what :meth:`ContinualResults.from_tensors` takes.
-* :mod:`~continual_eval.results.class_incremental`: :class:`ClassIncrementalResults`.
-* :mod:`~continual_eval.results.reference`: :class:`Reference` and :class:`ReferenceCurve`, what
-  :func:`~continual_eval.train_reference` measured, and what ``reference=`` accepts.
-* :mod:`~continual_eval.results.files`: the run directory (choosing and claiming it, writing the
-  files atomically with their commit record, reading them back; :func:`check_results_files`).
-* :mod:`~continual_eval.results.schema`: what ``results.json`` holds, defined once, and the
-  validation of a file from elsewhere (:class:`InvalidResultsError` names the file and field).
+* `model`: [`ContinualResults`][continual_eval.ContinualResults] and every section it holds
+  ([`MatrixResults`][continual_eval.results.MatrixResults],
+  [`StepEvaluations`][continual_eval.results.StepEvaluations],
+  [`Stability`][continual_eval.results.Stability],
+  [`Plasticity`][continual_eval.results.Plasticity], [`RunCost`][continual_eval.results.RunCost],
+  [`ReferenceMetrics`][continual_eval.results.ReferenceMetrics]);
+  [`ScoreMatrix`][continual_eval.results.ScoreMatrix] and
+  [`ReferenceScores`][continual_eval.results.ReferenceScores] are what
+  [`ContinualResults.from_tensors`][continual_eval.results.ContinualResults.from_tensors] takes.
+* `class_incremental`: [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults].
+* `reference`: [`Reference`][continual_eval.results.Reference] and
+  [`ReferenceCurve`][continual_eval.results.ReferenceCurve], what
+  [`train_reference`][continual_eval.train_reference] measured, and what ``reference=`` accepts.
+* `files`: the run directory (choosing and claiming it, writing the
+  files atomically with their commit record, reading them back;
+  [`check_results_files`][continual_eval.results.check_results_files]).
+* `schema`: what ``results.json`` holds, defined once, and the
+  validation of a file from elsewhere
+  ([`InvalidResultsError`][continual_eval.results.InvalidResultsError] names the file and field).
 
 ``ContinualResults.load(run_dir)`` reads a run back; ``results.write(run_dir)`` writes one.
 """

@@ -1,5 +1,6 @@
-"""Naming the field of a failed validation: :class:`InvalidResultsError`, and the words for
-what a msgspec type expects (``"an integer in [1, 2000]"``) and what a file holds instead
+"""Naming the field of a failed validation:
+[`InvalidResultsError`][continual_eval.results.InvalidResultsError], and the words for what a
+msgspec type expects (``"an integer in [1, 2000]"``) and what a file holds instead
 (``"string of 201 characters"``), with msgspec's path made whole (a key of an object where msgspec
 writes ``[...]``)."""
 
@@ -232,9 +233,9 @@ def schema_error(
     root: Any,
     prefix: str = "",
 ) -> InvalidResultsError:
-    """One :class:`InvalidResultsError` naming the field of ``err``, a validation error of
-    ``document`` (the parsed JSON; ``None``: parsed again from ``text``, only on this error path)
-    against the type ``root``, its fields under ``prefix``."""
+    """One [`InvalidResultsError`][continual_eval.results.InvalidResultsError] naming the field of
+    ``err``, a validation error of ``document`` (the parsed JSON; ``None``: parsed again from
+    ``text``, only on this error path) against the type ``root``, its fields under ``prefix``."""
     if document is None and text is not None:
         document, syntax = _parse_again(text)
         if syntax is not None:  # the file is no JSON: say so rather than name a field

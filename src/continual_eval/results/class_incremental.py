@@ -1,4 +1,5 @@
-r"""The ``class_incremental`` section of ``results.json``: :class:`ClassIncrementalResults`.
+r"""The ``class_incremental`` section of ``results.json``:
+[`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults].
 
 What ``ContinualEvalCallback(task_classes=...)`` records besides its two matrices
 ``acc_task_aware`` and ``acc_task_agnostic``: after every stage ``i`` the confusion counts of the
@@ -6,7 +7,7 @@ task-agnostic predictions on the test samples of the seen tasks ``j <= i`` (true
 predicted class, ``[C, C]`` integers, summed exactly across ranks), the test samples of each
 class (``test_samples``: every stage's counts of a seen class add up to it), and everything the
 class-incremental literature computes from them
-(:mod:`continual_eval.functional.class_incremental`):
+(`continual_eval.functional.class_incremental`):
 
 * ``per_class_accuracy`` ``[s, C]``: ``conf[c, c] / n_c`` of the seen classes (null: not seen yet);
 * ``seen_accuracy`` per stage in both weightings: ``sample`` pools every seen test sample,
@@ -99,7 +100,7 @@ def encode_confusion(matrix: Tensor) -> str:
 
 
 def decode_confusion(text: str, num_classes: int) -> Tensor:
-    """The ``[C, C]`` int64 matrix of :func:`encode_confusion`'s text."""
+    """The ``[C, C]`` int64 matrix of `encode_confusion`'s text."""
     matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64)
     values = torch.from_numpy(confusion_cells(text))
     matrix.index_put_((values[:, 0], values[:, 1]), values[:, 2], accumulate=True)
@@ -136,8 +137,8 @@ def _test_samples(confusion: Tensor, class_task: Tensor) -> Tensor:
 @dataclass(frozen=True, eq=False)
 class ClassIncrementalResults:
     """The class-incremental record of a run: the per-stage confusion counts and the measures
-    computed from them (see the module docstring). Build it with :meth:`compute`; NaN =
-    undefined."""
+    computed from them (see the module docstring). Build it with
+    [`compute`][continual_eval.results.ClassIncrementalResults.compute]; NaN = undefined."""
 
     #: ``T`` tuples of class ids, each task's classes in the order given
     task_classes: tuple[tuple[int, ...], ...]
@@ -170,7 +171,7 @@ class ClassIncrementalResults:
     recency_prediction_share: Tensor = field(default_factory=lambda: torch.zeros(0))
     #: ``[s]`` task ``i``'s share of the seen test samples
     recency_sample_share: Tensor = field(default_factory=lambda: torch.zeros(0))
-    #: ``s`` strings: :func:`encode_confusion` of each stage (``confusion.stages``)
+    #: ``s`` strings: `encode_confusion` of each stage (``confusion.stages``)
     confusion_text: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ views
@@ -214,8 +215,8 @@ class ClassIncrementalResults:
 
     @cached_property
     def checked(self) -> TaskClasses:
-        """:class:`~continual_eval.functional.class_incremental.TaskClasses` of
-        :attr:`task_classes` (class-to-task map, arrival order, task boundaries)."""
+        """`TaskClasses` of
+        `task_classes` (class-to-task map, arrival order, task boundaries)."""
         return check_task_classes([list(c) for c in self.task_classes], self.num_classes)
 
     @property
@@ -226,7 +227,7 @@ class ClassIncrementalResults:
     def arrival_confusion(self, stage: int = -1) -> tuple[Tensor, Tensor]:
         """Stage ``stage``'s confusion counts with rows and columns in arrival order, and the task
         boundaries (offsets into that order); see
-        :func:`~continual_eval.functional.class_incremental.confusion_in_arrival_order`."""
+        `confusion_in_arrival_order`."""
         return confusion_in_arrival_order(self.confusion[stage], self.checked)
 
     # ------------------------------------------------------------------ construction
@@ -243,9 +244,9 @@ class ClassIncrementalResults:
     ) -> ClassIncrementalResults:
         """Every measure from the per-stage confusion counts ``confusion [s, C, C]`` (stage ``i``
         = row ``i``; an all-zero matrix = a stage without counts). ``confusion_text``: their
-        :func:`encode_confusion` strings when already known (a recorder encodes each stage
-        once); ``checked``: :func:`check_task_classes` of ``task_classes`` over the ``C``
-        classes, when already made."""
+        `encode_confusion` strings when already known (a recorder encodes each stage
+        once); ``checked``: [`check_task_classes`][continual_eval.functional.check_task_classes] of
+        ``task_classes`` over the ``C`` classes, when already made."""
         if prediction not in PREDICTIONS:
             raise ValueError(f"prediction must be one of {PREDICTIONS}, got {prediction!r}")
         confusion = torch.as_tensor(confusion).detach().to("cpu", torch.int64)
@@ -364,7 +365,8 @@ class ClassIncrementalResults:
 
 
 def _measures(confusion: Tensor, class_task: Tensor, forgetting: str) -> dict[str, Any]:
-    """Every measure of :class:`ClassIncrementalResults` from the counts ``[s, C, C]``."""
+    """Every measure of [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults]
+    from the counts ``[s, C, C]``."""
     s, C = confusion.shape[0], confusion.shape[-1]
     empty = torch.zeros(0, dtype=torch.float64)
     if s == 0:
@@ -422,7 +424,7 @@ def _mean(values: Tensor) -> float:
 
 
 def class_incremental_scalars(results: Any, stage: int, prefix: str) -> dict[str, float]:
-    """:meth:`ClassIncrementalResults.scalars` of ``results.class_incremental`` (``{}`` when the
-    results have no such section)."""
+    """[`ClassIncrementalResults.scalars`][continual_eval.results.ClassIncrementalResults.scalars]
+    of ``results.class_incremental`` (``{}`` when the results have no such section)."""
     section = getattr(results, "class_incremental", None)
     return {} if section is None else section.scalars(stage, prefix)

@@ -1,5 +1,5 @@
 """The run directory on disk: which one a run writes to, claiming it, writing its files, reading
-them back. Documents in, documents out (:class:`~continual_eval.results.schema.Document`); no
+them back. Documents in, documents out (`Document`); no
 tensors, no Lightning.
 
 Files of a run directory:
@@ -8,19 +8,20 @@ Files of a run directory:
   is a cell that was not evaluated) and ``scores_<name>.csv`` per further matrix, written first;
 * ``results.json``, written last: the document plus ``files``, the SHA-256 and stage count of
   every CSV written with it. It is the commit record of the set: a write interrupted between the
-  files leaves a CSV one stage ahead, which :func:`check_results_files` reports and a resumed run
+  files leaves a CSV one stage ahead, which
+  [`check_results_files`][continual_eval.results.check_results_files] reports and a resumed run
   rewrites;
 * ``.continual_eval_claim.json`` while a run is using the directory (see
-  :func:`claim_results_dir`).
+  `claim_results_dir`).
 
 Every file is replaced atomically (a temporary ``.NAME.PID.tmp`` beside it, then
 ``os.replace``): a process killed at any point, or a full disk, leaves the previous complete
-version; :func:`remove_stale_temporaries` removes what killed writers left.
+version; `remove_stale_temporaries` removes what killed writers left.
 
 A stage journal (an append-only, fsync'd ``stages.jsonl`` as the commit record, ``results.json``
-rebuilt from it now and then) fits here without another restructure: :func:`commit_results`
+rebuilt from it now and then) fits here without another restructure: `commit_results`
 would append the stage's record instead of replacing ``results.json`` every stage, and
-:func:`read_document` would fold the journal's newer records into the document it returns.
+`read_document` would fold the journal's newer records into the document it returns.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def scores_csv_name(name: str, primary: bool) -> str:
 
 def _scores_csv(task_names: list[str], baseline: list[Any], scores: list[list[Any]]) -> str:
     """``stage,<task names>``; a ``baseline`` row; one row per stage (every cell through
-    :func:`continual_eval._csv.csv_cell`: empty for null, names that look like formulas
+    `continual_eval._csv.csv_cell`: empty for null, names that look like formulas
     neutralised)."""
     rows = [["baseline", *baseline], *([i, *row] for i, row in enumerate(scores))]
     return csv_text(["stage", *task_names], rows)
@@ -162,7 +163,7 @@ def write_scores_csv(
     path: str | os.PathLike[str], document: Document | Mapping[str, Any], name: str | None = None
 ) -> Path:
     """Write the CSV of the matrix ``name`` (default: the primary one) of ``document`` (a
-    :class:`Document` or its ``dict``) atomically."""
+    `Document` or its ``dict``) atomically."""
     path = Path(path)
     if isinstance(document, Document):
         task_names = document.task_names
@@ -185,9 +186,9 @@ def _sha256(data: bytes) -> str:
 def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     """Write the CSV files and then ``results.json`` (naming each CSV's SHA-256: the commit
     record) into ``dirpath``, each atomically; returns the JSON path. With every task trained the
-    run is complete and its claim of the directory is released (:func:`release_claim`).
+    run is complete and its claim of the directory is released (`release_claim`).
 
-    Raises :class:`ResultsWriteError` (one line: the file, what is on disk, how to resume) when a
+    Raises `ResultsWriteError` (one line: the file, what is on disk, how to resume) when a
     file cannot be written; the files already on disk stay complete.
     """
     dirpath = Path(dirpath)
@@ -217,9 +218,9 @@ def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
 def read_document(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES) -> Document:
     """Read and validate a ``results.json`` (or the directory holding one).
 
-    Refuses (:class:`~continual_eval.results.InvalidResultsError`, naming the file and the field)
-    anything but a regular file of at most ``max_bytes`` bytes of UTF-8 JSON following the schema
-    (:mod:`continual_eval.results.schema`); ``FileNotFoundError`` without one.
+    Refuses ([`InvalidResultsError`][continual_eval.results.InvalidResultsError], naming the file
+    and the field) anything but a regular file of at most ``max_bytes`` bytes of UTF-8 JSON
+    following the schema (`continual_eval.results.schema`); ``FileNotFoundError`` without one.
     """
     path = Path(path)
     if path.is_dir():
@@ -389,7 +390,7 @@ def choose_results_dir(
 ) -> Path:
     """The directory of this run (rank 0, at its first fit): the ``recorded`` one of a resumed
     run (if it still holds this run), else ``dirpath`` or the default directory of the Trainer's
-    logger (:func:`default_results_dir`)."""
+    logger (`default_results_dir`)."""
     if dirpath is None and recorded is not None and Path(recorded).is_dir():
         exists, other_id, _ = read_run_id(recorded)
         if not exists or other_id == run_id:
@@ -508,7 +509,7 @@ def claim_results_dir(
     not (nothing is then changed).
 
     The claim is an exclusive file (``O_EXCL``) naming the run, its pid, host and start time,
-    removed when the run completes (:func:`commit_results`) or its process exits. A claim of this
+    removed when the run completes (`commit_results`) or its process exits. A claim of this
     run (a resume) or of an earlier run of this process is taken; so is the claim of a dead
     process on this host, with a warning; a live run's claim, or one of another host, never is.
     A ``results.json`` of another run is refused unless ``overwrite`` (``restored``: this run was
@@ -569,7 +570,7 @@ def claim_or_refuse(
     overwrite: bool,
 ) -> None:
     """On every rank of ``trainer``, before anything is trained or written: rank 0 claims its
-    ``results_dir`` (:func:`claim_results_dir`); every rank raises ``FileExistsError`` with rank
+    ``results_dir`` (`claim_results_dir`); every rank raises ``FileExistsError`` with rank
     0's reason when it cannot."""
     problem = None
     if trainer.is_global_zero and results_dir is not None:

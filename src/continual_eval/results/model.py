@@ -1,21 +1,26 @@
-"""The results of a continual-learning run as one typed object: :class:`ContinualResults`.
+"""The results of a continual-learning run as one typed object:
+[`ContinualResults`][continual_eval.ContinualResults].
 
-It owns, per scorer (:class:`MatrixResults`), the rows of R so far, the baseline, the metric
-family computed in ONE :func:`~continual_eval.functional.all_continual_metrics` pass (``metrics``
-is exactly the last point of ``metrics_per_stage``), the per-task values and, with per-step
-evaluation, the step curves with their stability (:class:`Stability`) and plasticity
-(:class:`Plasticity`) metrics; plus the steps of those evaluations (:class:`StepEvaluations`),
-what each stage cost (:class:`RunCost`), the primary matrix against a reference
-(:class:`ReferenceMetrics`), the class-incremental record, the conventions, the metadata and the
-run id.
+It owns, per scorer ([`MatrixResults`][continual_eval.results.MatrixResults]), the rows of R so far,
+the baseline, the metric family computed in ONE
+[`all_continual_metrics`][continual_eval.functional.all_continual_metrics] pass (``metrics`` is
+exactly the last point of ``metrics_per_stage``), the per-task values and, with per-step evaluation,
+the step curves with their stability ([`Stability`][continual_eval.results.Stability]) and
+plasticity ([`Plasticity`][continual_eval.results.Plasticity]) metrics; plus the steps of those
+evaluations ([`StepEvaluations`][continual_eval.results.StepEvaluations]), what each stage cost
+([`RunCost`][continual_eval.results.RunCost]), the primary matrix against a reference
+([`ReferenceMetrics`][continual_eval.results.ReferenceMetrics]), the class-incremental record, the
+conventions, the metadata and the run id.
 
 Each class here is the typed, tensor-holding form of one section of
-:class:`~continual_eval.results.schema.Document` (``to_section``/``from_section``): the schema
+`Document` (``to_section``/``from_section``): the schema
 says what ``results.json`` holds and checks a file; this module says what it means.
-:meth:`ContinualResults.from_tensors` builds the results from what the callback records,
-:meth:`~ContinualResults.to_dict`/:meth:`~ContinualResults.from_dict` convert to and from the
-document, :meth:`~ContinualResults.write`/:meth:`~ContinualResults.load` go through the files of
-:mod:`continual_eval.results.files`.
+[`ContinualResults.from_tensors`][continual_eval.results.ContinualResults.from_tensors] builds the
+results from what the callback records,
+[`to_dict`][continual_eval.results.ContinualResults.to_dict]/[`from_dict`][continual_eval.results.ContinualResults.from_dict]
+convert to and from the document,
+[`write`][continual_eval.results.ContinualResults.write]/[`load`][continual_eval.results.ContinualResults.load]
+go through the files of `continual_eval.results.files`.
 """
 
 from __future__ import annotations
@@ -65,14 +70,15 @@ __all__ = [
     "StepEvaluations",
 ]
 
-#: the per-task stability-gap values (:func:`~continual_eval.functional.stability_gap`)
+#: the per-task stability-gap values ([`stability_gap`][continual_eval.functional.stability_gap])
 STABILITY_KEYS = ("boundary", "minimum", "depth", "recovery_steps")
 #: where min-ACC, WC-ACC and the stability gap come from
 STABILITY_SOURCE = "De Lange, van de Ven & Tuytelaars, ICLR 2023 (min-ACC eq. 4, WC-ACC eq. 5)"
 FWT_CONVENTION = "R[j-1,j] - b[j] (GEM; b[j] - R[j-1,j] where lower is better)"
 UNIT_BOUNDS = (0.0, 1.0)
-#: the kinds of :class:`ReferenceScores`: trained by :func:`~continual_eval.train_reference`
-#: (``"isolated"``, ``"joint"``) or given as scores of unknown provenance (``"given"``)
+#: the kinds of [`ReferenceScores`][continual_eval.results.ReferenceScores]: trained by
+#: [`train_reference`][continual_eval.train_reference] (``"isolated"``, ``"joint"``) or given as
+#: scores of unknown provenance (``"given"``)
 REFERENCE_SCORE_KINDS = ("isolated", "joint", "given")
 
 
@@ -101,7 +107,8 @@ def _running_mean(values: Tensor) -> Tensor:
 # ---------------------------------------------------------------------- inputs
 @dataclass(frozen=True)
 class ScoreMatrix:
-    """One scorer's raw records, the input of :meth:`ContinualResults.from_tensors`.
+    """One scorer's raw records, the input of
+    [`ContinualResults.from_tensors`][continual_eval.results.ContinualResults.from_tensors].
 
     ``score``: what its cells hold; ``scores``: the rows so far ``[s, T]`` (NaN = not
     evaluated); ``baseline``: the untrained scores ``[T]``; its direction and its validation range
@@ -119,11 +126,12 @@ class ScoreMatrix:
 
 @dataclass(frozen=True, eq=False)
 class ReferenceScores:
-    """A reference for the primary scorer, the input of :meth:`ContinualResults.from_tensors`
+    """A reference for the primary scorer, the input of
+    [`ContinualResults.from_tensors`][continual_eval.results.ContinualResults.from_tensors]
     (``reference=``): what the callback's ``reference=`` argument resolves to
-    (:func:`continual_eval.results.reference.resolve_reference`)."""
+    (`continual_eval.results.reference.resolve_reference`)."""
 
-    #: ``"isolated"``, ``"joint"`` or ``"given"`` (see :data:`REFERENCE_SCORE_KINDS`)
+    #: ``"isolated"``, ``"joint"`` or ``"given"`` (see `REFERENCE_SCORE_KINDS`)
     kind: str
     #: ``[T]`` float64: ``ref[j]``, the reference score on task ``j`` (NaN = absent)
     scores: Tensor
@@ -211,7 +219,7 @@ class StepEvaluations:
 @dataclass(frozen=True, eq=False)
 class Stability:
     """Stability metrics of one matrix's step curves over the completed stages (De Lange et al.,
-    ICLR 2023), from :mod:`continual_eval.functional.stability`; NaN = undefined."""
+    ICLR 2023), from `continual_eval.functional.stability`; NaN = undefined."""
 
     #: ``[S]`` min-ACC after each completed stage (NaN at stage 0)
     min_acc: Tensor
@@ -292,9 +300,9 @@ def _padded(values: Tensor, s: int) -> Tensor:
 @dataclass(frozen=True, eq=False)
 class Plasticity:
     """Plasticity metrics of one matrix's step curves over the completed stages
-    (:mod:`continual_eval.functional.plasticity`, with ``initial`` =
-    :func:`~continual_eval.functional.stage_start_accuracy` of ``R`` and ``b``); ``None`` (JSON
-    ``null``) where absent, never 0."""
+    (`continual_eval.functional.plasticity`, with ``initial`` =
+    [`stage_start_accuracy`][continual_eval.functional.stage_start_accuracy] of ``R`` and ``b``);
+    ``None`` (JSON ``null``) where absent, never 0."""
 
     #: anytime accuracy ``A_AUC`` (Koh et al., ICLR 2022): the seen-task mean score averaged over
     #: the optimizer steps of the completed stages
@@ -398,9 +406,10 @@ class ReferenceMetrics:
     ``results.json``), in the primary score's direction; ``None``/NaN where absent.
 
     Intransigence (Chaudhry et al., 2018): ``ref[j] - R[j, j]`` per task ``j < s`` and its mean
-    (``intransigence_per_task``/``intransigence`` of :mod:`continual_eval.functional`). Forward
-    transfer against isolated training: ``R[j, j] - ref[j]`` per task ``1 <= j < s`` and its mean
-    (``forward_transfer_per_task(..., convention="isolated")``); absent (NaN) for a ``"joint"``
+    (``intransigence_per_task``/``intransigence`` of
+    [`continual_eval.functional`][continual_eval.functional]). Forward transfer against isolated
+    training: ``R[j, j] - ref[j]`` per task ``1 <= j < s`` and its mean
+        (``forward_transfer_per_task(..., convention="isolated")``); absent (NaN) for a ``"joint"``
     reference, which is no isolated training. For a lower-is-better score both differences are
     reversed (positive: learned less well / better than the reference).
     """
@@ -496,10 +505,10 @@ class ReferenceMetrics:
 # ---------------------------------------------------------------------- cost
 @dataclass(frozen=True, eq=False)
 class RunCost:
-    """What each training stage cost (:mod:`continual_eval.stage_cost`): the ``cost`` section of
+    """What each training stage cost (`continual_eval.stage_cost`): the ``cost`` section of
     ``results.json``."""
 
-    #: one :class:`~continual_eval.stage_cost.StageCost` per recorded stage, in stage order
+    #: one `StageCost` per recorded stage, in stage order
     per_stage: tuple[StageCost, ...] = ()
 
     def __post_init__(self) -> None:
@@ -509,7 +518,7 @@ class RunCost:
     @property
     def summary(self) -> dict[str, Any]:
         """Totals, the largest peak memory and the model-size efficiency
-        (:func:`~continual_eval.stage_cost.summarize_costs`)."""
+        (`summarize_costs`)."""
         return summarize_costs(self.per_stage)
 
     @property
@@ -625,11 +634,11 @@ class MatrixResults:
         reference_auc: Tensor | None = None,
     ) -> MatrixResults:
         """Compute the metric family of ``matrix`` in one
-        :func:`~continual_eval.functional.all_continual_metrics` pass (``metrics`` is exactly the
-        last point of ``metrics_per_stage``) and, with ``steps`` and ``matrix.step_scores``, its
-        stability and plasticity metrics (``lca_beta``: ``LCA_beta``; ``reference_auc [T]``:
-        the reference's per-task areas of the normalised forward transfer). ``validate`` checks
-        the cells the metrics read."""
+        [`all_continual_metrics`][continual_eval.functional.all_continual_metrics] pass (``metrics``
+        is exactly the last point of ``metrics_per_stage``) and, with ``steps`` and
+        ``matrix.step_scores``, its stability and plasticity metrics (``lca_beta``: ``LCA_beta``;
+        ``reference_auc [T]``: the reference's per-task areas of the normalised forward transfer).
+        ``validate`` checks the cells the metrics read."""
         scores, baseline = _f64(matrix.scores), _f64(matrix.baseline)
         if scores.ndim != 2 or baseline.shape != (scores.shape[1],):
             raise ValueError(
@@ -750,10 +759,14 @@ def _default_conventions(forgetting: str, score: str) -> dict[str, str]:
 class ContinualResults:
     """Everything a run recorded and computed: what ``results.json`` holds, typed.
 
-    Build it with :meth:`from_tensors` (the callback: :meth:`ContinualEvalCallback.
-    continual_results() <continual_eval.ContinualEvalCallback.continual_results>`) or read it with
-    :meth:`load`/:meth:`from_dict`; :meth:`to_dict` is the ``results.json`` document and
-    :meth:`write` writes it with its CSV files.
+    Build it with [`from_tensors`][continual_eval.results.ContinualResults.from_tensors] (the
+    callback:
+        [`ContinualEvalCallback.continual_results()`][continual_eval.callback.ContinualEvalCallback.continual_results])
+        or read it with
+        [`load`][continual_eval.results.ContinualResults.load]/[`from_dict`][continual_eval.results.ContinualResults.from_dict];
+        [`to_dict`][continual_eval.results.ContinualResults.to_dict] is the ``results.json``
+        document and
+    [`write`][continual_eval.results.ContinualResults.write] writes it with its CSV files.
     """
 
     #: ``T`` task names
@@ -773,7 +786,8 @@ class ContinualResults:
     #: what each training stage cost (the ``cost`` section; ``None`` when not recorded)
     cost: RunCost | None = None
     #: the primary matrix against a reference model (the ``reference`` section; ``None`` without
-    #: one: a reference stored only as ``metadata["reference"]`` is read by :attr:`reference`)
+    #: one: a reference stored only as ``metadata["reference"]`` is read by
+    #:     [`reference`][continual_eval.results.ContinualResults.reference])
     reference_metrics: ReferenceMetrics | None = None
     #: the class-incremental record (``ContinualEvalCallback(task_classes=...)``: the
     #: ``class_incremental`` section); ``None`` without one
@@ -828,7 +842,7 @@ class ContinualResults:
     @property
     def reference(self) -> Tensor | None:
         """The reference scores of the primary score as a ``[T]`` float64 tensor, NaN where
-        ``None``: the ``reference`` section's (:attr:`reference_metrics`, the callback's
+        ``None``: the ``reference`` section's (`reference_metrics`, the callback's
         ``reference=``) when present, else ``metadata["reference"]`` (how ``continual-eval fit``
         stores its reference); ``None`` when neither is recorded."""
         if self.reference_metrics is not None:
@@ -884,7 +898,8 @@ class ContinualResults:
         against it.
 
         Args:
-            matrices: name -> :class:`ScoreMatrix`, all with the same ``[s, T]`` rows.
+            matrices: name -> [`ScoreMatrix`][continual_eval.results.ScoreMatrix], all with the same
+                ``[s, T]`` rows.
             task_names: defaults to ``task_0 .. task_{T-1}``.
             forgetting: the forgetting convention of the functional layer.
             metadata: free-form, JSON-serialisable.
@@ -895,8 +910,8 @@ class ContinualResults:
                 did).
             cost: what each stage cost (the ``cost`` section).
             reference: a reference of the primary score (the ``reference`` section:
-                :class:`ReferenceMetrics`; its ``auc`` also gives the primary matrix's
-                normalised forward transfer).
+                [`ReferenceMetrics`][continual_eval.results.ReferenceMetrics]; its ``auc`` also
+                gives the primary matrix's normalised forward transfer).
             lca_beta: ``beta`` of every matrix's ``LCA_beta`` (``None``: not computed).
             class_incremental: the class-incremental record (its own section).
             held_out: the held-out sets' scores (their own section; never in the metrics).
@@ -940,7 +955,7 @@ class ContinualResults:
 
     @classmethod
     def from_document(cls, document: schema.Document) -> ContinualResults:
-        """From a checked :class:`~continual_eval.results.schema.Document` (values as
+        """From a checked `Document` (values as
         recorded, ``null`` -> NaN; the class-incremental measures recomputed from the counts)."""
         T = document.num_tasks
         matrices = {
@@ -975,8 +990,8 @@ class ContinualResults:
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], *, validate: bool = True) -> ContinualResults:
         """From a ``results.json`` document (a ``dict``); ``validate``: check it first like a file
-        from elsewhere (:mod:`continual_eval.results.schema`; raises
-        :class:`~continual_eval.results.InvalidResultsError` naming the field)."""
+        from elsewhere (`continual_eval.results.schema`; raises
+        [`InvalidResultsError`][continual_eval.results.InvalidResultsError] naming the field)."""
         if validate:
             return cls.from_document(schema.convert_document(document))
         return cls.from_document(msgspec.convert(document, schema.Document))
@@ -994,8 +1009,9 @@ class ContinualResults:
 
     # ------------------------------------------------------------------ output
     def to_document(self) -> schema.Document:
-        """The ``results.json`` document as a :class:`~continual_eval.results.schema.Document`
-        (see that module for its shape; :meth:`to_dict` is its ``dict``)."""
+        """The ``results.json`` document as a `Document`
+        (see that module for its shape; [`to_dict`][continual_eval.results.ContinualResults.to_dict]
+        is its ``dict``)."""
         sections = {
             name: m.to_section(steps=self.steps is not None) for name, m in self.matrices.items()
         }
@@ -1052,5 +1068,5 @@ class ContinualResults:
     def write(self, dirpath: str | os.PathLike[str]) -> Path:
         """Write ``scores.csv`` (and ``scores_<name>.csv`` per further matrix), then
         ``results.json`` into ``dirpath``, each atomically
-        (:func:`~continual_eval.results.files.commit_results`); returns the JSON path."""
+        (`commit_results`); returns the JSON path."""
         return files.commit_results(dirpath, self.to_document())

@@ -1,7 +1,9 @@
-"""References of the primary scorer: what :func:`~continual_eval.train_reference` measured
-(:class:`Reference`, :class:`ReferenceCurve`) and what ``ContinualEvalCallback(reference=...)``
-accepts, resolved into a :class:`~continual_eval.results.ReferenceScores` (no Lightning here: the
-report reads references too).
+"""References of the primary scorer: what [`train_reference`][continual_eval.train_reference]
+measured ([`Reference`][continual_eval.Reference],
+[`ReferenceCurve`][continual_eval.results.ReferenceCurve]) and what
+``ContinualEvalCallback(reference=...)`` accepts, resolved into a
+[`ReferenceScores`][continual_eval.results.ReferenceScores] (no Lightning here: the report reads
+references too).
 
 Accepted (every form holds scores of the callback's primary scorer, one per task):
 
@@ -10,8 +12,8 @@ Accepted (every form holds scores of the callback's primary scorer, one per task
 * a mapping ``{"scores": [T], "auc": [T] (optional), "kind": str (optional)}``: per-task scores
   and, optionally, the reference's per-task areas ``AUC_j^ref`` under its learning curves (the
   normalised forward transfer's reference);
-* a :class:`Reference` from :func:`~continual_eval.train_reference` (its curves, with
-  ``eval_every_n_steps``, give the areas);
+* a [`Reference`][continual_eval.Reference] from [`train_reference`][continual_eval.train_reference]
+  (its curves, with ``eval_every_n_steps``, give the areas);
 * a path: a reference run's ``results.json`` (or the directory holding one): the final row of its
   primary matrix, kind from its ``metadata["reference_run"]`` (``"given"`` when absent); or the
   directory of an isolated reference (``task_0/results.json``, ``task_1/results.json``, ...: what
@@ -61,7 +63,7 @@ class ReferenceCurve:
 
 @dataclass(frozen=True)
 class Reference:
-    """What :func:`~continual_eval.train_reference` measured.
+    """What [`train_reference`][continual_eval.train_reference] measured.
 
     Attributes:
         kind: ``"isolated"`` or ``"joint"``.
@@ -76,8 +78,9 @@ class Reference:
         score_name: the primary scorer's name (what ``scores`` holds, e.g. ``"accuracy"``).
         higher_is_better: the primary scorer's direction.
         task_names: one name per task.
-        curves: with ``eval_every_n_steps`` (isolated only): one :class:`ReferenceCurve` per task,
-            copy ``j``'s curve on task ``j``; else ``None``.
+        curves: with ``eval_every_n_steps`` (isolated only): one
+            [`ReferenceCurve`][continual_eval.results.ReferenceCurve] per task, copy ``j``'s curve
+            on task ``j``; else ``None``.
         results_dirs: where each reference run's ``results.json`` went (empty without
             ``dirpath``).
     """
@@ -105,7 +108,8 @@ _WHAT = "ContinualEvalCallback(reference=...)"
 def curve_auc(step: Tensor, scores: Tensor, initial: float) -> float:
     """``AUC`` of one reference model's learning curve on its task: the trapezoid area under
     ``(0, initial), (step[n], scores[n])`` divided by the span (its mean score over its training;
-    :func:`~continual_eval.functional.stage_auc` of a one-stage curve). NaN without a point."""
+    [`stage_auc`][continual_eval.functional.stage_auc] of a one-stage curve). NaN without a
+    point."""
     values = torch.as_tensor(scores, dtype=torch.float64).reshape(-1, 1)
     if values.numel() == 0:
         return math.nan
@@ -192,7 +196,8 @@ def _source(text: str) -> str:
 
 
 def _from_reference(reference: Reference, scorer: Any) -> ReferenceScores:
-    """A :class:`~continual_eval.references.Reference` of :func:`train_reference`."""
+    """A [`Reference`][continual_eval.Reference] of
+    [`train_reference`][continual_eval.train_reference]."""
     _check_scorer(reference.score_name, reference.higher_is_better, scorer, "the Reference")
     scores = _scores_vector(reference.scores, "Reference.scores")
     auc = None
@@ -282,10 +287,11 @@ def _from_mapping(value: Mapping[Any, Any]) -> ReferenceScores:
 
 
 def resolve_reference(value: Any, scorer: Any) -> ReferenceScores | None:
-    """``value`` (see the module docstring) as :class:`ReferenceScores` of ``scorer`` (the
-    primary one); ``None`` for ``None``. Raises ``TypeError``/``ValueError`` naming what is wrong
-    (a score of another scorer or direction, a non-finite or out-of-range score) and
-    ``FileNotFoundError`` for a path holding no reference."""
+    """``value`` (see the module docstring) as
+    [`ReferenceScores`][continual_eval.results.ReferenceScores] of ``scorer`` (the primary one);
+    ``None`` for ``None``. Raises ``TypeError``/``ValueError`` naming what is wrong (a score of
+    another scorer or direction, a non-finite or out-of-range score) and ``FileNotFoundError`` for a
+    path holding no reference."""
     if value is None:
         return None
     if isinstance(value, Reference):

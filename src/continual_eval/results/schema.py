@@ -1,23 +1,24 @@
 """What ``results.json`` holds, defined once, and the validation of a file from elsewhere.
 
-Every section of the document is one :mod:`msgspec` ``Struct`` below (:class:`Document` at the
+Every section of the document is one `msgspec` ``Struct`` below (`Document` at the
 top): its field types and constraints are both the typed form the model
-(:mod:`continual_eval.results.model`) is built from and the check of an untrusted file. Decoding
+(`continual_eval.results.model`) is built from and the check of an untrusted file. Decoding
 checks every value's type and range (a finite number or ``null`` for a cell, an integer in its
-range, a string of at most :data:`MAX_NAME_LENGTH` characters for a name, ...); what a type cannot
+range, a string of at most `MAX_NAME_LENGTH` characters for a name, ...); what a type cannot
 say (lengths that follow ``num_tasks`` and ``stages_completed``, cells within their matrix's
 ``bounds``, the top level repeating the primary matrix, confusion counts that add up to the
-recorded test-set sizes) is checked after decoding by :func:`check_document`.
+recorded test-set sizes) is checked after decoding by `check_document`.
 
-Every failure is one :class:`InvalidResultsError` (a ``ValueError``) naming the file, the field
-as a JSON path (``scores[2][1]``, ``matrices.acc.bounds[1]``) and what was expected and found.
+Every failure is one [`InvalidResultsError`][continual_eval.results.InvalidResultsError] (a
+``ValueError``) naming the file, the field as a JSON path (``scores[2][1]``,
+``matrices.acc.bounds[1]``) and what was expected and found.
 
 Shape (``T = num_tasks``, ``s = stages_completed``, ``N`` = the per-step evaluations, ``C`` =
 ``class_incremental.num_classes``; "cell" = a finite number or ``null``, ``null`` = not
 evaluated or undefined):
 
-* top level: ``format_version`` (:data:`FORMAT_VERSION`), ``run_id``, ``task_names`` (``T``),
-  ``matrices`` (name -> :class:`MatrixSection`, the primary first) and a copy of the primary
+* top level: ``format_version`` (`FORMAT_VERSION`), ``run_id``, ``task_names`` (``T``),
+  ``matrices`` (name -> `MatrixSection`, the primary first) and a copy of the primary
   matrix's ``scores`` ``[s, T]``, ``baseline`` ``[T]``, ``metrics``, ``metrics_per_stage`` (``s``
   each) and ``per_task`` (``max(s - 1, 0)`` each) that must equal it; ``conventions``,
   ``metadata`` (free-form; ``experiment``, ``method``, ``seed`` short labels, ``reference`` ``T``
@@ -25,14 +26,14 @@ evaluated or undefined):
   top-level ``stability`` repeat the primary matrix's ``step_scores`` and ``stability``);
   optional ``cost``, ``reference``, ``class_incremental``, ``held_out`` (sets never trained:
   per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``files`` (the
-  commit record of the CSV files, see :mod:`continual_eval.results.files`);
+  commit record of the CSV files, see `continual_eval.results.files`);
 * unknown keys are ignored (forward compatibility) and not written back.
 
 Limits on what an untrusted file may hold (beyond them a file is refused, not truncated):
-:data:`MAX_FILE_BYTES` bytes, :data:`MAX_TASKS` tasks, :data:`MAX_MATRICES` matrices,
-:data:`MAX_NAME_LENGTH` characters per name, :data:`MAX_TEXT_LENGTH` per descriptive string,
-:data:`MAX_DEPTH` levels of nesting in ``metadata``, :data:`MAX_CLASSES` classes and
-:data:`MAX_CONFUSION_CELLS` confusion cells. JSON has no ``NaN`` or ``Infinity`` (the writer
+`MAX_FILE_BYTES` bytes, `MAX_TASKS` tasks, `MAX_MATRICES` matrices,
+`MAX_NAME_LENGTH` characters per name, `MAX_TEXT_LENGTH` per descriptive string,
+`MAX_DEPTH` levels of nesting in ``metadata``, `MAX_CLASSES` classes and
+`MAX_CONFUSION_CELLS` confusion cells. JSON has no ``NaN`` or ``Infinity`` (the writer
 stores ``null``); numbers beyond the float range are refused.
 """
 
@@ -128,8 +129,9 @@ Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
 
 # ---------------------------------------------------------------------- sections
 class StabilitySection(Struct, kw_only=True):
-    """One matrix's stability metrics (:class:`continual_eval.results.Stability`): ``min_acc``
-    and ``wc_acc`` per completed stage, ``per_task`` gap values (at most ``T`` each)."""
+    """One matrix's stability metrics
+    ([`continual_eval.results.Stability`][continual_eval.results.Stability]): ``min_acc`` and
+    ``wc_acc`` per completed stage, ``per_task`` gap values (at most ``T`` each)."""
 
     min_acc: Cells
     wc_acc: Cells
@@ -144,7 +146,8 @@ class LcaSection(Struct, kw_only=True):
 
 
 class PlasticitySection(Struct, kw_only=True):
-    """One matrix's plasticity metrics (:class:`continual_eval.results.Plasticity`)."""
+    """One matrix's plasticity metrics
+    ([`continual_eval.results.Plasticity`][continual_eval.results.Plasticity])."""
 
     anytime_accuracy: Cell
     stage_auc: Cells
@@ -154,9 +157,10 @@ class PlasticitySection(Struct, kw_only=True):
 
 
 class MatrixSection(Struct, kw_only=True, omit_defaults=True):
-    """One scorer's matrix (:class:`continual_eval.results.MatrixResults`): ``scores [s, T]``,
-    ``baseline [T]`` within ``bounds``, its metric family and, with per-step evaluation,
-    ``step_scores [N, T]`` with their stability and plasticity."""
+    """One scorer's matrix
+    ([`continual_eval.results.MatrixResults`][continual_eval.results.MatrixResults]):
+    ``scores [s, T]``, ``baseline [T]`` within ``bounds``, its metric family and, with per-step
+    evaluation, ``step_scores [N, T]`` with their stability and plasticity."""
 
     score: Name
     higher_is_better: bool
@@ -194,7 +198,7 @@ class CurvesSection(Struct, kw_only=True):
 
 
 class StageCostSection(Struct, kw_only=True):
-    """One stage's cost (:class:`continual_eval.stage_cost.StageCost`)."""
+    """One stage's cost (`continual_eval.stage_cost.StageCost`)."""
 
     stage: Count
     train_seconds: Finite
@@ -218,8 +222,9 @@ class CostSection(Struct, kw_only=True):
 
 
 class ReferenceSection(Struct, kw_only=True):
-    """The primary matrix against a reference model (:class:`continual_eval.results.
-    ReferenceMetrics`): ``scores`` and ``auc`` ``[T]`` within the primary matrix's bounds."""
+    """The primary matrix against a reference model
+    ([`continual_eval.results.ReferenceMetrics`][continual_eval.results.ReferenceMetrics]):
+    ``scores`` and ``auc`` ``[T]`` within the primary matrix's bounds."""
 
     kind: Literal["isolated", "joint", "given"]
     score: Name
@@ -236,17 +241,18 @@ class ReferenceSection(Struct, kw_only=True):
 
 class ConfusionSection(Struct, kw_only=True):
     """Per stage one string of ``true:predicted:count`` cells (see
-    :mod:`continual_eval.results.class_incremental`)."""
+    `continual_eval.results.class_incremental`)."""
 
     encoding: Text
     stages: list[str]
 
 
 class ClassIncrementalSection(Struct, kw_only=True):
-    """The class-incremental record (:class:`continual_eval.results.ClassIncrementalResults`):
+    """The class-incremental record
+    ([`continual_eval.results.ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults]):
     the counts (``confusion``) and the test samples of each class (``test_samples [C]``: every
-    stage's counts of a seen class add up to it) are the record; the measures are recomputed
-    from them when read."""
+    stage's counts of a seen class add up to it) are the record; the measures are recomputed from
+    them when read."""
 
     task_classes: list[list[Count]]
     num_classes: Annotated[int, Meta(ge=1, le=MAX_CLASSES)]
@@ -283,8 +289,8 @@ class HeldOutMatrixSection(Struct, kw_only=True):
 
 class HeldOutSection(Struct, kw_only=True):
     """Sets scored at the baseline and after every stage, never trained
-    (:class:`continual_eval.results.held_out.HeldOutResults`): their ``names`` and, per score
-    matrix, their scores."""
+    ([`continual_eval.results.held_out.HeldOutResults`][continual_eval.results.HeldOutResults]):
+    their ``names`` and, per score matrix, their scores."""
 
     names: Annotated[list[Name], Meta(min_length=1, max_length=MAX_TASKS)]
     matrices: dict[Name, HeldOutMatrixSection]
@@ -341,10 +347,10 @@ _DECODER = msgspec.json.Decoder(Document)
 
 
 def decode_document(data: bytes, source: str | os.PathLike[str] = "results.json") -> Document:
-    """Parse and validate the bytes of a ``results.json``: :class:`Document`, or
-    :class:`InvalidResultsError` naming ``source`` and the field (a syntax error with its byte
-    offset, nesting too deep to parse, a value of the wrong type or range, the checks of
-    :func:`check_document`)."""
+    """Parse and validate the bytes of a ``results.json``: `Document`, or
+    [`InvalidResultsError`][continual_eval.results.InvalidResultsError] naming ``source`` and the
+    field (a syntax error with its byte offset, nesting too deep to parse, a value of the wrong type
+    or range, the checks of `check_document`)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -363,7 +369,7 @@ def decode_document(data: bytes, source: str | os.PathLike[str] = "results.json"
 
 
 def convert_document(obj: Any, source: str | os.PathLike[str] = "results document") -> Document:
-    """A parsed document (a ``dict``) as a checked :class:`Document`."""
+    """A parsed document (a ``dict``) as a checked `Document`."""
     try:
         document = msgspec.convert(obj, Document)
     except msgspec.ValidationError as err:
@@ -388,7 +394,7 @@ def _syntax_problem(message: str, data: bytes) -> str:
 
 # ---------------------------------------------------------------------- what types cannot say
 class _Check:
-    """The checks of :func:`check_document` for one file; every failure raises."""
+    """The checks of `check_document` for one file; every failure raises."""
 
     def __init__(self, source: str | os.PathLike[str]) -> None:
         self.source = source
@@ -462,7 +468,8 @@ def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any]:
 def check_document(document: Document, source: str | os.PathLike[str]) -> Document:
     """What a type cannot say: lengths that follow ``T``, ``s`` and ``N``, cells within their
     matrix's ``bounds``, the top level equal to the primary matrix, and the sections' own
-    rules. Returns ``document``; raises :class:`InvalidResultsError`."""
+    rules. Returns ``document``; raises
+    [`InvalidResultsError`][continual_eval.results.InvalidResultsError]."""
     check = _Check(source)
     T, s = document.num_tasks, document.stages_completed
     if s > T:
@@ -574,7 +581,7 @@ def _check_metadata(
     check: _Check, metadata: dict[str, Any], T: int, bounds: list[Any] | None
 ) -> None:
     """The labels readers show, ``reference`` (``T`` cells within the primary's bounds), and at
-    most :data:`MAX_DEPTH` levels of nesting."""
+    most `MAX_DEPTH` levels of nesting."""
     labels = {
         key: metadata[key]
         for key in ("experiment", "method", "seed", "reference")
@@ -657,7 +664,7 @@ def _check_class_incremental(
     check: _Check, section: ClassIncrementalSection, T: int, s: int
 ) -> None:
     """Shapes, the task classes (distinct ids below ``C``, no class in two tasks), and every
-    stage's counts (see :func:`_check_stage_counts`)."""
+    stage's counts (see `_check_stage_counts`)."""
     field, C = "class_incremental", section.num_classes
     if s * C * C > MAX_CONFUSION_CELLS:
         check.fail(

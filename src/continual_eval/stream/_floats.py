@@ -4,10 +4,10 @@ Rewards are any finite float64, up to ``±1.8e308``. Sums, running means and squ
 of such values overflow to ``inf`` (and ``inf - inf`` to NaN, which the metrics would read as
 *absent*) although most of the quantities they feed, a mean for one, are representable. So
 large values are first divided by a power of two (exact: only the exponent changes) that brings
-the largest magnitude to at most :data:`SAFE_MAGNITUDE`, and each result is multiplied back by
+the largest magnitude to at most `SAFE_MAGNITUDE`, and each result is multiplied back by
 that power once per reward unit it carries (a mean once, a variance twice). A result then is
 ``±inf`` only when its true value lies beyond float64's range; magnitudes at or below
-:data:`SAFE_MAGNITUDE` are never rescaled, so ordinary traces give the same bits as without it.
+`SAFE_MAGNITUDE` are never rescaled, so ordinary traces give the same bits as without it.
 """
 
 from __future__ import annotations

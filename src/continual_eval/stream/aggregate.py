@@ -1,10 +1,10 @@
 """Aggregation across seeds (the third stage) and the relative adaptation advantage.
 
 Stage 1 (traces within a configuration) and stage 2 (across configurations) happen in
-:func:`~continual_eval.stream.metrics.compute_all_metrics`. Here each seed's result contributes
-one value per metric; the aggregate is the mean and the spread (sample standard deviation,
-``ddof=1``) of the values present. Absences are dropped, never counted as zero; ``n`` says how
-many seeds a value rests on, and one value has no spread (``None``), not a zero one.
+[`compute_all_metrics`][continual_eval.stream.compute_all_metrics]. Here each seed's result
+contributes one value per metric; the aggregate is the mean and the spread (sample standard
+deviation, ``ddof=1``) of the values present. Absences are dropped, never counted as zero; ``n``
+says how many seeds a value rests on, and one value has no spread (``None``), not a zero one.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def _check_comparable(results: Sequence[Mapping[str, Any]]) -> None:
 def aggregate_seeds(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and spread across seeds of every per-regime, overall and whole-trace metric.
 
-    ``results`` are :func:`compute_all_metrics` outputs, one per seed, scored with the same
-    parameters (else ``ValueError``).
+    ``results`` are [`compute_all_metrics`][continual_eval.stream.compute_all_metrics] outputs, one
+    per seed, scored with the same parameters (else ``ValueError``).
     """
     results = list(results)
     if not results:
@@ -106,9 +106,10 @@ def relative_adaptation_advantage(
 ) -> dict[str, Any]:
     """``tau_adapt(baseline) - tau_adapt(candidate)``: positive = candidate adapts faster.
 
-    Each side is a family's :func:`aggregate_seeds` output (its mean across seeds is used) or a
-    single :func:`compute_all_metrics` result. Absent on either side gives ``None``. Both sides
-    must share the anchor and alpha.
+    Each side is a family's [`aggregate_seeds`][continual_eval.stream.aggregate_seeds] output (its
+    mean across seeds is used) or a single
+    [`compute_all_metrics`][continual_eval.stream.compute_all_metrics] result. Absent on either side
+    gives ``None``. Both sides must share the anchor and alpha.
     """
     for key in ("anchor", "alpha"):
         if baseline["params"].get(key) != candidate["params"].get(key):

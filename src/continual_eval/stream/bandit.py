@@ -4,7 +4,7 @@ The schedule runs regimes in order (``[["a", 200], ["b", 200], ["a_again", 200]]
 (``a_again`` with origin ``a``) revisits its origin's payoffs under a fresh label, which is what
 forgetting pairs. The policy is a softmax over arm logits trained by REINFORCE with a running
 baseline, one pull per training step. ``training_step`` returns what
-:class:`~continual_eval.stream.callback.RewardStreamCallback` records: the reward, the regime
+`RewardStreamCallback` records: the reward, the regime
 label and origin, the components ``payoff`` and ``best_arm`` (1 when the pulled arm is the
 regime's best, else 0), and ``invalid_action`` (the arm is refused under the regime: no payoff).
 
@@ -125,7 +125,7 @@ class NonStationaryBandit(pl.LightningModule):
 def main(args: Sequence[str] | None = None) -> Any:
     """``python -m continual_eval.stream.bandit --config configs/bandit.yaml``: fit and score.
 
-    At the end the fifteen-row table of every :class:`RewardStreamCallback` of the Trainer is
+    At the end the fifteen-row table of every `RewardStreamCallback` of the Trainer is
     printed, with the directory its files went to. A configured ``TensorBoardLogger`` becomes a
     ``CSVLogger`` (same directory, one line says so) when tensorboard is not installed.
     """

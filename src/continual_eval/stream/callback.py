@@ -1,10 +1,10 @@
 """Lightning callback: record a reward stream during ``fit`` and score it at the end.
 
-Per training batch, :class:`RewardStreamCallback` records one step: the reward, the regime label
+Per training batch, `RewardStreamCallback` records one step: the reward, the regime label
 and, when present, the regime origin, reward components, the invalid-action flag, the effective
 rank and the episode-end flag. Each value is taken, in order, from
 
-1. what the module passed to :func:`record` (``continual_eval.stream.callback.record(self,
+1. what the module passed to `record` (``continual_eval.stream.callback.record(self,
    reward=..., regime_id=...)`` inside ``training_step``) -- the documented recording API;
 2. what ``training_step`` returned (a dict), looked up under the callback's keys;
 3. the batch, when it is a dict;
@@ -20,7 +20,7 @@ LightningModule, e.g. ``"net.2"``) and ``effective_rank_probe`` (a fixed input b
 ``effective_rank_every_n_steps``-th optimizer step it runs ``pl_module(probe)`` once under
 ``torch.no_grad()`` in eval mode, takes the submodule's output through a forward hook, flattens it
 to ``[N, D]`` and records ``erank = exp(-sum_k p_k log p_k)``, ``p_k = s_k / sum_j s_j`` over its
-singular values (Roy & Vetterli, 2007; :func:`~continual_eval.stream.metrics.effective_rank`) as
+singular values (Roy & Vetterli, 2007; [`effective_rank`][continual_eval.stream.effective_rank]) as
 that step's effective rank. Each module's train/eval mode and the CPU and CUDA random states are
 restored afterwards and no gradient is touched. Cost per capture: one forward of the probe batch
 plus one SVD of the ``[N, D]`` activations (float64, on the CPU).
@@ -36,7 +36,7 @@ interleaved -- interleaving independent streams would invent regime shifts. ``tr
 trace per rank, in rank order; ``trace`` is this rank's own.
 
 At the end of training the traces are scored with
-:func:`~continual_eval.stream.metrics.compute_all_metrics`; present values are logged as
+[`compute_all_metrics`][continual_eval.stream.compute_all_metrics]; present values are logged as
 ``stream/<label>/<metric>`` to every logger of the Trainer (absent ones are not logged: absence is
 not zero), the table goes to TensorBoard as markdown text, and loggers with a ``log_dir`` get
 ``stream_table.txt``, ``stream_metrics.json`` and (``save_trace=True``) ``stream_trace.jsonl``
@@ -156,7 +156,7 @@ def _steps_to_columns(steps: Sequence[EpisodeStep], batch_index: Sequence[int]) 
 
 
 def _columns_to_steps(cols: Mapping[str, Any]) -> tuple[list[EpisodeStep], list[int]]:
-    """Inverse of :func:`_steps_to_columns`: the records and their Lightning batch indices."""
+    """Inverse of `_steps_to_columns`: the records and their Lightning batch indices."""
     names = list(cols["regime_names"])
     origins = dict(cols["origin_of"])
     comp_names = list(cols["component_names"])
@@ -256,10 +256,10 @@ def _first_tensor(output: Any) -> Any:
 
 
 def record(pl_module: pl.LightningModule, **values: Any) -> None:
-    """Record readings of the current training step for every :class:`RewardStreamCallback`.
+    """Record readings of the current training step for every `RewardStreamCallback`.
 
     Call it from ``training_step`` (``record(self, reward=r, regime_id="a")``); keywords are the
-    fields of :class:`~continual_eval.stream.trace.EpisodeStep`: ``reward``, ``regime_id``,
+    fields of [`EpisodeStep`][continual_eval.stream.EpisodeStep]: ``reward``, ``regime_id``,
     ``regime_origin``, ``components`` (name -> value), ``invalid_action``, ``effective_rank``,
     ``episode_end``. Several calls in one step add fields; a field given twice is an error.
     Recorded values take precedence over the returned dict, the batch and ``self.log``.
@@ -402,7 +402,7 @@ class RewardStreamCallback(pl.Callback):
 
     # ------------------------------------------------------------------ recording API
     def record(self, **values: Any) -> None:
-        """Record readings of the current training step (see :func:`record`)."""
+        """Record readings of the current training step (see `record`)."""
         unknown = sorted(set(values) - set(_FIELDS))
         if unknown:
             raise TypeError(

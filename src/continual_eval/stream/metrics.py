@@ -1,9 +1,10 @@
-"""Reward-stream metrics: per-interval pure functions and :func:`compute_all_metrics`.
+"""Reward-stream metrics: per-interval pure functions and
+[`compute_all_metrics`][continual_eval.stream.compute_all_metrics].
 
 Conventions (see docs/stream.md for the full definitions):
 
 * Runs are segmented into configuration intervals by the regime label only
-  (:func:`~continual_eval.stream.intervals.configuration_intervals`).
+  (`configuration_intervals`).
 * The absence rule: an unavailable metric is ``None`` in every returned dict, never ``0`` and
   never a sentinel. Inside this module, per-interval arrays use ``NaN`` for absence and are
   converted to ``None`` at the boundary (rewards themselves are validated finite).
@@ -17,8 +18,8 @@ Conventions (see docs/stream.md for the full definitions):
   The ceiling anchor measures an interval against ``R_ub(|T|, e_T)``; the performance gap is
   ``R_ub(n_tail, e_tail) - mean(tail(T^(1)))``, the ceiling of the very mean it is compared with,
   so a policy earning the most the reward allows has a gap of exactly 0, never a negative one.
-* :func:`effective_rank` is the plasticity reading the callback can capture
-  (``exp`` of the entropy of the normalised singular values, Roy & Vetterli 2007).
+* [`effective_rank`][continual_eval.stream.effective_rank] is the plasticity reading the callback
+  can capture (``exp`` of the entropy of the normalised singular values, Roy & Vetterli 2007).
 """
 
 from __future__ import annotations
@@ -333,7 +334,7 @@ def _bound_record(single: UpperBound | None, per_label: dict[str, UpperBound] | 
 
 # --------------------------------------------------------------------------- one trace
 #: how many reward units each metric carries (a variance two, a step count none): the power of
-#: the reward scale it is multiplied back by (see :mod:`continual_eval.stream._floats`)
+#: the reward scale it is multiplied back by (see `continual_eval.stream._floats`)
 REWARD_DEGREE: dict[str, int] = {
     "per_configuration_reward": 1,
     "adaptation_speed": 0,
@@ -639,12 +640,13 @@ def trace_metrics(
 ) -> dict[str, Any]:
     """All metrics of one trace: ``per_regime`` (label -> row), ``per_interval`` and ``totals``.
 
-    ``params`` is the dict :func:`compute_all_metrics` records (anchor, alpha, eps, ...). With a
-    ceiling, each interval records ``ceiling = R_ub(|T|, e_T)`` (the ceiling anchor's ``A``) and
-    ``settled_ceiling = R_ub(n_tail, e_tail)`` (the performance gap's), see
-    :func:`interval_ceilings`. Rewards of huge magnitude are scored divided by a power of two and
-    each value multiplied back (:mod:`continual_eval.stream._floats`): a value is ``±inf`` only
-    when its true value is beyond float64, never NaN (which would read as absent).
+    ``params`` is the dict [`compute_all_metrics`][continual_eval.stream.compute_all_metrics]
+    records (anchor, alpha, eps, ...). With a ceiling, each interval records
+    ``ceiling = R_ub(|T|, e_T)`` (the ceiling anchor's ``A``) and
+    ``settled_ceiling = R_ub(n_tail, e_tail)`` (the performance gap's), see `interval_ceilings`.
+    Rewards of huge magnitude are scored divided by a power of two and each value multiplied back
+    (`continual_eval.stream._floats`): a value is ``±inf`` only when its true value is beyond
+    float64, never NaN (which would read as absent).
     """
     iv = configuration_intervals(trace.regime_code)
     ceilings, tail_ceilings = interval_ceilings(
@@ -746,11 +748,12 @@ def compute_all_metrics(
     labels (``overall``). Absences are dropped at both stages and ``n`` / ``overall_n`` count the
     values each aggregate rests on.
 
-    ``ceiling``: a number (explicit), an :class:`UpperBound`, a :class:`RewardSpec` (analytic
-    bound) or a mapping label -> number/bound. ``reference``: one reference reward sequence (or
-    trace) per trace, for regret. ``episode_end_components``: components whose payout steps are
-    excluded from forgetting and from the policy-only settled reward. ``solve_component``: the
-    component whose positive values count as solved.
+    ``ceiling``: a number (explicit), an [`UpperBound`][continual_eval.stream.UpperBound], a
+    [`RewardSpec`][continual_eval.stream.RewardSpec] (analytic bound) or a mapping label ->
+    number/bound. ``reference``: one reference reward sequence (or trace) per trace, for regret.
+    ``episode_end_components``: components whose payout steps are excluded from forgetting and from
+    the policy-only settled reward. ``solve_component``: the component whose positive values count
+    as solved.
 
     Returns a JSON-serialisable dict with keys ``per_regime``, ``n``, ``overall``, ``overall_n``,
     ``totals``, ``per_trace``, ``params``, ``bound``, ``origins``.
@@ -795,7 +798,7 @@ def compute_all_metrics(
 
 def _references(reference: Sequence[Any] | None, traces: list[Any]) -> list[np.ndarray | None]:
     """One validated reference reward array per trace (``None`` each without a reference);
-    checks that every trace is an :class:`EpisodeTrace`."""
+    checks that every trace is an [`EpisodeTrace`][continual_eval.stream.EpisodeTrace]."""
     for i, tr in enumerate(traces):
         if not isinstance(tr, EpisodeTrace):
             raise TypeError(f"trace {i} is a {type(tr).__name__}, not an EpisodeTrace")

@@ -1,28 +1,34 @@
 """Reward specifications and the ceiling ``R_ub`` derived from them.
 
-A :class:`RewardSpec` is a weighted sum of :class:`RewardComponent` terms, each clipped to a range
-and paying either on every step (``per_step``) or only on an episode's final step
-(``episode_end``). Three derivations bound what the reward can pay:
+A [`RewardSpec`][continual_eval.stream.RewardSpec] is a weighted sum of
+[`RewardComponent`][continual_eval.stream.RewardComponent] terms, each clipped to a range and paying
+either on every step (``per_step``) or only on an episode's final step (``episode_end``). Three
+derivations bound what the reward can pay:
 
-* :func:`analytic_upper_bound` -- from the specification alone: each term's most is
-  ``max(w * lo, w * hi)`` over its clip range; ``per_step`` sums the per-step terms and
+* [`analytic_upper_bound`][continual_eval.stream.analytic_upper_bound] -- from the specification
+  alone: each term's most is ``max(w * lo, w * hi)`` over its clip range; ``per_step`` sums the
+      per-step terms and
   ``final_step`` adds the episode-end terms. Needs every component clipped (or unbounded only in
   the direction its weight never rewards).
-* :func:`numeric_upper_bound` -- drive the composition over supplied contexts (component values)
-  and take the best achieved; for specifications with unclipped components.
-* :func:`data_relative_upper_bound` -- the best reward observed in recorded traces. Derived from
-  the policy being measured, so two policies compared against their own data-relative bounds are
-  not compared fairly.
+* [`numeric_upper_bound`][continual_eval.stream.numeric_upper_bound] -- drive the composition over
+  supplied contexts (component values) and take the best achieved; for specifications with unclipped
+  components.
+* [`data_relative_upper_bound`][continual_eval.stream.data_relative_upper_bound] -- the best reward
+  observed in recorded traces. Derived from the policy being measured, so two policies compared
+  against their own data-relative bounds are not compared fairly.
 
-Every :class:`UpperBound` records its ``derivation``. A window of ``L`` steps holding ``e``
-episode ends (final steps) is measured against :meth:`UpperBound.for_interval`:
+Every [`UpperBound`][continual_eval.stream.UpperBound] records its ``derivation``. A window of ``L``
+steps holding ``e`` episode ends (final steps) is measured against
+[`UpperBound.for_interval`][continual_eval.stream.UpperBound.for_interval]:
 ``((L - e) * per_step + e * final_step) / L`` -- the most its mean reward can be, since each step
 pays at most ``per_step``, or ``final_step`` where an episode ends (``e = 0`` gives ``per_step``,
 ``e = 1`` the one-end form ``((L - 1) * p + f) / L``).
 
-Specifications and bounds read from JSON (:meth:`RewardSpec.from_json`, :func:`read_ceiling_file`)
-are checked against a strict typed schema: a wrong type, a missing or an unknown field is an error
-naming the file and the field. A ``null`` clip bound means unbounded on that side.
+Specifications and bounds read from JSON
+([`RewardSpec.from_json`][continual_eval.stream.RewardSpec.from_json],
+[`read_ceiling_file`][continual_eval.stream.read_ceiling_file]) are checked against a strict typed
+schema: a wrong type, a missing or an unknown field is an error naming the file and the field. A
+    ``null`` clip bound means unbounded on that side.
 """
 
 from __future__ import annotations
@@ -187,7 +193,7 @@ class RewardSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RewardSpec:
-        """The inverse of :meth:`to_dict`, validated (no coercion; unknown fields are errors)."""
+        """The inverse of `to_dict`, validated (no coercion; unknown fields are errors)."""
         try:
             record = msgspec.convert(
                 dict(data) if isinstance(data, Mapping) else data, _SpecRecord, strict=True

@@ -167,8 +167,9 @@ def _metric_grid(result: Mapping[str, Any], cell: Callable[[str, Any], str], wid
 
 
 def format_table(result: Mapping[str, Any], *, label_width: int = DEFAULT_LABEL_WIDTH) -> str:
-    """The fifteen-row table of a :func:`compute_all_metrics` result, one column per regime
-    (labels shown by :func:`shown_label`, at most ``label_width`` characters)."""
+    """The fifteen-row table of a [`compute_all_metrics`][continual_eval.stream.compute_all_metrics]
+    result, one column per regime (labels shown by `shown_label`, at most ``label_width``
+    characters)."""
     grid = _metric_grid(result, format_value, label_width)
     return f"{describe_params(result, label_width)}\n{grid}"
 
@@ -186,14 +187,15 @@ def _seed_cell(metric: str, cell: Mapping[str, Any]) -> str:
 def format_seed_table(
     aggregate: Mapping[str, Any], *, label_width: int = DEFAULT_LABEL_WIDTH
 ) -> str:
-    """The fifteen-row table of an :func:`aggregate_seeds` result: ``mean ± spread (n=...)``."""
+    """The fifteen-row table of an [`aggregate_seeds`][continual_eval.stream.aggregate_seeds]
+    result: ``mean ± spread (n=...)``."""
     grid = _metric_grid(aggregate, _seed_cell, label_width)
     return f"{describe_params(aggregate, label_width)}  seeds={aggregate['n_seeds']}\n{grid}"
 
 
 def format_markdown(result: Mapping[str, Any], *, label_width: int = DEFAULT_LABEL_WIDTH) -> str:
     """The fifteen-row table as a markdown table (for TensorBoard text and reports); labels
-    shown by :func:`shown_label`, their markup characters escaped."""
+    shown by `shown_label`, their markup characters escaped."""
     labels = list(result["per_regime"])
     params = describe_params(result, label_width).replace("`", "'")
     lines = [

@@ -1,17 +1,19 @@
 """Reward-stream traces: one record per step, stored column-wise, read and written as JSON lines.
 
-An :class:`EpisodeTrace` is what every metric in :mod:`continual_eval.stream` consumes. It holds
-the reward and the regime label of each recorded step, the label's *origin* (the regime an alias
+An [`EpisodeTrace`][continual_eval.stream.EpisodeTrace] is what every metric in
+[`continual_eval.stream`][continual_eval.stream] consumes. It holds the reward and the regime label
+of each recorded step, the label's *origin* (the regime an alias
 revisits: ``a_again`` with origin ``a``), and optional per-step readings: reward components, an
 invalid-action flag, the policy's effective rank and whether the step ended an episode.
 
 Validation happens once, here: a non-finite reward, a step number that does not increase, or an
 alias whose origin never occurs in the trace is an error naming the step or the label.
 
-JSON lines are decoded against a strict typed schema (:class:`StepRecord`, msgspec): a value of the
-wrong type is an error naming ``file:line`` and the field, never coerced (``"false"`` is not a
-boolean, ``7`` is not a label, ``1.7`` is not a step). :func:`read_jsonl` decodes the file a block
-at a time straight into column arrays, so no per-line Python object outlives its block.
+JSON lines are decoded against a strict typed schema
+([`StepRecord`][continual_eval.stream.StepRecord], msgspec): a value of the wrong type is an error
+naming ``file:line`` and the field, never coerced (``"false"`` is not a boolean, ``7`` is not a
+label, ``1.7`` is not a step). [`read_jsonl`][continual_eval.stream.read_jsonl] decodes the file a
+block at a time straight into column arrays, so no per-line Python object outlives its block.
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ class EpisodeStep:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> EpisodeStep:
-        """Inverse of :meth:`to_dict`, validated against :class:`StepRecord` (no coercion)."""
+        """Inverse of [`to_dict`][continual_eval.stream.EpisodeStep.to_dict], validated against
+        [`StepRecord`][continual_eval.stream.StepRecord] (no coercion)."""
         data = dict(record) if isinstance(record, Mapping) else record
         try:
             rec = msgspec.convert(data, StepRecord, strict=True)
@@ -176,7 +179,8 @@ class EpisodeStep:
 
     @classmethod
     def from_record(cls, rec: StepRecord) -> EpisodeStep:
-        """The step a decoded :class:`StepRecord` describes; a non-finite number is an error."""
+        """The step a decoded [`StepRecord`][continual_eval.stream.StepRecord] describes; a
+        non-finite number is an error."""
         numbers = {"reward": rec.reward, "effective_rank": rec.effective_rank}
         numbers.update({f"components.{k}": v for k, v in (rec.components or {}).items()})
         for field, value in numbers.items():
@@ -235,13 +239,14 @@ def _resolve_origins(names: Sequence[str], declared: Mapping[str, str]) -> dict[
 class EpisodeTrace:
     """A validated reward stream, stored column-wise.
 
-    Build it from :class:`EpisodeStep` records (``EpisodeTrace(steps=[...])``) or, for long
-    traces, from arrays (:meth:`from_arrays`). Columns: ``step`` (int64, strictly increasing),
-    ``reward`` (float64, finite), ``regime_code`` (int64 index into ``regime_names``, which lists
-    labels in order of first appearance), ``origin_of`` (label -> declared origin, aliases only),
-    ``components`` (name -> float64 column; NaN where a step did not record it),
-    ``invalid_action`` and ``effective_rank`` (float64 with NaN where unrecorded, or ``None``
-    when no step recorded them), ``episode_end`` (bool).
+    Build it from [`EpisodeStep`][continual_eval.stream.EpisodeStep] records
+    (``EpisodeTrace(steps=[...])``) or, for long traces, from arrays
+    ([`from_arrays`][continual_eval.stream.EpisodeTrace.from_arrays]). Columns: ``step`` (int64,
+    strictly increasing), ``reward`` (float64, finite), ``regime_code`` (int64 index into
+    ``regime_names``, which lists labels in order of first appearance), ``origin_of`` (label ->
+    declared origin, aliases only), ``components`` (name -> float64 column; NaN where a step did not
+    record it), ``invalid_action`` and ``effective_rank`` (float64 with NaN where unrecorded, or
+    ``None`` when no step recorded them), ``episode_end`` (bool).
     """
 
     step: np.ndarray
@@ -403,7 +408,8 @@ class EpisodeTrace:
 
     @property
     def steps(self) -> list[EpisodeStep]:
-        """The trace as :class:`EpisodeStep` records (slow for long traces)."""
+        """The trace as [`EpisodeStep`][continual_eval.stream.EpisodeStep] records (slow for long
+        traces)."""
         out = []
         names = self.regime_names
         for i in range(len(self)):
@@ -435,7 +441,8 @@ class EpisodeTrace:
 
 
 def _columns_from_steps(steps: list[EpisodeStep]) -> dict[str, Any]:
-    """Columns for :class:`EpisodeTrace` from records; origins must agree per label."""
+    """Columns for [`EpisodeTrace`][continual_eval.stream.EpisodeTrace] from records; origins must
+    agree per label."""
     names: dict[str, int] = {}
     origin_of: dict[str, str] = {}
     code = np.empty(len(steps), dtype=np.int64)
@@ -481,11 +488,11 @@ def _columns_from_steps(steps: list[EpisodeStep]) -> dict[str, Any]:
 
 
 class _LineTooLongError(Exception):
-    """Raised by :func:`_blocks`: the line being read is longer than the line cap."""
+    """Raised by `_blocks`: the line being read is longer than the line cap."""
 
 
 class _FileTooLargeError(Exception):
-    """Raised by :func:`_blocks`: the source holds more bytes than the file cap."""
+    """Raised by `_blocks`: the source holds more bytes than the file cap."""
 
 
 def _blocks(
@@ -494,8 +501,8 @@ def _blocks(
     """Whole lines, about ``block_size`` bytes at a time (the last may lack its newline).
 
     Never holds more than ``block_size`` bytes plus one unfinished line, which may grow to
-    ``max_line_bytes`` before :class:`_LineTooLongError` is raised; never reads more than
-    ``max_file_bytes + 1`` bytes (then :class:`_FileTooLargeError`). Both are raised when the lines
+    ``max_line_bytes`` before `_LineTooLongError` is raised; never reads more than
+    ``max_file_bytes + 1`` bytes (then `_FileTooLargeError`). Both are raised when the lines
     before the offending one have been consumed, so the reader's line count names it.
     """
     pending: list[bytes] = []
@@ -709,7 +716,8 @@ def read_jsonl(
     max_line_bytes: int | None = DEFAULT_MAX_LINE_BYTES,
     max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES,
 ) -> EpisodeTrace:
-    """Read one trace from JSON lines (one :class:`StepRecord` per line; blank lines skip).
+    """Read one trace from JSON lines (one [`StepRecord`][continual_eval.stream.StepRecord] per
+    line; blank lines skip).
 
     ``source``: a path (a regular file, a FIFO, a device) or a binary file object (anything with
     ``read(n) -> bytes``). It is decoded ``block_size`` bytes at a time straight into columns,
