@@ -63,7 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
         plot_task_trajectories,
     )
     from continual_eval.references import train_reference
-    from continual_eval.results import ContinualResults, Reference
+    from continual_eval.results import ContinualResults
+    from continual_eval.results.reference import Reference
     from continual_eval.training import fit_tasks, scheduled_task
 
 
