@@ -39,7 +39,7 @@ from continual_eval.stage_cost import StageCost
 from continual_eval.step_curves import StepCurves
 
 if TYPE_CHECKING:  # pragma: no cover
-    from continual_eval.evaluation import TaskEvaluation
+    from continual_eval.evaluation.loop import TaskEvaluation
     from continual_eval.results import ReferenceScores
 
 __all__ = ["STEP_COUNTER", "MatrixSpec", "RecordSection", "RunRecord", "Scored"]

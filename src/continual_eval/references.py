@@ -30,6 +30,13 @@ Budgets (``E`` = the Trainer's ``max_epochs``, the continual run's epochs *per t
   ``ref[j]`` is its score on task ``j``. (Chaudhry et al. define the reference of task ``k`` on
   the tasks ``0..k``; one model on all ``T`` tasks is the usual simplification.)
 
+Copies: ``model.reference_model()`` when the model defines it, else ``copy.deepcopy(model)``;
+with ``model_factory``, ``model_factory()`` loaded with ``model``'s full state dict (the way to
+copy a sharded model, which cannot be deep-copied: parameters that are DTensors, as FSDP2
+``fully_shard`` and tensor parallelism leave them after a fit under ``ModelParallelStrategy``, are
+gathered with torch's distributed state dict on rank 0 once per call and broadcast into every
+copy; both are collectives that every rank runs equally often).
+
 Random numbers: the caller's Python, NumPy and torch random states, and the states of the training
 loaders' own ``torch.Generator`` objects (``DataLoader(generator=...)``, a sampler's
 ``generator``), are restored afterwards, so a continual run started after
@@ -61,6 +68,7 @@ from torch.utils.data import (
 )
 
 from continual_eval.callback import ContinualEvalCallback
+from continual_eval.evaluation.strategy import parameter_sharding
 from continual_eval.options import StepEvaluation
 from continual_eval.results.reference import Reference, ReferenceCurve
 from continual_eval.rng import collect_rng_states, loader_generators, set_rng_states
@@ -170,6 +178,123 @@ def _default_copy(model: LightningModule) -> LightningModule:
     return copy.deepcopy(model)
 
 
+def _copier(
+    model: LightningModule,
+    model_factory: Callable[[], LightningModule] | None,
+    copy_model: Callable[[LightningModule], LightningModule] | None,
+) -> Callable[[LightningModule], LightningModule]:
+    """How :func:`train_reference` copies ``model``: ``copy_model``, a :class:`_StateDictCopies`
+    of ``model_factory``, or :func:`_default_copy`; a sharded model without ``model_factory``
+    (or ``copy_model``) refused. Decided from ``model`` alone, so every rank decides alike before
+    any collective."""
+    if model_factory is not None and copy_model is not None:
+        raise ValueError("pass model_factory or copy_model, not both")
+    if model_factory is not None and not callable(model_factory):
+        raise TypeError(f"model_factory must be a callable, got {type(model_factory).__name__}")
+    if copy_model is not None:
+        return copy_model
+    sharding = parameter_sharding(model)
+    if sharding == "flattened":
+        raise ValueError(
+            "train_reference cannot copy a model whose parameters FSDP1 flattened or DeepSpeed "
+            "ZeRO-3 partitioned (torch's distributed state dict reads DTensors, as FSDP2 and "
+            "ModelParallelStrategy leave them): call train_reference before the sharded fit, "
+            "on the unsharded model"
+        )
+    if model_factory is not None:
+        return _StateDictCopies(model, model_factory, sharded=sharding == "dtensor")
+    if sharding == "dtensor":
+        raise ValueError(
+            "train_reference: model's parameters are sharded (DTensors: FSDP2 fully_shard or "
+            "tensor parallelism), and a sharded module cannot be deep-copied; pass "
+            "model_factory= (a function building the unsharded model; every copy loads model's "
+            "full state dict)"
+        )
+    return _default_copy
+
+
+class _StateDictCopies:
+    """``model_factory()`` with ``model``'s full state dict loaded, once per call.
+
+    Sharded (``sharded=True``): the full state dict is gathered once, here, with
+    ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` (rank 0 alone receives the
+    tensors, on the CPU), and each copy loads it with ``set_model_state_dict(...,
+    broadcast_from_rank0=True)`` (rank 0 broadcasts it tensor by tensor). Both are collectives:
+    every rank constructs this once per :func:`train_reference` and makes one copy per reference
+    fit, so the counts agree. A factory whose module's keys, shapes or dtypes differ from
+    ``model``'s is refused before the collective, on every rank alike (``model.state_dict()``
+    gives a DTensor's global shape without communicating).
+    """
+
+    def __init__(
+        self,
+        model: LightningModule,
+        model_factory: Callable[[], LightningModule],
+        *,
+        sharded: bool,
+    ) -> None:
+        self.factory, self.sharded = model_factory, sharded
+        self.layout = _layout(model.state_dict())
+        self.state: dict[str, Any]
+        if sharded:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            self.state = get_model_state_dict(model, options=options)
+        else:
+            self.state = model.state_dict()
+
+    def __call__(self, model: LightningModule) -> LightningModule:
+        fresh = self.factory()
+        if not isinstance(fresh, LightningModule):
+            raise TypeError(
+                f"model_factory must return a LightningModule, got {type(fresh).__name__}"
+            )
+        if fresh is model:
+            raise ValueError("model_factory returned the model itself, not a new model")
+        problem = _layout_difference(self.layout, _layout(fresh.state_dict()))
+        if problem is not None:
+            raise ValueError(
+                f"model_factory built a model that cannot load model's state dict: {problem}"
+            )
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+            )
+
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(fresh, self.state, options=options)
+        else:
+            fresh.load_state_dict(self.state)
+        return fresh
+
+
+def _layout(state: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], torch.dtype] | None]:
+    """Key -> (shape, dtype) of a state dict's tensors (a DTensor's global shape), ``None`` for
+    other entries."""
+    return {
+        key: (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else None
+        for key, value in state.items()
+    }
+
+
+def _layout_difference(
+    want: Mapping[str, tuple[tuple[int, ...], torch.dtype] | None],
+    got: Mapping[str, tuple[tuple[int, ...], torch.dtype] | None],
+) -> str | None:
+    missing, unexpected = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or unexpected:
+        return f"keys missing {missing[:5]}, unexpected {unexpected[:5]}"
+    for key, layout in want.items():
+        if got[key] != layout:
+            return f"{key!r} is {got[key]} in the new model, {layout} in model"
+    return None
+
+
 @contextlib.contextmanager
 def _caller_rng(
     generators: Sequence[torch.Generator] = (),
@@ -258,6 +383,7 @@ def train_reference(
     seed: int | None = None,
     dirpath: str | os.PathLike[str] | None = None,
     copy_model: Callable[[LightningModule], LightningModule] | None = None,
+    model_factory: Callable[[], LightningModule] | None = None,
 ) -> Reference:
     """Train reference copies of the untrained ``model`` and score them like ``R``.
 
@@ -299,6 +425,14 @@ def train_reference(
             removed afterwards.
         copy_model: ``model -> fresh copy`` (default: ``model.reference_model()`` when defined,
             e.g. to drop a replay memory, else ``copy.deepcopy(model)``).
+        model_factory: ``() -> LightningModule`` building the *unsharded* model (the same
+            architecture, the state dict's keys, shapes and dtypes); each copy is
+            ``model_factory()`` with the full state dict of ``model`` loaded, so every copy starts
+            from ``model``'s current weights (``reference_model`` is not called). Needed when
+            ``model`` is sharded (its parameters are DTensors: ``train_reference`` called after
+            a fit under ``ModelParallelStrategy`` sharded it), which ``copy.deepcopy`` refuses:
+            the full state dict is then gathered once to rank 0 (on the CPU) and broadcast into
+            each copy; call :func:`train_reference` on every rank. Not with ``copy_model``.
 
     Returns:
         The [`Reference`][continual_eval.Reference] (``scores`` = ``ref`` ``[T]`` float64, ``kind``,
@@ -307,13 +441,16 @@ def train_reference(
     Raises:
         ValueError: an unknown ``kind``, loader counts that differ, a Trainer without an epoch
             budget, per-step curves asked of the joint kind, ``epochs_per_task`` in
-            ``callback_kwargs``.
+            ``callback_kwargs``, a sharded ``model`` without ``model_factory`` (or one that FSDP1
+            or DeepSpeed ZeRO-3 flattened), a ``model_factory`` whose model does not match
+            ``model``'s state dict, both ``model_factory`` and ``copy_model``.
     """
     kind = check_reference_kind(kind)
     names = _check_reference_arguments(
         kind, train_dataloaders, test_dataloaders, task_names, eval_every_n_steps, joint_dataloader
     )
     options = _scoring_options(callback_kwargs)
+    copier = _copier(model, model_factory, copy_model)  # the sharded gather: every rank, once
     with contextlib.ExitStack() as stack:
         loaders = [*train_dataloaders, *([] if joint_dataloader is None else [joint_dataloader])]
         rewind = stack.enter_context(_caller_rng(loader_generators(loaders)))
@@ -325,7 +462,7 @@ def train_reference(
             kind=kind,
             trainer_factory=trainer_factory,
             callback_kwargs={"eval_every_n_steps": eval_every_n_steps, **options},
-            copy_model=copy_model or _default_copy,
+            copy_model=copier,
             rewind=rewind,
         )
         if kind == "joint":

@@ -224,6 +224,55 @@ def test_reference_uses_the_models_reference_copy(model_and_initial) -> None:
     assert ref.scores.tolist() == reference(model, "isolated").scores.tolist()
 
 
+def test_model_factory_copies_start_from_the_models_weights(model_and_initial) -> None:
+    """``model_factory()`` builds each copy (its own random initialisation), and the model's
+    state dict overwrites it: the reference equals the deep-copied one bitwise."""
+    model, _ = model_and_initial
+    made = []
+
+    class WithHook(Tiny):
+        def reference_model(self) -> Tiny:
+            made.append(1)
+            return Tiny()
+
+    hooked = WithHook()
+    hooked.load_state_dict(model.state_dict())
+    built: list[Tiny] = []
+
+    def factory() -> Tiny:
+        built.append(Tiny())
+        return built[-1]
+
+    ref = reference(hooked, "isolated", model_factory=factory)
+    assert len(built) == T and not made  # reference_model() is not called with a factory
+    plain = reference(model, "isolated")
+    assert torch.equal(ref.scores, plain.scores) and torch.equal(ref.baseline, plain.baseline)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in hooked.state_dict().items())
+
+
+def test_model_factory_and_sharded_models_refused(model_and_initial) -> None:
+    model, _ = model_and_initial
+    with pytest.raises(ValueError, match="pass model_factory or copy_model, not both"):
+        reference(model, "isolated", model_factory=Tiny, copy_model=lambda m: Tiny())
+
+    class Wider(Tiny):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(4, 3)
+
+    with pytest.raises(ValueError, match=r"cannot load model's state dict: 'net.weight' is"):
+        reference(model, "isolated", model_factory=Wider)
+    with pytest.raises(TypeError, match="model_factory must return a LightningModule, got Lin"):
+        reference(model, "isolated", model_factory=lambda: nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="model_factory returned the model itself"):
+        reference(model, "isolated", model_factory=lambda: model)
+    partitioned = Tiny()  # what DeepSpeed ZeRO-3 marks its partitioned parameters with
+    partitioned.net.weight.ds_id = 0  # type: ignore[attr-defined]
+    for factory in (None, Tiny):
+        with pytest.raises(ValueError, match="FSDP1 flattened or DeepSpeed ZeRO-3 partitioned"):
+            reference(partitioned, "isolated", model_factory=factory)
+
+
 @pytest.mark.parametrize("kind", ["isolated", "joint"])
 def test_the_loaders_own_generators_are_restored(model_and_initial, kind: str) -> None:
     """Loaders shuffling with their own torch.Generator: the reference fits draw from it, and

@@ -18,6 +18,9 @@ collectives (then the ranks evaluate in lockstep) and how the model must be call
 
 * `parameter_counts`: the element counts of the model as built, read from sharded
   parameters without gathering them.
+* :func:`parameter_sharding`: how a module's parameters are sharded (DTensors, or FSDP1's and
+  DeepSpeed's flattened or partitioned tensors), read without a collective; what
+  :func:`~continual_eval.train_reference` copies a model by.
 
 This module is the only one that reads private names of Lightning and torch: the strategy's
 ``_forward_redirection``, the object Lightning's own ``Strategy.test_step`` calls, so that the
@@ -37,7 +40,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from continual_eval.evaluation.step import BatchStep
 
-__all__ = ["LOCKSTEP_ATTR", "collective_forward", "parameter_counts", "strategy_step"]
+__all__ = [
+    "LOCKSTEP_ATTR",
+    "collective_forward",
+    "parameter_counts",
+    "parameter_sharding",
+    "strategy_step",
+]
 
 #: An attribute a strategy or a LightningModule may set: ``True`` to have the evaluation run in
 #: lockstep (every rank the same number of forward passes per task) where it would not detect a
@@ -48,10 +57,14 @@ LOCKSTEP_ATTR = "continual_eval_lockstep"
 _REDIRECTED = "_continual_eval_redirected_step"
 
 
-def _sharded_parameter(p: nn.Parameter) -> bool:
+def _dtensor(p: nn.Parameter) -> bool:
     from torch.distributed.tensor import DTensor
 
-    return isinstance(p, DTensor) or hasattr(p, "ds_id")  # FSDP2/TP; DeepSpeed ZeRO-3
+    return isinstance(p, DTensor)  # FSDP2 fully_shard, tensor parallelism
+
+
+def _sharded_parameter(p: nn.Parameter) -> bool:
+    return _dtensor(p) or hasattr(p, "ds_id")  # FSDP2/TP; DeepSpeed ZeRO-3
 
 
 def _sharding_module(m: nn.Module) -> bool:
@@ -129,3 +142,19 @@ def parameter_counts(module: nn.Module) -> tuple[int, int] | None:
         if p.requires_grad:
             trainable += n
     return total, trainable
+
+
+def parameter_sharding(module: nn.Module) -> str | None:
+    """How ``module``'s parameters are sharded, read from the module alone (no collective, the
+    same answer on every rank): ``"dtensor"`` when a parameter is a DTensor (FSDP2
+    ``fully_shard``, tensor parallelism: torch's distributed state dict gathers and loads them),
+    ``"flattened"`` for FSDP1's flattened and DeepSpeed ZeRO-3's partitioned parameters (or an
+    FSDP1 module inside), ``None`` when every parameter is a whole tensor."""
+    parameters = list(module.parameters())
+    if any(_dtensor(p) for p in parameters):
+        return "dtensor"
+    if any(_sharded_parameter(p) or getattr(p, "_fsdp_flattened", False) for p in parameters):
+        return "flattened"
+    if any(_sharding_module(m) for m in module.modules()):
+        return "flattened"
+    return None
