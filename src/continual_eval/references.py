@@ -183,10 +183,10 @@ def _copier(
     model_factory: Callable[[], LightningModule] | None,
     copy_model: Callable[[LightningModule], LightningModule] | None,
 ) -> Callable[[LightningModule], LightningModule]:
-    """How :func:`train_reference` copies ``model``: ``copy_model``, a :class:`_StateDictCopies`
-    of ``model_factory``, or :func:`_default_copy`; a sharded model without ``model_factory``
-    (or ``copy_model``) refused. Decided from ``model`` alone, so every rank decides alike before
-    any collective."""
+    """How [`train_reference`][continual_eval.train_reference] copies ``model``: ``copy_model``, a
+    `_StateDictCopies` of ``model_factory``, or `_default_copy`; a sharded model without
+    ``model_factory`` (or ``copy_model``) refused. Decided from ``model`` alone, so every rank
+    decides alike before any collective."""
     if model_factory is not None and copy_model is not None:
         raise ValueError("pass model_factory or copy_model, not both")
     if model_factory is not None and not callable(model_factory):
@@ -220,10 +220,10 @@ class _StateDictCopies:
     ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` (rank 0 alone receives the
     tensors, on the CPU), and each copy loads it with ``set_model_state_dict(...,
     broadcast_from_rank0=True)`` (rank 0 broadcasts it tensor by tensor). Both are collectives:
-    every rank constructs this once per :func:`train_reference` and makes one copy per reference
-    fit, so the counts agree. A factory whose module's keys, shapes or dtypes differ from
-    ``model``'s is refused before the collective, on every rank alike (``model.state_dict()``
-    gives a DTensor's global shape without communicating).
+    every rank constructs this once per [`train_reference`][continual_eval.train_reference] and
+    makes one copy per reference fit, so the counts agree. A factory whose module's keys, shapes or
+    dtypes differ from ``model``'s is refused before the collective, on every rank alike
+    (``model.state_dict()`` gives a DTensor's global shape without communicating).
     """
 
     def __init__(
@@ -432,7 +432,8 @@ def train_reference(
             ``model`` is sharded (its parameters are DTensors: ``train_reference`` called after
             a fit under ``ModelParallelStrategy`` sharded it), which ``copy.deepcopy`` refuses:
             the full state dict is then gathered once to rank 0 (on the CPU) and broadcast into
-            each copy; call :func:`train_reference` on every rank. Not with ``copy_model``.
+            each copy; call [`train_reference`][continual_eval.train_reference] on every rank. Not
+            with ``copy_model``.
 
     Returns:
         The [`Reference`][continual_eval.Reference] (``scores`` = ``ref`` ``[T]`` float64, ``kind``,

@@ -18,9 +18,9 @@ collectives (then the ranks evaluate in lockstep) and how the model must be call
 
 * `parameter_counts`: the element counts of the model as built, read from sharded
   parameters without gathering them.
-* :func:`parameter_sharding`: how a module's parameters are sharded (DTensors, or FSDP1's and
+* `parameter_sharding`: how a module's parameters are sharded (DTensors, or FSDP1's and
   DeepSpeed's flattened or partitioned tensors), read without a collective; what
-  :func:`~continual_eval.train_reference` copies a model by.
+  [`train_reference`][continual_eval.train_reference] copies a model by.
 
 This module is the only one that reads private names of Lightning and torch: the strategy's
 ``_forward_redirection``, the object Lightning's own ``Strategy.test_step`` calls, so that the
