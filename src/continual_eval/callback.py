@@ -33,6 +33,7 @@ from continual_eval._fit_checks import (
     untrained_stage,
 )
 from continual_eval._loader_list import as_loader_list
+from continual_eval._run_end import end_run
 from continual_eval._spawn_handover import SpawnHandover
 from continual_eval._train_generators import TrainGenerators
 from continual_eval._trainer_scoring import TrainerScoring
@@ -656,6 +657,8 @@ class ContinualEvalCallback(Callback):
         done = stage == self.num_tasks or self.epochs_per_task is not None
         if trainer.is_global_zero and self.verbose and done and stage:
             rank_zero_info(format_matrix_table(self.continual_results()))
+        if self.epochs_per_task is not None:  # a schedule of fewer stages than tasks ends here
+            end_run(self, trainer)
 
 
 def _as_callback_error(record: Any, *values: Any) -> Any:

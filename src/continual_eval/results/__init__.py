@@ -3,7 +3,7 @@ directory.
 
 * :mod:`~continual_eval.results.model`: :class:`ContinualResults` and every section it holds
   (:class:`MatrixResults`, :class:`StepEvaluations`, :class:`Stability`, :class:`Plasticity`,
-  :class:`RunCost`, :class:`ReferenceMetrics`); :class:`ScoreMatrix` and
+  :class:`RunCost`, :class:`ReferenceMetrics`, :class:`Coverage`); :class:`ScoreMatrix` and
   :class:`ReferenceScores` are what :meth:`ContinualResults.from_tensors` takes.
 * :mod:`~continual_eval.results.class_incremental`: :class:`ClassIncrementalResults`.
 * :mod:`~continual_eval.results.reference`: :class:`Reference` and :class:`ReferenceCurve`, what
@@ -20,6 +20,7 @@ from continual_eval.results.class_incremental import ClassIncrementalResults
 from continual_eval.results.files import check_results_files
 from continual_eval.results.model import (
     ContinualResults,
+    Coverage,
     MatrixResults,
     Plasticity,
     ReferenceMetrics,
@@ -35,6 +36,7 @@ from continual_eval.results.schema import InvalidResultsError
 __all__ = [
     "ClassIncrementalResults",
     "ContinualResults",
+    "Coverage",
     "InvalidResultsError",
     "MatrixResults",
     "Plasticity",

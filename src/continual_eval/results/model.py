@@ -54,6 +54,7 @@ from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
 __all__ = [
     "ContinualResults",
+    "Coverage",
     "MatrixResults",
     "Plasticity",
     "ReferenceMetrics",
@@ -544,6 +545,49 @@ class RunCost:
         )
 
 
+# ---------------------------------------------------------------------- coverage
+@dataclass(frozen=True)
+class Coverage:
+    """A run that ended with fewer tasks trained than it has test loaders (the ``coverage``
+    section of ``results.json``): ``fit_tasks`` over fewer training loaders than test loaders, or
+    one fit over a schedule of fewer stages. R holds every test loader's scores after each of the
+    ``tasks_trained`` stages, but every metric (``acc``, ``bwt``, ``fwt``, ``forgetting`` and
+    those of the other sections) reads only the first ``tasks_trained x tasks_trained`` block."""
+
+    #: stages trained when the run ended (``stages_completed``)
+    tasks_trained: int
+    #: the tasks with a test loader (``num_tasks``)
+    tasks_evaluated: int
+
+    @property
+    def metrics_cover(self) -> str:
+        """The block of R the metrics read, ``R[:k, :k]``."""
+        k = self.tasks_trained
+        return f"R[:{k}, :{k}]"
+
+    def line(self) -> str:
+        """The line printed at the end of such a run."""
+        k, T = self.tasks_trained, self.tasks_evaluated
+        untrained = f"task {k}" if T - k == 1 else f"tasks {k}..{T - 1}"
+        return (
+            f"[continual-eval] the run ended after {k} of {T} tasks ({k} trained, {T} test "
+            f"dataloaders): the metrics cover only the first {k} x {k} block of R "
+            f"({self.metrics_cover}); R also holds the scores of the untrained {untrained}, "
+            "which no metric reads"
+        )
+
+    @classmethod
+    def from_section(cls, section: schema.CoverageSection) -> Coverage:
+        return cls(section.tasks_trained, section.tasks_evaluated)
+
+    def to_section(self) -> schema.CoverageSection:
+        return schema.CoverageSection(
+            tasks_trained=self.tasks_trained,
+            tasks_evaluated=self.tasks_evaluated,
+            metrics_cover=self.metrics_cover,
+        )
+
+
 # ---------------------------------------------------------------------- one matrix
 def _direction(higher_is_better: bool, bounds: tuple[float, float] | None) -> dict[str, Any]:
     """Keyword arguments for the functional layer (none for the default accuracy matrix)."""
@@ -777,6 +821,9 @@ class ContinualResults:
     #: the class-incremental record (``ContinualEvalCallback(task_classes=...)``: the
     #: ``class_incremental`` section); ``None`` without one
     class_incremental: ClassIncrementalResults | None = None
+    #: the run ended with fewer tasks trained than test loaders (the ``coverage`` section);
+    #: ``None`` otherwise (every task trained, or the run may go on)
+    coverage: Coverage | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -872,6 +919,7 @@ class ContinualResults:
         reference: ReferenceScores | None = None,
         lca_beta: int | None = None,
         class_incremental: ClassIncrementalResults | None = None,
+        coverage: Coverage | None = None,
     ) -> ContinualResults:
         """Compute everything from each scorer's records (the primary first): the metric
         family of each matrix in one pass, with ``steps`` the stability and plasticity metrics
@@ -894,6 +942,7 @@ class ContinualResults:
                 normalised forward transfer).
             lca_beta: ``beta`` of every matrix's ``LCA_beta`` (``None``: not computed).
             class_incremental: the class-incremental record (its own section).
+            coverage: the run ended with fewer tasks trained than test loaders.
         """
         if not matrices:
             raise ValueError("ContinualResults needs at least one matrix")
@@ -929,6 +978,7 @@ class ContinualResults:
             if reference is None
             else ReferenceMetrics.compute(reference, primary),
             class_incremental=class_incremental,
+            coverage=coverage,
         )
 
     @classmethod
@@ -957,6 +1007,9 @@ class ContinualResults:
             class_incremental=None
             if class_il is None
             else ClassIncrementalResults.from_section(class_il),
+            coverage=None
+            if document.coverage is None
+            else Coverage.from_section(document.coverage),
         )
 
     @classmethod
@@ -1023,6 +1076,7 @@ class ContinualResults:
             class_incremental=None
             if self.class_incremental is None
             else self.class_incremental.to_section(),
+            coverage=None if self.coverage is None else self.coverage.to_section(),
         )
 
     def to_dict(self) -> dict[str, Any]:
