@@ -461,7 +461,7 @@ class ContinualEvalCallback(Callback):
     @property
     def _scoring(self) -> TrainerScoring:
         assert self._task_loaders is not None
-        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode)
+        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode, self.verbose)
 
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base

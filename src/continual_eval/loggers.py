@@ -181,13 +181,17 @@ def _format_one_table(
 
 
 def stage_line(results: ContinualResults, stage: int) -> str:
-    """The line printed after stage ``stage`` (``verbose``): its place in the sequence and the
-    primary matrix's finite metrics."""
+    """The line printed after stage ``stage`` (``verbose``): its place in the sequence, the
+    primary matrix's finite metrics and how long the stage's evaluation took (when its cost is
+    recorded)."""
     metrics = results.primary.metrics
+    cost = results.cost.at(stage) if results.cost is not None else None
+    took = "" if cost is None else f"  (evaluation {cost.eval_seconds:.2f} s)"
     return (
         f"[continual-eval] stage {stage + 1}/{results.num_tasks} ({results.task_names[stage]}; "
         f"row {stage} of R): "
         + "  ".join(f"{k}={v:.4f}" for k, v in metrics.items() if math.isfinite(v))
+        + took
     )
 
 

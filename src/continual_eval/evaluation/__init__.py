@@ -32,7 +32,8 @@ strategy decides it and how the model is called (:mod:`~continual_eval.evaluatio
 
 Layout (every public name is re-exported here):
 
-* :mod:`~continual_eval.evaluation.loop`: :func:`evaluate_tasks`, :class:`TaskEvaluation`;
+* :mod:`~continual_eval.evaluation.loop`: :func:`evaluate_tasks`, :class:`TaskEvaluation`,
+  :class:`EvaluationProgress` (what its ``progress=`` hears);
   the pieces it runs: :mod:`~continual_eval.evaluation.sources` (where each task's batches come
   from), :mod:`~continual_eval.evaluation.feed` (the output watch and the scorers' feed),
   :mod:`~continual_eval.evaluation.reduction` (counts across ranks, their problems in words);
@@ -94,7 +95,7 @@ from continual_eval.evaluation.loaders import (
     subset_dataloader,
 )
 from continual_eval.evaluation.lockstep import Lockstep
-from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks
+from continual_eval.evaluation.loop import EvaluationProgress, TaskEvaluation, evaluate_tasks
 from continual_eval.evaluation.pools import _POOLS as _POOLS
 from continual_eval.evaluation.pools import _PoolView as _PoolView
 from continual_eval.evaluation.scorers import (
@@ -119,6 +120,7 @@ from continual_eval.evaluation.task_loaders import TaskLoaders
 __all__ = [
     "LOCKSTEP_ATTR",
     "EvaluationError",
+    "EvaluationProgress",
     "Lockstep",
     "Scorer",
     "TaskAgnosticAccuracyScorer",
