@@ -359,6 +359,32 @@ def default_results_dir(trainer: Any, dirpath: str | os.PathLike[str] | None = N
     return new_version_dir(root / "continual_eval")
 
 
+def _open_wandb_run_note(trainer: Any, results_dir: Path) -> str:
+    """When ``results_dir`` is the files directory of the W&B run of the Trainer's first logger:
+    that run (id, name) and how to start a new one (a ``WandbLogger`` created while a run is open
+    in the process reuses it, so a second fit finds the first one's results there); else
+    ``""``."""
+    for logger in list(getattr(trainer, "loggers", None) or [])[:1]:
+        run = getattr(logger, "_experiment", None)
+        if type(logger).__name__ != "WandbLogger" or run is None:
+            return ""
+        try:
+            same = Path(run.dir).resolve() == Path(results_dir).resolve()
+            run_id, name = str(run.id), run.name
+        except Exception:  # a run without a files directory (disabled, finished)
+            return ""
+        if same:
+            named = f" (name {printable(str(name))!r})" if name else ""
+            return (
+                f". {results_dir} is the files directory of the W&B run {printable(run_id)!r}"
+                f"{named}, still open in this process: a WandbLogger created "
+                "while a W&B run is open reuses that run (Lightning warns so). Call wandb.finish() "
+                "after a run's fit: the next WandbLogger then starts a new W&B run, with a "
+                "directory of its own"
+            )
+    return ""
+
+
 def new_version_dir(parent: str | os.PathLike[str]) -> Path:
     """Create and return ``parent/version_N`` with ``N`` one more than the highest existing
     (0 for the first); the directory is claimed with an exclusive ``mkdir``, so two runs starting
@@ -575,7 +601,7 @@ def claim_or_refuse(
     if trainer.is_global_zero and results_dir is not None:
         problem = claim_results_dir(results_dir, run_id, restored=restored, overwrite=overwrite)
         if problem is not None:
-            problem = f"ContinualEvalCallback: {problem}"
+            problem = f"ContinualEvalCallback: {problem}{_open_wandb_run_note(trainer, results_dir)}"
     if trainer.world_size > 1:
         problem = trainer.strategy.broadcast(problem, src=0)
     if problem is not None:
