@@ -97,8 +97,9 @@ class ContinualEvalCallback(Callback):
             and curves. Default ``{"acc": "accuracy"}``.
         prefix: prefix of every logged key.
         dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, from
-            the first logger (its ``log_dir``; MLflow: ``default_root_dir/continual_eval/<run
-            id>``), without a logger a new ``default_root_dir/continual_eval/version_N``.
+            the first logger (its ``log_dir``; W&B: the run's files directory; MLflow:
+            ``default_root_dir/continual_eval/<run id>``), without a logger a new
+            ``default_root_dir/continual_eval/version_N`` (docs/callback.md has the table).
         metadata: free-form JSON-serialisable dict stored in ``results.json``.
         forgetting: forgetting convention, ``"peak"`` or ``"chaudhry"``.
         log_images: also log the matrix as a heatmap where the logger supports images.

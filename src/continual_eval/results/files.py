@@ -66,6 +66,7 @@ __all__ = [
     "claim_results_dir",
     "commit_results",
     "default_results_dir",
+    "file_records",
     "new_version_dir",
     "read_document",
     "read_run_id",
@@ -181,6 +182,23 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _csv_bytes(document: Document) -> dict[str, bytes]:
+    return {name: text.encode("utf-8") for name, text in _csv_files(document).items()}
+
+
+def _file_records(csv_files: Mapping[str, bytes], stages: int) -> dict[str, FileRecord]:
+    return {
+        name: FileRecord(sha256=_sha256(data), stages=stages) for name, data in csv_files.items()
+    }
+
+
+def file_records(document: Document) -> dict[str, FileRecord]:
+    """The ``files`` entry of ``document``: the SHA-256 and stage count of every CSV file
+    :func:`commit_results` writes with it (the CSV text depends on the document alone, so
+    ``ContinualResults.to_dict()`` holds the same entry as the ``results.json`` written)."""
+    return _file_records(_csv_bytes(document), document.stages_completed)
+
+
 # ---------------------------------------------------------------------- writing a stage
 def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     """Write the CSV files and then ``results.json`` (naming each CSV's SHA-256: the commit
@@ -191,11 +209,9 @@ def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     file cannot be written; the files already on disk stay complete.
     """
     dirpath = Path(dirpath)
-    csv_files = {name: text.encode("utf-8") for name, text in _csv_files(document).items()}
+    csv_files = _csv_bytes(document)
+    files = _file_records(csv_files, document.stages_completed)
     stages = document.stages_completed
-    files = {
-        name: FileRecord(sha256=_sha256(data), stages=stages) for name, data in csv_files.items()
-    }
     data = msgspec.json.format(_ENCODER.encode(msgspec.structs.replace(document, files=files)))
     path = dirpath
     try:

@@ -1035,7 +1035,14 @@ class ContinualResults:
     # ------------------------------------------------------------------ output
     def to_document(self) -> schema.Document:
         """The ``results.json`` document as a :class:`~continual_eval.results.schema.Document`
-        (see that module for its shape; :meth:`to_dict` is its ``dict``)."""
+        (see that module for its shape; :meth:`to_dict` is its ``dict``), with the ``files``
+        entry :meth:`write` writes."""
+        document = self._document()
+        # the commit record results.json is written with (the CSVs follow from the document)
+        return msgspec.structs.replace(document, files=files.file_records(document))
+
+    def _document(self) -> schema.Document:
+        """The document without ``files`` (what :meth:`write` adds them to)."""
         sections = {
             name: m.to_section(steps=self.steps is not None) for name, m in self.matrices.items()
         }
@@ -1085,7 +1092,9 @@ class ContinualResults:
         ``metrics_per_stage``, ``per_task``) and, with per-step evaluation, its ``curves`` and
         ``stability``; ``matrices`` every matrix by name with its ``score``,
         ``higher_is_better``, ``bounds``, metric family and step curves; ``cost``,
-        ``reference`` and ``class_incremental`` when recorded."""
+        ``reference``, ``class_incremental`` and ``coverage`` when recorded; ``files``, the
+        SHA-256 and stage count of every CSV file :meth:`write` writes with it. The same
+        document as the ``results.json`` :meth:`write` writes, key for key."""
         document: dict[str, Any] = msgspec.to_builtins(self.to_document())
         return document
 
@@ -1093,4 +1102,4 @@ class ContinualResults:
         """Write ``scores.csv`` (and ``scores_<name>.csv`` per further matrix), then
         ``results.json`` into ``dirpath``, each atomically
         (:func:`~continual_eval.results.files.commit_results`); returns the JSON path."""
-        return files.commit_results(dirpath, self.to_document())
+        return files.commit_results(dirpath, self._document())
