@@ -34,6 +34,7 @@ from continual_eval._fit_checks import (
 )
 from continual_eval._loader_list import as_loader_list
 from continual_eval._run_end import end_run
+from continual_eval._run_warnings import warn_once
 from continual_eval._spawn_handover import SpawnHandover
 from continual_eval._train_generators import TrainGenerators
 from continual_eval._trainer_scoring import TrainerScoring
@@ -508,7 +509,7 @@ class ContinualEvalCallback(Callback):
         notes = _as_callback_error(record.record_stage, stage, scored, cost)
         if trainer.is_global_zero:
             for note in notes:
-                warnings.warn(note, stacklevel=2)
+                warn_once(self.run_id, "stage-note", note)
         if self.step_evaluation is not None:
             record.steps_trained = self._current_step(trainer)
             replaced = record.record_step(record.steps_trained, stage, scored.rows, full=True)
@@ -583,7 +584,7 @@ class ContinualEvalCallback(Callback):
         self._fit_steps_before = self.steps_trained
         note = self._generators.on_train_start(trainer, self.epochs_per_task)
         if note is not None and trainer.is_global_zero:
-            warnings.warn(note, stacklevel=2)
+            warn_once(self.run_id, "resume", note)
         k = self.epochs_per_task
         if k is None:
             return
@@ -630,7 +631,7 @@ class ContinualEvalCallback(Callback):
         if stage != self.stages_completed:
             return
         if trainer.global_step == self._cost.start_step and trainer.is_global_zero:
-            warnings.warn(untrained_stage(stage, self.task_names or []), stacklevel=2)
+            warn_once(self.run_id, "untrained-stage", untrained_stage(stage, self.task_names or []))
         self._record_stage(trainer, pl_module, stage)
 
     @override
@@ -648,7 +649,7 @@ class ContinualEvalCallback(Callback):
                 self.task_names or [],
             )
             if note is not None:
-                warnings.warn(note, stacklevel=2)
+                warn_once(self.run_id, "schedule-end", note)
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

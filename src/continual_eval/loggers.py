@@ -73,6 +73,7 @@ from lightning.pytorch.loggers import (
     WandbLogger,
 )
 
+from continual_eval._run_warnings import warn_once
 from continual_eval.functional.family import METRIC_KEYS
 from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
@@ -488,7 +489,8 @@ def log_stage(
         try:
             figures = _stage_figures(results, stage, prefix, results_dir, image_loggers)
         except ModuleNotFoundError as err:
-            warnings.warn(f"ContinualEvalCallback: no figure logged ({err})", stacklevel=2)
+            message = f"ContinualEvalCallback: no figure logged ({err})"
+            warn_once(results.run_id, "no-figure", message)
     document = functools.cache(results.to_dict)  # built once, for the loggers that store it
     try:
         for logger in loggers:
