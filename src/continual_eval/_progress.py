@@ -44,7 +44,8 @@ class _TqdmBar:
     def __init__(self, callback: TQDMProgressBar, description: str) -> None:
         self.callback, self.description = callback, description
         self.bar: Any = None
-        self.done, self.total = 0, None
+        self.done = 0
+        self.total: int | None = None
 
     def start(self, total: int | None) -> None:
         self.bar = self.callback.init_validation_tqdm()

@@ -58,7 +58,6 @@ import collections
 import functools
 import io
 import math
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path

@@ -30,7 +30,9 @@ def _run(tasks, tmp_path, *, verbose=True, bar=None, **trainer_overrides):
     )
     kwargs = trainer_kwargs(tmp_path, max_epochs=1, **trainer_overrides)
     callbacks = [cb] if bar is None else [cb, bar]
-    fit_tasks(pl.Trainer(callbacks=callbacks, **kwargs), Classifier(make_net()), train_loaders(tasks))
+    fit_tasks(
+        pl.Trainer(callbacks=callbacks, **kwargs), Classifier(make_net()), train_loaders(tasks)
+    )
     return cb
 
 

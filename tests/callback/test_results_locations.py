@@ -114,7 +114,9 @@ def test_wandb(tasks, tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logger = WandbLogger(project="continual-eval-test", save_dir=str(tmp_path / "save"), offline=True)
+    logger = WandbLogger(
+        project="continual-eval-test", save_dir=str(tmp_path / "save"), offline=True
+    )
     try:
         cb = fit(tasks, tmp_path, logger)
         run_id = logger.experiment.id

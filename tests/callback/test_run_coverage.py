@@ -45,9 +45,7 @@ def _check_coverage(cb, results_dir):
     assert document == loaded.to_dict() == cb.continual_results().to_dict()
 
 
-def test_fit_tasks_over_fewer_training_loaders_says_what_the_metrics_cover(
-    tasks, tmp_path, caplog
-):
+def test_fit_tasks_over_fewer_training_loaders_says_what_the_metrics_cover(tasks, tmp_path, caplog):
     cb = ContinualEvalCallback(eval_loaders(tasks), dirpath=tmp_path / "run")
     trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
     with caplog.at_level(logging.INFO, logger="lightning.pytorch"):

@@ -617,7 +617,9 @@ def claim_or_refuse(
     if trainer.is_global_zero and results_dir is not None:
         problem = claim_results_dir(results_dir, run_id, restored=restored, overwrite=overwrite)
         if problem is not None:
-            problem = f"ContinualEvalCallback: {problem}{_open_wandb_run_note(trainer, results_dir)}"
+            problem = (
+                f"ContinualEvalCallback: {problem}{_open_wandb_run_note(trainer, results_dir)}"
+            )
     if trainer.world_size > 1:
         problem = trainer.strategy.broadcast(problem, src=0)
     if problem is not None:
