@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
+from continual_eval._progress import evaluation_description, evaluation_progress
 from continual_eval.evaluation import Scorer
 from continual_eval.evaluation.task_loaders import TaskLoaders
 from continual_eval.evaluation.trainer_evaluation import evaluate_under_trainer
@@ -23,13 +24,14 @@ __all__ = ["TrainerScoring"]
 
 @dataclass(frozen=True)
 class TrainerScoring:
-    """The callback's scorers on its test loaders, scored under a Trainer."""
+    """The callback's scorers on its test loaders, scored under a Trainer; with ``verbose``
+    every evaluation shows its progress on the Trainer's progress bar (`continual_eval._progress`)
+    and rank 0 reports the batch cache."""
 
     scorers: Mapping[str, Scorer]
     task_loaders: TaskLoaders
     inference_mode: bool
-    #: held-out sets: the last ``held_out`` loaders of ``task_loaders``, after the tasks'
-    held_out: int = 0
+    verbose: bool = True
 
     def score(
         self,
@@ -41,22 +43,27 @@ class TrainerScoring:
         stage: int,
         subset: bool = False,
         held_out: bool = False,
+        stage_end: bool = False,
     ) -> Scored:
         """Score ``task_ids`` (their fixed subsets with ``subset``), and with ``held_out`` the
         held-out sets (whole); ``stage`` is ``-1`` for the baseline, else the stage being
-        trained (per-step evaluations) or just finished."""
-        T, H = record.num_tasks, self.held_out if held_out else 0
-        evaluation = evaluate_under_trainer(
-            trainer,
-            pl_module,
-            self.task_loaders,
-            [*task_ids, *range(T, T + H)],
-            self.scorers,
-            inference_mode=self.inference_mode,
-            task_names=self.task_loaders.task_names,
-            subset=subset,
-            stage=stage,
-        )
+        trained (per-step evaluations) or just finished (``stage_end``)."""
+        T, H = record.num_tasks, self.task_loaders.num_held_out if held_out else 0
+        description = evaluation_description(stage, stage_end=stage_end)
+        with evaluation_progress(trainer, description, enabled=self.verbose) as progress:
+            evaluation = evaluate_under_trainer(
+                trainer,
+                pl_module,
+                self.task_loaders,
+                [*task_ids, *range(T, T + H)],
+                self.scorers,
+                inference_mode=self.inference_mode,
+                task_names=self.task_loaders.task_names,
+                subset=subset,
+                stage=stage,
+                progress=progress,
+                verbose=self.verbose,
+            )
         return Scored.from_evaluation(list(self.scorers), evaluation, T, H)
 
     def stage_end(
@@ -80,7 +87,9 @@ class TrainerScoring:
         start = time.perf_counter()
         T = record.num_tasks
         tasks = range(T) if evaluate == "all" else range(min(stage + 2, T))
-        scored = self.score(trainer, pl_module, record, tasks, stage=stage, held_out=True)
+        scored = self.score(
+            trainer, pl_module, record, tasks, stage=stage, held_out=True, stage_end=True
+        )
         cost = meter.finish_stage(
             stage,
             pl_module,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import os
 import uuid
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,8 @@ from continual_eval._fit_checks import (
 )
 from continual_eval._loader_list import as_loader_list
 from continual_eval._run_directory import RunDirectory
+from continual_eval._run_end import end_run
+from continual_eval._run_warnings import warn_once
 from continual_eval._spawn_handover import SpawnHandover
 from continual_eval._train_generators import TrainGenerators
 from continual_eval._trainer_scoring import TrainerScoring
@@ -94,9 +95,8 @@ class ContinualEvalCallback(Callback):
             Each gets its own ``R``, baseline, metrics, log keys (``{prefix}{name}/...``),
             ``scores_<name>.csv`` and curves. Default ``{"acc": "accuracy"}``.
         prefix: prefix of every logged key.
-        dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, from
-            the first logger (its ``log_dir``; MLflow: ``default_root_dir/continual_eval/<run
-            id>``), without a logger a new ``default_root_dir/continual_eval/version_N``.
+        dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, the
+            first logger's (docs/callback.md has the table), else ``continual_eval/version_N``.
         metadata: free-form JSON-serialisable dict stored in ``results.json``.
         forgetting: forgetting convention, ``"peak"`` or ``"chaudhry"``.
         log_images: also log the matrix as a heatmap where the logger supports images.
@@ -199,7 +199,7 @@ class ContinualEvalCallback(Callback):
         self.run_id = uuid.uuid4().hex
         self._handover = SpawnHandover(self.run_id)  # ddp_spawn: rank 0's state to this process
         self._record: RunRecord | None = None
-        self._restored = self._warned_unsharded = False
+        self._restored = False
         self._directory = RunDirectory(self.dirpath, overwrite=self.overwrite)
         self._fit_step_base = self._fit_steps_before = 0
         self._trained_this_fit = False
@@ -326,9 +326,8 @@ class ContinualEvalCallback(Callback):
             self._set_loaders(module_test_loaders(trainer, pl_module))
         assert self._task_loaders is not None
         unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
-        if unsharded and not self._warned_unsharded:
-            self._warned_unsharded = True
-            self._warn(trainer, unsharded_loaders(unsharded))
+        if unsharded:
+            self._warn(trainer, "unsharded", unsharded_loaders(unsharded))
         self._directory.choose(trainer, self.run_id)
 
     def _claim_results_dir(self, trainer: Trainer) -> None:
@@ -418,8 +417,7 @@ class ContinualEvalCallback(Callback):
     @property
     def _scoring(self) -> TrainerScoring:
         assert self._task_loaders is not None
-        held_out = len(self.held_out_dataloaders)
-        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode, held_out)
+        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode, self.verbose)
 
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
@@ -462,7 +460,7 @@ class ContinualEvalCallback(Callback):
         # every rank records the same rows: reduced across ranks before this point
         notes = as_callback_error(record.record_stage, stage, scored, cost)
         for note in notes:
-            self._warn(trainer, note)
+            self._warn(trainer, "stage-note", note)
         if self.step_evaluation is not None:
             record.steps_trained = self._current_step(trainer)
             replaced = record.record_step(record.steps_trained, stage, scored.rows, full=True)
@@ -481,10 +479,10 @@ class ContinualEvalCallback(Callback):
             if self.verbose:
                 rank_zero_info(stage_line(results, stage))
 
-    def _warn(self, trainer: Trainer, note: str | None) -> None:
-        """Rank 0 warns ``note`` (if any)."""
+    def _warn(self, trainer: Trainer, kind: str, note: str | None) -> None:
+        """Rank 0 warns ``note`` (if any), the first of its ``kind`` in this run only."""
         if note is not None and trainer.is_global_zero:
-            warnings.warn(note, stacklevel=3)
+            warn_once(self.run_id, kind, note, stacklevel=3)
 
     def _write(self, trainer: Trainer | None = None) -> ContinualResults:
         """Build the results, write their files (rank 0, once the directory is known) and, in a
@@ -532,7 +530,8 @@ class ContinualEvalCallback(Callback):
             self._cost.resume_stage(progress, stage=self.stages_completed, step=trainer.global_step)
         self._fit_step_base = trainer.global_step
         self._fit_steps_before = self.steps_trained
-        self._warn(trainer, self._generators.on_train_start(trainer, self.epochs_per_task))
+        resumed = self._generators.on_train_start(trainer, self.epochs_per_task)
+        self._warn(trainer, "resume", resumed)
         # resumed from a checkpoint written after a stage's last epoch but before its evaluation
         # (ModelCheckpoint saving in on_validation_end): score that stage now, from those weights
         stage = due_stage(trainer.current_epoch, self.epochs_per_task, self.stages_completed)
@@ -570,7 +569,7 @@ class ContinualEvalCallback(Callback):
         if stage is None:
             return
         if trainer.global_step == self._cost.start_step:
-            self._warn(trainer, untrained_stage(stage, self.task_names or []))
+            self._warn(trainer, "untrained-stage", untrained_stage(stage, self.task_names or []))
         self._record_stage(trainer, pl_module, stage)
 
     @override
@@ -582,7 +581,7 @@ class ContinualEvalCallback(Callback):
         else:
             epoch, names = trainer.current_epoch, self.task_names or []
             end = schedule_end_problem(epoch, trainer.max_epochs, k, self.stages_completed, names)
-            self._warn(trainer, end)
+            self._warn(trainer, "schedule-end", end)
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -592,3 +591,5 @@ class ContinualEvalCallback(Callback):
         done = stage == self.num_tasks or self.epochs_per_task is not None
         if trainer.is_global_zero and self.verbose and done and stage:
             rank_zero_info(format_matrix_table(self.continual_results()))
+        if self.epochs_per_task is not None:  # a schedule of fewer stages than tasks ends here
+            end_run(self, trainer)

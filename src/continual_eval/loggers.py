@@ -2,8 +2,10 @@
 
 Every function takes the run's [`ContinualResults`][continual_eval.ContinualResults] (a
 ``results.json`` document is accepted too and read into one). Every logger gets the scalars
-through ``log_metrics`` (step = stage index). Where the logger can show more, every matrix also
-goes out as a heatmap and as a table:
+through ``log_metrics`` (step = stage index), except W&B: its stage rows carry the stage counter
+``{prefix}stage``, defined as their step metric (``define_metric``), so that its
+``trainer/global_step`` column, which the training rows fill, never goes backwards. Where the
+logger can show more, every matrix also goes out as a heatmap and as a table:
 
 ================  ===================================  ==========================================
 logger            heatmap                              table
@@ -56,7 +58,7 @@ import collections
 import functools
 import io
 import math
-import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,7 @@ from lightning.pytorch.loggers import (
     WandbLogger,
 )
 
+from continual_eval._run_warnings import warn_once
 from continual_eval.functional.family import METRIC_KEYS
 from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
@@ -182,13 +185,17 @@ def _format_one_table(
 
 
 def stage_line(results: ContinualResults, stage: int) -> str:
-    """The line printed after stage ``stage`` (``verbose``): its place in the sequence and the
-    primary matrix's finite metrics."""
+    """The line printed after stage ``stage`` (``verbose``): its place in the sequence, the
+    primary matrix's finite metrics and how long the stage's evaluation took (when its cost is
+    recorded)."""
     metrics = results.primary.metrics
+    cost = results.cost.at(stage) if results.cost is not None else None
+    took = "" if cost is None else f"  (evaluation {cost.eval_seconds:.2f} s)"
     return (
         f"[continual-eval] stage {stage + 1}/{results.num_tasks} ({results.task_names[stage]}; "
         f"row {stage} of R): "
         + "  ".join(f"{k}={v:.4f}" for k, v in metrics.items() if math.isfinite(v))
+        + took
     )
 
 
@@ -502,7 +509,8 @@ def log_stage(
         try:
             figures = _stage_figures(results, stage, prefix, results_dir, image_loggers)
         except ModuleNotFoundError as err:
-            warnings.warn(f"ContinualEvalCallback: no figure logged ({err})", stacklevel=2)
+            message = f"ContinualEvalCallback: no figure logged ({err})"
+            warn_once(results.run_id, "no-figure", message)
     document = functools.cache(results.to_dict)  # built once, for the loggers that store it
     try:
         for logger in loggers:
@@ -567,7 +575,8 @@ def _log_stage_to(
 ) -> None:
     """One logger's share of `log_stage` (what it can show of the stage)."""
     if isinstance(logger, WandbLogger):
-        _log_wandb(logger, results, stage, tags, figures, scalars)  # one W&B step a stage
+        # one W&B row a stage, on the stage axis
+        _log_wandb(logger, results, stage, tags, figures, scalars, prefix)
     else:
         logger.log_metrics(scalars, step=stage)
     if isinstance(logger, TensorBoardLogger):
@@ -601,6 +610,7 @@ def _log_wandb(
     tags: Mapping[str, str],
     figures: Mapping[str, Any],
     scalars: Mapping[str, float],
+    prefix: str,
 ) -> None:
     import wandb
 
@@ -615,4 +625,39 @@ def _log_wandb(
             from PIL import Image
 
             payload[key] = wandb.Image(Image.open(io.BytesIO(_png(fig))))
-    logger.log_metrics(payload, step=stage)
+    _log_wandb_stage_row(logger, payload, stage, prefix)
+
+
+#: per W&B run, the keys already given the stage axis (``define_metric`` once per key)
+_WANDB_STAGE_KEYS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _log_wandb_stage_row(
+    logger: WandbLogger, payload: Mapping[str, Any], stage: int, prefix: str
+) -> None:
+    """One W&B history row of stage ``stage``, plotted against ``{prefix}stage``.
+
+    ``WandbLogger.log_metrics(..., step=stage)`` would write the stage into the
+    ``trainer/global_step`` column, which the training rows fill with the global step (that
+    column would go backwards); instead the row carries the stage counter ``{prefix}stage``
+    and every key of it is defined (``define_metric``, once per run and key) with that counter as
+    its step metric. W&B's own ``_step`` and ``trainer/global_step`` stay monotone.
+    """
+    from lightning.fabric.utilities.logger import _add_prefix
+
+    join = logger.LOGGER_JOIN_CHAR
+    row = _add_prefix({**payload, f"{prefix}stage": stage}, logger._prefix, join)
+    (stage_key,) = _add_prefix({f"{prefix}stage": stage}, logger._prefix, join)
+    run = logger.experiment
+    try:
+        defined = _WANDB_STAGE_KEYS.setdefault(run, set())
+    except TypeError:  # a run object without weak references: define every time
+        defined = set()
+    if stage_key not in defined:
+        run.define_metric(stage_key)  # its own axis, not trainer/global_step
+        defined.add(stage_key)
+    for key in row:
+        if key not in defined:
+            run.define_metric(key, step_metric=stage_key)
+            defined.add(key)
+    run.log(row)

@@ -34,7 +34,13 @@ import torch
 from torch import Tensor
 
 from continual_eval.metric import ContinualMetrics
-from continual_eval.results import ContinualResults, RunCost, ScoreMatrix, StepEvaluations
+from continual_eval.results import (
+    ContinualResults,
+    Coverage,
+    RunCost,
+    ScoreMatrix,
+    StepEvaluations,
+)
 from continual_eval.stage_cost import StageCost
 from continual_eval.step_curves import StepCurves
 
@@ -189,6 +195,8 @@ class RunRecord:
         self.steps_trained = 0
         self.curves = StepCurves(list(self.specs))
         self.costs: list[StageCost] = []
+        #: the run ended (`end_run`) with fewer stages than tasks; a later stage clears it
+        self.ended_early = False
 
     def _new_matrices(self) -> dict[str, ContinualMetrics]:
         return {
@@ -220,6 +228,13 @@ class RunRecord:
     def num_stages(self) -> int:
         """Stages recorded (rows of every matrix)."""
         return self.matrices[self.primary].num_stages
+
+    @property
+    def coverage(self) -> Coverage | None:
+        """What the metrics cover when the run ended with fewer stages than tasks."""
+        if not self.ended_early:
+            return None
+        return Coverage(self.num_stages, self.num_tasks)
 
     # ------------------------------------------------------------------ recording
     def _check_rows(self, scored: Scored, check: str, problem: str) -> None:
@@ -261,6 +276,7 @@ class RunRecord:
             section.check_stage(stage, scored)
         for name, metric in self.matrices.items():
             metric.update(scored.rows[name])
+        self.ended_early = False
         notes = [note for s in self.sections.values() for note in s.record_stage(stage, scored)]
         if cost is not None:
             self.costs = [c for c in self.costs if c.stage < stage] + [cost]
@@ -272,6 +288,13 @@ class RunRecord:
         """Add an evaluation at ``step`` inside (or at the end of) stage ``stage`` to the step
         curves; returns the whole-test-set rows it replaced (the same step and stage), if any."""
         return self.curves.add(step, stage, rows, full=full)
+
+    def end_run(self) -> Coverage | None:
+        """The run ends here (no stage will be trained after the ones recorded): with fewer
+        stages than tasks (and at least one), the results record it (their ``coverage``, which
+        a later recorded stage clears again); returns that coverage, ``None`` otherwise."""
+        self.ended_early = 0 < self.num_stages < self.num_tasks
+        return self.coverage
 
     # ------------------------------------------------------------------ results
     def step_evaluations(self) -> StepEvaluations | None:
@@ -312,6 +335,7 @@ class RunRecord:
             cost=RunCost(tuple(self.costs)),
             reference=self.reference,
             lca_beta=self.lca_beta,
+            coverage=self.coverage,
         )
         for section in self.sections.values():
             results = section.add_to(results)
@@ -339,6 +363,7 @@ class RunRecord:
             "step_subset": self.step_subset,
             "costs": [c.to_dict() for c in self.costs],
             "sections": {key: s.state_dict() for key, s in self.sections.items()},
+            "ended_early": self.ended_early,
         }
 
     def settings_differ(self, state: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -391,6 +416,7 @@ class RunRecord:
         self.matrices, self.curves, self.costs = matrices, curves, costs
         self.baseline_done = bool(state["baseline_done"])
         self.steps_trained = int(state["steps_trained"])
+        self.ended_early = bool(state.get("ended_early", False))  # absent before 23.2
         self.run_id = str(state["run_id"])
         if state.get("step_subset") is not None:
             self.step_subset = dict(state["step_subset"])

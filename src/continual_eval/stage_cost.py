@@ -51,6 +51,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from continual_eval._run_warnings import ONCE_PER_RUN
+
 __all__ = [
     "MEMORY_HOOK",
     "StageCost",
@@ -175,18 +177,22 @@ def _peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
-def _parameter_counts(module: nn.Module) -> tuple[int, int]:
+def _parameter_counts(module: nn.Module, *, warn: bool = True) -> tuple[int, int]:
     """``(all, trainable)`` parameter counts of the model as built, sharded or not
-    (`parameter_counts`); ``(0, 0)`` with a warning
-    under FSDP1 (its flattened shards do not tell them; model-size efficiency is then ``None``)."""
+    (`parameter_counts`); ``(0, 0)`` under FSDP1 (its
+    flattened shards do not tell them; model-size efficiency is then ``None``), with a warning
+    when ``warn``."""
     from continual_eval.evaluation.strategy import parameter_counts
 
     counts = parameter_counts(module)
     if counts is None:
+        if not warn:
+            return 0, 0
         warnings.warn(
             "continual-eval: the parameter counts of a model under FSDP1 (FSDPStrategy) are not "
             "read (its flattened shards do not tell them); the stage costs record 0 parameters "
-            "and no model-size efficiency. ModelParallelStrategy (FSDP2) parameters are counted",
+            "and no model-size efficiency. ModelParallelStrategy (FSDP2) parameters are counted"
+            + ONCE_PER_RUN,
             stacklevel=3,
         )
         return 0, 0
@@ -235,6 +241,7 @@ class StageCostRecorder:
         self._start: float | None = None
         self._samples = 0
         self._device: torch.device | None = None
+        self._counts_warned = False  # the FSDP1 parameter-count warning: once per run
 
     def start_stage(self, device: torch.device, step: int = 0) -> None:
         """A stage's training starts (or resumes) now on ``device``, at optimizer step ``step``."""
@@ -310,7 +317,9 @@ class StageCostRecorder:
             peak, kind = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
         else:
             peak, kind = _peak_rss_bytes(), "process_peak_rss"
-        total, trainable = _parameter_counts(module)
+        total, trainable = _parameter_counts(module, warn=not self._counts_warned)
+        if (total, trainable) == (0, 0):  # warned by now when the counts could not be read
+            self._counts_warned = True
         cost = StageCost(
             stage=stage,
             train_seconds=float(train_seconds),

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 
+from continual_eval._run_end import end_run
 from continual_eval.callback import ContinualEvalCallback
 from continual_eval.lightning_log import without_cumulative_epoch_message
 
@@ -73,6 +74,10 @@ def fit_tasks(
         seed: if given, ``seed_everything(seed + i)`` before task ``i``, so a resumed sequence
             draws the same random numbers as an uninterrupted one.
 
+    With fewer ``train_dataloaders`` than the callback has test loaders, the run ends after
+    those tasks: the metrics cover only the first ``k x k`` block of R, which ``results.json``
+    records (its ``coverage`` section) and, with ``verbose``, one printed line says.
+
     Returns:
         The (first) [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] (``.scores``,
         ``.baseline``, ``.results()``).
@@ -88,7 +93,7 @@ def fit_tasks(
         raise ValueError(
             f"{len(val_dataloaders)} val_dataloaders for {len(train_dataloaders)} train_dataloaders"
         )
-    start, callbacks = 0, None
+    start, callbacks, first = 0, None, None
     if ckpt_path is not None:
         first = current if current is not None else factory(0)  # type: ignore[misc]
         callbacks = _find_callbacks(first)
@@ -121,8 +126,13 @@ def fit_tasks(
             )
         if checkpoint_dir is not None:
             current.save_checkpoint(os.path.join(checkpoint_dir, f"task_{task}.ckpt"))
+    last = current if current is not None else first
+    if last is None:
+        last = factory(0)  # type: ignore[misc]
     if callbacks is None:
-        callbacks = _find_callbacks(current if current is not None else factory(0))  # type: ignore[misc]
+        callbacks = _find_callbacks(last)
+    for cb in callbacks:  # fewer tasks trained than test loaders: say what the metrics cover
+        end_run(cb, last)
     return callbacks[0]
 
 

@@ -282,7 +282,7 @@ def counting_loaders(tasks, **kwargs):
 
 def run_loaders(tasks, tmp_path, loaders, **cb_kwargs):
     model = Classifier(make_net())
-    cb = ContinualEvalCallback(loaders, verbose=False, **cb_kwargs)
+    cb = ContinualEvalCallback(loaders, **{"verbose": False, **cb_kwargs})
     root = tempfile.mkdtemp(dir=tmp_path)  # every run its own results directory
     for dl in train_loaders(tasks):
         pl.Trainer(callbacks=[cb], **trainer_kwargs(root, max_epochs=EPOCHS)).fit(model, dl)
@@ -296,8 +296,13 @@ def test_cache_reads_each_test_set_once_and_gives_the_same_curves(tasks, tmp_pat
     for cache in (None, False):
         loaders = counting_loaders(tasks)
         with caplog.at_level(logging.INFO):
-            cb = run_loaders(
-                tasks, tmp_path, loaders, eval_every_n_steps=1, cache_test_batches=cache
+            cb = run_loaders(  # verbose: the cache's line (verbose=False silences it)
+                tasks,
+                tmp_path,
+                loaders,
+                eval_every_n_steps=1,
+                cache_test_batches=cache,
+                verbose=True,
             )
         got = cb.curves()
         assert got[0].tolist() == steps and same(got[2], rows)

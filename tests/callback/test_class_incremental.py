@@ -600,7 +600,7 @@ def test_wrong_task_classes_stop_the_fit_before_training(tmp_path, task_classes,
 
 def test_inverted_cells_warn(tmp_path):
     """The record's section reports the cells where the task-aware accuracy is below the
-    task-agnostic one; the callback warns with it (rank 0), once per recorded stage."""
+    task-agnostic one; the callback warns with it (rank 0), once per run."""
     from continual_eval._class_incremental_recorder import ClassIncrementalRecord
     from continual_eval.record import Scored
 

@@ -34,10 +34,11 @@ strategy decides it and how the model is called (`strategy`).
 Layout (every public name is re-exported here):
 
 * `loop`: [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks],
-  [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation]; the pieces it runs: `sources` (where
-  each task's batches come from), `feed` (the output watch and the scorers' feed),
-  `reduction` (counts across ranks, their problems in words);
-* `lockstep`: [`Lockstep`][continual_eval.evaluation.Lockstep]; and
+  [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation],
+  [`EvaluationProgress`][continual_eval.evaluation.EvaluationProgress] (what its ``progress=``
+  hears); the pieces it runs: `sources` (where each task's batches come from), `feed` (the output
+  watch and the scorers' feed), `reduction` (counts across ranks, their problems in words);
+* `lockstep`: `Lockstep`; and
   `strategy`: [`collective_forward`][continual_eval.evaluation.collective_forward], `LOCKSTEP_ATTR`,
   the forward redirection of wrapping strategies;
 * `guards`: train/eval flags, RNG states, grad context;
@@ -96,7 +97,7 @@ from continual_eval.evaluation.loaders import (
     subset_dataloader,
 )
 from continual_eval.evaluation.lockstep import Lockstep
-from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks
+from continual_eval.evaluation.loop import EvaluationProgress, TaskEvaluation, evaluate_tasks
 from continual_eval.evaluation.pools import _POOLS as _POOLS
 from continual_eval.evaluation.pools import _PoolView as _PoolView
 from continual_eval.evaluation.scorers import (
@@ -122,6 +123,7 @@ from continual_eval.evaluation.task_loaders import TaskLoaders
 __all__ = [
     "LOCKSTEP_ATTR",
     "EvaluationError",
+    "EvaluationProgress",
     "Scorer",
     "TaskEvaluation",
     "cache_safety",

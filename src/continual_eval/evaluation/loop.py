@@ -35,6 +35,12 @@ that are not labels of the output's class dimension; non-finite losses; a metric
 not one finite number; in lockstep, a rank without a sample of a task the others score and
 nothing to pad with. Raised at once, on the rank that met it: an output that does not fit the
 targets, or a model/step output of the wrong structure.
+
+Progress: ``progress`` (an [`EvaluationProgress`][continual_eval.evaluation.EvaluationProgress],
+    e.g. a progress bar; the loop imports
+nothing of Lightning) hears ``start(total)`` once, before the first batch (``total``: the batches
+of every task this rank reads, ``None`` when a loader's length is unknown), then ``advance()``
+after each batch scored (lockstep's extra passes are not batches).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from lightning.pytorch.utilities import move_data_to_device
@@ -86,7 +92,18 @@ from continual_eval.evaluation.scorers import (
 from continual_eval.evaluation.sources import _batch_sources, _TaskSource
 from continual_eval.evaluation.step import BatchStep, _step_pair, default_batch_step
 
-__all__ = ["TaskEvaluation", "evaluate_tasks"]
+__all__ = ["EvaluationProgress", "TaskEvaluation", "evaluate_tasks"]
+
+
+class EvaluationProgress(Protocol):
+    """What [`evaluate_tasks`][continual_eval.evaluation.evaluate_tasks] reports its progress to
+    (``progress=``): ``start(total)`` once, before the first batch, with the batches of every task
+    this rank reads (``None`` when a loader's length is unknown), then ``advance()`` after each
+    batch scored."""
+
+    def start(self, total: int | None) -> None: ...
+
+    def advance(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -208,11 +225,13 @@ def _run_task(
     plan: StepPlan | None,
     lockstep: Lockstep | None,
     batch_scorers: _BatchScorers,
+    progress: EvaluationProgress | None = None,
 ) -> None:
     """Every batch of one task through ``forward``, fed to ``feed`` (``None``: this rank does not
     count the task) and to the batch scorers. In lockstep (``plan``), then the passes the plan
     adds, on the first sample of the last batch (or the task's spare sample), their outputs
-    discarded. Without output scorers (every scorer decodes itself) no step forward runs."""
+    discarded. Without output scorers (every scorer decodes itself) no step forward runs.
+    ``progress`` advances after every batch."""
     outputs = batch_scorers.outputs
     batches: Any = source.batches
     spare = lockstep.spare_loader(task) if lockstep is not None else None
@@ -241,6 +260,8 @@ def _run_task(
         index += 1
         if plan is not None:
             last = batch
+        if progress is not None:
+            progress.advance()
     if feed is not None:
         feed.flush()
 
@@ -406,6 +427,7 @@ def evaluate_tasks(
     unsharded: Collection[int] = (),
     stage: int | None = None,
     lockstep: Lockstep | None = None,
+    progress: EvaluationProgress | None = None,
 ) -> TaskEvaluation:
     """Score ``module`` on ``dataloaders[j]`` for each ``j`` in ``task_ids``, with every scorer.
 
@@ -436,6 +458,9 @@ def evaluate_tasks(
             ``-1`` for the untrained baseline, ``i`` for stage ``i`` (or an evaluation inside it),
             ``None`` when the evaluation is not tied to a stage.
         lockstep: run the ranks' forward passes in step; ``None``: each its own batches only.
+        progress: told the number of batches (``start``), then each batch scored (``advance``):
+            see [`EvaluationProgress`][continual_eval.evaluation.EvaluationProgress]; ``None``:
+            nothing is reported.
 
     Returns:
         [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation], the same on every rank:
@@ -460,13 +485,24 @@ def evaluate_tasks(
     with preserve_rng_state(device), preserve_training_flags(module), grad_context():
         sources = _batch_sources(dataloaders, iterated, device)
         plans = {} if lockstep is None else _plans(sources, task_ids, lockstep, device, label)
+        if progress is not None:
+            progress.start(_total_batches(sources))
         for j in task_ids:
             _start_task(scorer_list, j, stage, device)
             watch = _OutputWatch()
             if j in sources:
                 feed = _TaskFeed(output_scorers, watch) if j in counted else None
                 try:
-                    _run_task(forward, j, sources[j], feed, plans.get(j), lockstep, batch_scorers)
+                    _run_task(
+                        forward,
+                        j,
+                        sources[j],
+                        feed,
+                        plans.get(j),
+                        lockstep,
+                        batch_scorers,
+                        progress,
+                    )
                 except EvaluationError as err:
                     raise EvaluationError(f"{label(j)}: {err}") from err
             if batch_scorers.scorers:  # on every rank, with or without batches of this task
@@ -476,6 +512,12 @@ def evaluate_tasks(
                     raise EvaluationError(f"{label(j)}: {err}") from err
             tally.add(j, watch)
     return tally.finish(task_ids)
+
+
+def _total_batches(sources: dict[int, _TaskSource]) -> int | None:
+    """The batches of every task read, ``None`` when a loader's length is unknown."""
+    lengths = [source.length for source in sources.values()]
+    return None if None in lengths else sum(length or 0 for length in lengths)
 
 
 def _label(dataloaders: Sequence[Any], names: Sequence[str], j: int) -> str:

@@ -53,6 +53,8 @@ class TaskLoaders:
         self.task_names = list(task_names)
         self.subset_size, self.subset_seed = subset_size, subset_seed
         self.cache_mode, self.per_step = cache, per_step
+        #: held-out sets: the last ``num_held_out`` loaders, after the tasks' (see ``for_steps``)
+        self.num_held_out = 0
         self.subsets: list[Any] | None = None
         self.subset_sizes: list[int] = []
         if subset_size is not None:
@@ -92,7 +94,7 @@ class TaskLoaders:
         its fixed subset per task and seed), the ``held_out`` sets' (name -> loader) after the
         tasks' (loader ``T + h``)."""
         held_out = held_out or {}
-        return cls(
+        task_loaders = cls(
             [*loaders, *held_out.values()],
             [*task_names, *(f"held-out set {name!r}" for name in held_out)],
             subset_size=None if steps is None else steps.subset,
@@ -101,6 +103,8 @@ class TaskLoaders:
             cache_max_bytes=cache_max_bytes,
             per_step=steps is not None,
         )
+        task_loaders.num_held_out = len(held_out)
+        return task_loaders
 
     def __len__(self) -> int:
         return len(self.loaders)

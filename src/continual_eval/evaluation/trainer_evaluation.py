@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from continual_eval._loader_list import as_loader_list
 from continual_eval.evaluation.guards import grad_free_context
 from continual_eval.evaluation.lockstep import Lockstep
-from continual_eval.evaluation.loop import TaskEvaluation, evaluate_tasks
+from continual_eval.evaluation.loop import EvaluationProgress, TaskEvaluation, evaluate_tasks
 from continual_eval.evaluation.scorers import Scorer
 from continual_eval.evaluation.step import default_batch_step
 from continual_eval.evaluation.strategy import collective_forward, strategy_step
@@ -72,12 +72,15 @@ def evaluate_under_trainer(
     task_names: Sequence[str] | None,
     subset: bool = False,
     stage: int | None = None,
+    progress: EvaluationProgress | None = None,
+    verbose: bool = True,
 ) -> TaskEvaluation:
     """Score ``task_ids`` with every scorer on this rank's shards of ``task_loaders`` (their
     fixed subsets with ``subset``), counts reduced over the Trainer's ranks; the
     [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation], its scores aligned with
-    ``scorers``. ``stage`` goes to the scorers' ``set_task``. Rank 0 reports the batch cache once it
-    is filled."""
+    ``scorers``. ``stage`` goes to the scorers' ``set_task``; ``progress`` hears every batch (see
+    [`EvaluationProgress`][continual_eval.evaluation.EvaluationProgress]). With ``verbose``, rank 0
+    reports the batch cache once it is filled."""
     world = trainer.world_size
     strategy = trainer.strategy
     device = strategy.root_device
@@ -106,8 +109,9 @@ def evaluate_under_trainer(
             unsharded=task_loaders.unsharded,
             stage=stage,
             lockstep=lockstep,
+            progress=progress,
         )
-    report = task_loaders.cache_report(device)
+    report = task_loaders.cache_report(device) if verbose else None
     if report is not None and trainer.is_global_zero:
         rank_zero_info(report)
     return evaluation

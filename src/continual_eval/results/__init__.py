@@ -6,13 +6,14 @@ and the files of a run directory.
   [`StepEvaluations`][continual_eval.results.StepEvaluations],
   [`Stability`][continual_eval.results.Stability],
   [`Plasticity`][continual_eval.results.Plasticity], [`RunCost`][continual_eval.results.RunCost],
-  [`ReferenceMetrics`][continual_eval.results.ReferenceMetrics]);
+  [`ReferenceMetrics`][continual_eval.results.ReferenceMetrics],
+  [`Coverage`][continual_eval.results.Coverage]);
   [`ScoreMatrix`][continual_eval.results.ScoreMatrix] and
   [`ReferenceScores`][continual_eval.results.ReferenceScores] are what
   [`ContinualResults.from_tensors`][continual_eval.results.ContinualResults.from_tensors] takes.
 * `class_incremental`: [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults].
-* `reference`: [`Reference`][continual_eval.results.Reference] and
-  [`ReferenceCurve`][continual_eval.results.ReferenceCurve], what
+* `held_out`: [`HeldOutResults`][continual_eval.results.HeldOutResults].
+* `reference`: [`Reference`][continual_eval.Reference] and `ReferenceCurve`, what
   [`train_reference`][continual_eval.train_reference] measured, and what ``reference=`` accepts.
 * `files`: the run directory (choosing and claiming it, writing the
   files atomically with their commit record, reading them back;
@@ -29,6 +30,7 @@ from continual_eval.results.files import check_results_files
 from continual_eval.results.held_out import HeldOutResults
 from continual_eval.results.model import (
     ContinualResults,
+    Coverage,
     MatrixResults,
     Plasticity,
     ReferenceMetrics,
@@ -45,6 +47,7 @@ from continual_eval.results.schema import InvalidResultsError
 __all__ = [
     "ClassIncrementalResults",
     "ContinualResults",
+    "Coverage",
     "HeldOutResults",
     "InvalidResultsError",
     "MatrixResults",

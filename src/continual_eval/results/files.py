@@ -67,6 +67,7 @@ __all__ = [
     "claim_results_dir",
     "commit_results",
     "default_results_dir",
+    "file_records",
     "new_version_dir",
     "read_document",
     "read_run_id",
@@ -182,6 +183,23 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _csv_bytes(document: Document) -> dict[str, bytes]:
+    return {name: text.encode("utf-8") for name, text in _csv_files(document).items()}
+
+
+def _file_records(csv_files: Mapping[str, bytes], stages: int) -> dict[str, FileRecord]:
+    return {
+        name: FileRecord(sha256=_sha256(data), stages=stages) for name, data in csv_files.items()
+    }
+
+
+def file_records(document: Document) -> dict[str, FileRecord]:
+    """The ``files`` entry of ``document``: the SHA-256 and stage count of every CSV file
+    `commit_results` writes with it (the CSV text depends on the document alone, so
+    ``ContinualResults.to_dict()`` holds the same entry as the ``results.json`` written)."""
+    return _file_records(_csv_bytes(document), document.stages_completed)
+
+
 # ---------------------------------------------------------------------- writing a stage
 def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     """Write the CSV files and then ``results.json`` (naming each CSV's SHA-256: the commit
@@ -192,11 +210,9 @@ def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     file cannot be written; the files already on disk stay complete.
     """
     dirpath = Path(dirpath)
-    csv_files = {name: text.encode("utf-8") for name, text in _csv_files(document).items()}
+    csv_files = _csv_bytes(document)
+    files = _file_records(csv_files, document.stages_completed)
     stages = document.stages_completed
-    files = {
-        name: FileRecord(sha256=_sha256(data), stages=stages) for name, data in csv_files.items()
-    }
     data = msgspec.json.format(_ENCODER.encode(msgspec.structs.replace(document, files=files)))
     path = dirpath
     try:
@@ -358,6 +374,32 @@ def default_results_dir(trainer: Any, dirpath: str | os.PathLike[str] | None = N
         if save_dir:
             return new_version_dir(Path(save_dir) / "continual_eval")
     return new_version_dir(root / "continual_eval")
+
+
+def _open_wandb_run_note(trainer: Any, results_dir: Path) -> str:
+    """When ``results_dir`` is the files directory of the W&B run of the Trainer's first logger:
+    that run (id, name) and how to start a new one (a ``WandbLogger`` created while a run is open
+    in the process reuses it, so a second fit finds the first one's results there); else
+    ``""``."""
+    for logger in list(getattr(trainer, "loggers", None) or [])[:1]:
+        run = getattr(logger, "_experiment", None)
+        if type(logger).__name__ != "WandbLogger" or run is None:
+            return ""
+        try:
+            same = Path(run.dir).resolve() == Path(results_dir).resolve()
+            run_id, name = str(run.id), run.name
+        except Exception:  # a run without a files directory (disabled, finished)
+            return ""
+        if same:
+            named = f" (name {printable(str(name))!r})" if name else ""
+            return (
+                f". {results_dir} is the files directory of the W&B run {printable(run_id)!r}"
+                f"{named}, still open in this process: a WandbLogger created "
+                "while a W&B run is open reuses that run (Lightning warns so). Call wandb.finish() "
+                "after a run's fit: the next WandbLogger then starts a new W&B run, with a "
+                "directory of its own"
+            )
+    return ""
 
 
 def new_version_dir(parent: str | os.PathLike[str]) -> Path:
@@ -576,7 +618,9 @@ def claim_or_refuse(
     if trainer.is_global_zero and results_dir is not None:
         problem = claim_results_dir(results_dir, run_id, restored=restored, overwrite=overwrite)
         if problem is not None:
-            problem = f"ContinualEvalCallback: {problem}"
+            problem = (
+                f"ContinualEvalCallback: {problem}{_open_wandb_run_note(trainer, results_dir)}"
+            )
     if trainer.world_size > 1:
         problem = trainer.strategy.broadcast(problem, src=0)
     if problem is not None:

@@ -60,6 +60,7 @@ from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
 __all__ = [
     "ContinualResults",
+    "Coverage",
     "MatrixResults",
     "Plasticity",
     "ReferenceMetrics",
@@ -554,6 +555,49 @@ class RunCost:
         )
 
 
+# ---------------------------------------------------------------------- coverage
+@dataclass(frozen=True)
+class Coverage:
+    """A run that ended with fewer tasks trained than it has test loaders (the ``coverage``
+    section of ``results.json``): ``fit_tasks`` over fewer training loaders than test loaders, or
+    one fit over a schedule of fewer stages. R holds every test loader's scores after each of the
+    ``tasks_trained`` stages, but every metric (``acc``, ``bwt``, ``fwt``, ``forgetting`` and
+    those of the other sections) reads only the first ``tasks_trained x tasks_trained`` block."""
+
+    #: stages trained when the run ended (``stages_completed``)
+    tasks_trained: int
+    #: the tasks with a test loader (``num_tasks``)
+    tasks_evaluated: int
+
+    @property
+    def metrics_cover(self) -> str:
+        """The block of R the metrics read, ``R[:k, :k]``."""
+        k = self.tasks_trained
+        return f"R[:{k}, :{k}]"
+
+    def line(self) -> str:
+        """The line printed at the end of such a run."""
+        k, T = self.tasks_trained, self.tasks_evaluated
+        untrained = f"task {k}" if T - k == 1 else f"tasks {k}..{T - 1}"
+        return (
+            f"[continual-eval] the run ended after {k} of {T} tasks ({k} trained, {T} test "
+            f"dataloaders): the metrics cover only the first {k} x {k} block of R "
+            f"({self.metrics_cover}); R also holds the scores of the untrained {untrained}, "
+            "which no metric reads"
+        )
+
+    @classmethod
+    def from_section(cls, section: schema.CoverageSection) -> Coverage:
+        return cls(section.tasks_trained, section.tasks_evaluated)
+
+    def to_section(self) -> schema.CoverageSection:
+        return schema.CoverageSection(
+            tasks_trained=self.tasks_trained,
+            tasks_evaluated=self.tasks_evaluated,
+            metrics_cover=self.metrics_cover,
+        )
+
+
 # ---------------------------------------------------------------------- one matrix
 def _direction(higher_is_better: bool, bounds: tuple[float, float] | None) -> dict[str, Any]:
     """Keyword arguments for the functional layer (none for the default accuracy matrix)."""
@@ -795,6 +839,9 @@ class ContinualResults:
     #: sets scored at the baseline and after every stage but never trained
     #: (``ContinualEvalCallback(held_out_dataloaders=...)``: the ``held_out`` section)
     held_out: HeldOutResults | None = None
+    #: the run ended with fewer tasks trained than test loaders (the ``coverage`` section);
+    #: ``None`` otherwise (every task trained, or the run may go on)
+    coverage: Coverage | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -891,6 +938,7 @@ class ContinualResults:
         lca_beta: int | None = None,
         class_incremental: ClassIncrementalResults | None = None,
         held_out: HeldOutResults | None = None,
+        coverage: Coverage | None = None,
     ) -> ContinualResults:
         """Compute everything from each scorer's records (the primary first): the metric
         family of each matrix in one pass, with ``steps`` the stability and plasticity metrics
@@ -915,6 +963,7 @@ class ContinualResults:
             lca_beta: ``beta`` of every matrix's ``LCA_beta`` (``None``: not computed).
             class_incremental: the class-incremental record (its own section).
             held_out: the held-out sets' scores (their own section; never in the metrics).
+            coverage: the run ended with fewer tasks trained than test loaders.
         """
         if not matrices:
             raise ValueError("ContinualResults needs at least one matrix")
@@ -951,6 +1000,7 @@ class ContinualResults:
             else ReferenceMetrics.compute(reference, primary),
             class_incremental=class_incremental,
             held_out=held_out,
+            coverage=coverage,
         )
 
     @classmethod
@@ -985,6 +1035,9 @@ class ContinualResults:
                 document.held_out,
                 {name: m.higher_is_better for name, m in document.matrices.items()},
             ),
+            coverage=None
+            if document.coverage is None
+            else Coverage.from_section(document.coverage),
         )
 
     @classmethod
@@ -1011,7 +1064,15 @@ class ContinualResults:
     def to_document(self) -> schema.Document:
         """The ``results.json`` document as a `Document`
         (see that module for its shape; [`to_dict`][continual_eval.results.ContinualResults.to_dict]
-        is its ``dict``)."""
+        is its ``dict``), with the ``files`` entry
+        [`write`][continual_eval.results.ContinualResults.write] writes."""
+        document = self._document()
+        # the commit record results.json is written with (the CSVs follow from the document)
+        return msgspec.structs.replace(document, files=files.file_records(document))
+
+    def _document(self) -> schema.Document:
+        """The document without ``files`` (what
+        [`write`][continual_eval.results.ContinualResults.write] adds them to)."""
         sections = {
             name: m.to_section(steps=self.steps is not None) for name, m in self.matrices.items()
         }
@@ -1053,6 +1114,7 @@ class ContinualResults:
             if self.class_incremental is None
             else self.class_incremental.to_section(),
             held_out=None if self.held_out is None else self.held_out.to_section(),
+            coverage=None if self.coverage is None else self.coverage.to_section(),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -1061,7 +1123,11 @@ class ContinualResults:
         ``metrics_per_stage``, ``per_task``) and, with per-step evaluation, its ``curves`` and
         ``stability``; ``matrices`` every matrix by name with its ``score``,
         ``higher_is_better``, ``bounds``, metric family and step curves; ``cost``,
-        ``reference`` and ``class_incremental`` when recorded."""
+        ``reference``, ``class_incremental`` and ``coverage`` when recorded; ``files``, the
+        SHA-256 and stage count of every CSV file
+        [`write`][continual_eval.results.ContinualResults.write] writes with it. The same document
+        as the ``results.json`` [`write`][continual_eval.results.ContinualResults.write] writes, key
+        for key."""
         document: dict[str, Any] = msgspec.to_builtins(self.to_document())
         return document
 
@@ -1069,4 +1135,4 @@ class ContinualResults:
         """Write ``scores.csv`` (and ``scores_<name>.csv`` per further matrix), then
         ``results.json`` into ``dirpath``, each atomically
         (`commit_results`); returns the JSON path."""
-        return files.commit_results(dirpath, self.to_document())
+        return files.commit_results(dirpath, self._document())

@@ -25,8 +25,9 @@ evaluated or undefined):
   cells); with per-step evaluation ``curves`` (``N`` evaluations; its ``accuracy`` rows and the
   top-level ``stability`` repeat the primary matrix's ``step_scores`` and ``stability``);
   optional ``cost``, ``reference``, ``class_incremental``, ``held_out`` (sets never trained:
-  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``files`` (the
-  commit record of the CSV files, see `continual_eval.results.files`);
+  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``coverage``
+  when the run ended with fewer tasks trained than it has test loaders (`CoverageSection`);
+  ``files`` (the commit record of the CSV files, see `continual_eval.results.files`);
 * unknown keys are ignored (forward compatibility) and not written back.
 
 Limits on what an untrusted file may hold (beyond them a file is refused, not truncated):
@@ -71,6 +72,7 @@ __all__ = [
     "MAX_TEXT_LENGTH",
     "ClassIncrementalSection",
     "CostSection",
+    "CoverageSection",
     "CurvesSection",
     "Document",
     "InvalidResultsError",
@@ -239,6 +241,18 @@ class ReferenceSection(Struct, kw_only=True):
     source: Text
 
 
+class CoverageSection(Struct, kw_only=True):
+    """A run that ended with fewer tasks trained than it has test loaders (``fit_tasks`` over
+    fewer training loaders, a schedule of fewer stages): ``tasks_trained`` equals
+    ``stages_completed``, ``tasks_evaluated`` equals ``num_tasks`` (the test loaders, scored after
+    every stage), and the metrics cover only the first ``tasks_trained x tasks_trained`` block of
+    R (``metrics_cover``, e.g. ``R[:2, :2]``)."""
+
+    tasks_trained: Count
+    tasks_evaluated: Count
+    metrics_cover: Text
+
+
 class ConfusionSection(Struct, kw_only=True):
     """Per stage one string of ``true:predicted:count`` cells (see
     `continual_eval.results.class_incremental`)."""
@@ -334,6 +348,7 @@ class Document(Struct, kw_only=True, omit_defaults=True):
     reference: ReferenceSection | None = None
     class_incremental: ClassIncrementalSection | None = None
     held_out: HeldOutSection | None = None
+    coverage: CoverageSection | None = None
     files: dict[Name, FileRecord] | None = None
 
     @property
@@ -498,6 +513,8 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
         _check_class_incremental(check, document.class_incremental, T, s)
     if document.held_out is not None:
         _check_held_out(check, document.held_out, document.matrices, s)
+    if document.coverage is not None:
+        _check_coverage(check, document.coverage, T, s)
     for name, record in (document.files or {}).items():
         if os.path.basename(name) != name or name in ("", ".", ".."):
             check.fail("files (a key)", f"expected a file name, found {describe(name)}")
@@ -507,6 +524,22 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
                 f"expected an integer in [0, {T}], found integer {record.stages}",
             )
     return document
+
+
+def _check_coverage(check: _Check, coverage: CoverageSection, T: int, s: int) -> None:
+    """``tasks_trained`` is ``stages_completed`` (below ``T``: a run of every task has no
+    coverage section), ``tasks_evaluated`` is ``T``."""
+    if coverage.tasks_trained != s or s >= T:
+        check.fail(
+            "coverage.tasks_trained",
+            f"expected stages_completed ({s}) below num_tasks ({T}), found integer "
+            f"{coverage.tasks_trained}",
+        )
+    if coverage.tasks_evaluated != T:
+        check.fail(
+            "coverage.tasks_evaluated",
+            f"expected num_tasks ({T}), found integer {coverage.tasks_evaluated}",
+        )
 
 
 def _check_curves(check: _Check, curves: CurvesSection, T: int) -> int:
