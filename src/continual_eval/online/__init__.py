@@ -2,8 +2,8 @@
 accuracy over a stream, held-out curves over time, and the compute beside them.
 
 * :class:`OnlineEvalCallback` (:mod:`continual_eval.online.callback`): the Lightning callback;
-* :class:`OnlineResults`, :func:`read_online` (:mod:`continual_eval.online.record`): the record
-  and its ``online.json``;
+* :class:`OnlineResults`, :func:`read_online` (:mod:`continual_eval.online.record`): the record,
+  the ``online`` section of the run's ``results.json``;
 * :func:`plot_online` (:mod:`continual_eval.online.plot`): the picture;
 * the pure tensor functions behind them: :mod:`continual_eval.functional.online`.
 
@@ -14,12 +14,11 @@ from continual_eval.online.callback import OnlineEvalCallback
 from continual_eval.online.plot import ONLINE_PNG, plot_online
 from continual_eval.online.record import (
     BLIND_PREDICTORS,
-    ONLINE_FILE,
     HeldOut,
     HeldOutEvaluation,
+    OnlineProtocol,
     OnlineResults,
     OnlineWindow,
-    Protocol,
     ScoreCounts,
     WindowCost,
     read_online,
@@ -28,14 +27,13 @@ from continual_eval.online.record import (
 
 __all__ = [
     "BLIND_PREDICTORS",
-    "ONLINE_FILE",
     "ONLINE_PNG",
     "HeldOut",
     "HeldOutEvaluation",
     "OnlineEvalCallback",
+    "OnlineProtocol",
     "OnlineResults",
     "OnlineWindow",
-    "Protocol",
     "ScoreCounts",
     "WindowCost",
     "plot_online",

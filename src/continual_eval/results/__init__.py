@@ -6,6 +6,8 @@ directory.
   :class:`RunCost`, :class:`ReferenceMetrics`); :class:`ScoreMatrix` and
   :class:`ReferenceScores` are what :meth:`ContinualResults.from_tensors` takes.
 * :mod:`~continual_eval.results.class_incremental`: :class:`ClassIncrementalResults`.
+* :mod:`~continual_eval.results.online`: :class:`OnlineResults`, the ``online`` section
+  (what :class:`~continual_eval.online.OnlineEvalCallback` records over a stream).
 * :mod:`~continual_eval.results.reference`: :class:`Reference` and :class:`ReferenceCurve`, what
   :func:`~continual_eval.train_reference` measured, and what ``reference=`` accepts.
 * :mod:`~continual_eval.results.files`: the run directory (choosing and claiming it, writing the
@@ -29,6 +31,7 @@ from continual_eval.results.model import (
     Stability,
     StepEvaluations,
 )
+from continual_eval.results.online import OnlineResults
 from continual_eval.results.reference import Reference, ReferenceCurve
 from continual_eval.results.schema import InvalidResultsError
 
@@ -37,6 +40,7 @@ __all__ = [
     "ContinualResults",
     "InvalidResultsError",
     "MatrixResults",
+    "OnlineResults",
     "Plasticity",
     "Reference",
     "ReferenceCurve",

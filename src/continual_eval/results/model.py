@@ -6,8 +6,9 @@ is exactly the last point of ``metrics_per_stage``), the per-task values and, wi
 evaluation, the step curves with their stability (:class:`Stability`) and plasticity
 (:class:`Plasticity`) metrics; plus the steps of those evaluations (:class:`StepEvaluations`),
 what each stage cost (:class:`RunCost`), the primary matrix against a reference
-(:class:`ReferenceMetrics`), the class-incremental record, the conventions, the metadata and the
-run id.
+(:class:`ReferenceMetrics`), the class-incremental record, the online record
+(:class:`~continual_eval.results.OnlineResults`, the ``online`` section), the conventions, the
+metadata and the run id.
 
 Each class here is the typed, tensor-holding form of one section of
 :class:`~continual_eval.results.schema.Document` (``to_section``/``from_section``): the schema
@@ -50,6 +51,7 @@ from continual_eval.functional.plasticity import (
 from continual_eval.functional.stability import min_accuracy, stability_gap, worst_case_accuracy
 from continual_eval.results._convert import cells, matrix, present, vector
 from continual_eval.results.class_incremental import ClassIncrementalResults
+from continual_eval.results.online import OnlineResults
 from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
 __all__ = [
@@ -777,6 +779,9 @@ class ContinualResults:
     #: the class-incremental record (``ContinualEvalCallback(task_classes=...)``: the
     #: ``class_incremental`` section); ``None`` without one
     class_incremental: ClassIncrementalResults | None = None
+    #: the online record (:class:`~continual_eval.online.OnlineEvalCallback`: the ``online``
+    #: section); ``None`` without one
+    online: OnlineResults | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -856,6 +861,23 @@ class ContinualResults:
         return self.steps.step.clone(), self.steps.stage.clone(), scores.clone()
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_online(
+        cls,
+        online: OnlineResults,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        score: str = "accuracy",
+    ) -> ContinualResults:
+        """The results of an online run without task stages (``OnlineEvalCallback`` alone): no
+        tasks (``num_tasks`` 0, one empty ``score`` matrix) and the ``online`` section."""
+        empty = ScoreMatrix(
+            score, torch.zeros(0, 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+        )
+        results = cls.from_tensors({score: empty}, task_names=[], metadata=metadata, run_id=run_id)
+        return dataclasses.replace(results, online=online)
+
     @classmethod
     def from_tensors(
         cls,
@@ -957,6 +979,7 @@ class ContinualResults:
             class_incremental=None
             if class_il is None
             else ClassIncrementalResults.from_section(class_il),
+            online=None if document.online is None else OnlineResults.from_section(document.online),
         )
 
     @classmethod
@@ -1023,6 +1046,7 @@ class ContinualResults:
             class_incremental=None
             if self.class_incremental is None
             else self.class_incremental.to_section(),
+            online=None if self.online is None else self.online.to_section(),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -1031,7 +1055,7 @@ class ContinualResults:
         ``metrics_per_stage``, ``per_task``) and, with per-step evaluation, its ``curves`` and
         ``stability``; ``matrices`` every matrix by name with its ``score``,
         ``higher_is_better``, ``bounds``, metric family and step curves; ``cost``,
-        ``reference`` and ``class_incremental`` when recorded."""
+        ``reference``, ``class_incremental`` and ``online`` when recorded."""
         document: dict[str, Any] = msgspec.to_builtins(self.to_document())
         return document
 
