@@ -378,7 +378,7 @@ def test_another_runs_record_is_never_overwritten(tmp_path):
     x, y = run_stream(60, 10, seed=1)
     _fit(tmp_path, make_net(), x, y, near_future_delays=[])
     before = (tmp_path / "results" / RESULTS_FILE).read_text()
-    with pytest.raises(FileExistsError, match="OnlineEvalCallback: .*another run"):
+    with pytest.raises(FileExistsError, match=r"OnlineEvalCallback: .*another run"):
         _fit(tmp_path, make_net(), x, y, near_future_delays=[])
     assert (tmp_path / "results" / RESULTS_FILE).read_text() == before
     _fit(tmp_path, make_net(), x, y, near_future_delays=[], overwrite=True)

@@ -840,7 +840,7 @@ class OnlineEvalCallback(Callback):
                     optimizer_steps=self.optimizer_steps,
                     window=len(self.results.windows) - 1 if window is None else window,
                     segments_ended=segments,
-                    scores=scores,
+                    scores=list[float | None](scores),
                     seconds=seconds,
                 )
             )

@@ -40,6 +40,7 @@ stores ``null``); numbers beyond the float range are refused.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -74,9 +75,9 @@ __all__ = [
     "CostSection",
     "CurvesSection",
     "Document",
-    "InvalidResultsError",
     "HeldOut",
     "HeldOutEvaluation",
+    "InvalidResultsError",
     "MatrixSection",
     "OnlineProtocol",
     "OnlineSection",
@@ -949,7 +950,7 @@ def _check_held_out(check: _Check, held: HeldOut, field: str) -> None:
     starts = held.segment_starts
     if starts is not None:
         check.length(starts, f"{field}.segment_starts", J)
-        if starts[:1] != [0] or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
+        if starts[:1] != [0] or any(b <= a for a, b in itertools.pairwise(starts)):
             check.fail(
                 f"{field}.segment_starts",
                 f"expected increasing stream positions starting at 0, found {starts}",
