@@ -66,3 +66,24 @@ def test_fit_online_segments_config(tmp_path: Path) -> None:
     assert (report / f"{label}_matrix.png").is_file()
     assert "## Online evaluation" in text and (report / f"{label}_online_windows.csv").is_file()
     assert "Online vs near-future vs blind accuracy" in (report / "report.html").read_text()
+
+
+def test_connect_online_gives_the_stream_and_the_segments() -> None:
+    from continual_eval.experiments.stream import connect_online
+    from continual_eval.online import OnlineEvalCallback
+    from continual_eval.online.synthetic import AutocorrelatedSegments
+
+    data = AutocorrelatedSegments(num_samples=400, segments=4, held_out_per_segment=20)
+    cb = OnlineEvalCallback(verbose=False)
+    connect_online(cb, data, epochs=1)
+    assert cb.stream is not None and len(cb.stream) == 400
+    assert cb.stream[150][1] == data.train_sets[1][50][1]  # the segments in stream order
+    assert cb.held_out is not None and cb.held_out.segment_starts == [0, 100, 200, 300]
+    assert cb.held_out.names == data.task_names
+    several = OnlineEvalCallback(verbose=False)
+    connect_online(several, data, epochs=2)  # not one pass: no stream positions to tie to
+    assert several.stream is None and several.held_out is not None
+    assert several.held_out.segment_starts is None
+    data.shuffle = True
+    with pytest.raises(ValueError, match="scores a stream in its order"):
+        connect_online(OnlineEvalCallback(verbose=False), data, epochs=1)
