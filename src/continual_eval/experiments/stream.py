@@ -209,12 +209,12 @@ def stream_reference(
 def connect_online(
     callback: OnlineEvalCallback, datamodule: TaskStreamDataModule, epochs: int
 ) -> None:
-    """Give an :class:`~continual_eval.online.OnlineEvalCallback` of a task stream what it was not
-    given: the stream (``stream=``: the tasks' training sets in order, when every task trains
-    ``epochs == 1`` epoch, so that it reads ahead across the task boundaries) and held-out sets
-    (the tasks' test sets, named after the tasks, with the task boundaries as segment starts when
-    ``epochs == 1``). A stream is trained in its order: ``ValueError`` for a datamodule that
-    shuffles or serves the joint union."""
+    """Give an [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] of a task stream
+    what it was not given: the stream (``stream=``: the tasks' training sets in order, when
+    every task trains ``epochs == 1`` epoch, so that it reads ahead across the task
+    boundaries) and held-out sets (the tasks' test sets, named after the tasks, with the task
+    boundaries as segment starts when ``epochs == 1``). A stream is trained in its order:
+    ``ValueError`` for a datamodule that shuffles or serves the joint union."""
     from continual_eval.online.held_out import HeldOutSets
 
     if datamodule.shuffle or datamodule.joint:

@@ -215,8 +215,9 @@ class OnlineEvalCallback(Callback):
             picture).
         blind_window: how many of the most recent labels the ``mode`` blind predictor counts.
         prequential: ``"auto"``, ``"outputs"`` or ``"forward"`` (module docstring).
-        preds_key, target_key: where ``training_step``'s returned dict holds the predictions
-            and (optionally) the targets for ``prequential="outputs"``.
+        preds_key: where ``training_step``'s returned dict holds the predictions for
+            ``prequential="outputs"``.
+        target_key: where it holds the targets (optional: else the batch's).
         stream: an indexable dataset holding the whole stream in order (``stream[p]`` is the
             sample at stream position ``p``), to read lookahead batches from, across epochs;
             default: the training loader's own dataset order within the current epoch.
@@ -886,8 +887,8 @@ class OnlineEvalCallback(Callback):
     def continual_results(self) -> ContinualResults:
         """The run's results with the online record so far as their ``online`` section: those of
         the ``ContinualEvalCallback`` on the Trainer, else an online run's
-        (:meth:`ContinualResults.from_online
-        <continual_eval.results.ContinualResults.from_online>`, with :attr:`metadata`)."""
+        ([`ContinualResults.from_online`][continual_eval.results.ContinualResults.from_online],
+        with ``metadata``)."""
         if self.results is None:
             raise RuntimeError("OnlineEvalCallback has no results yet: no fit has started")
         if self._owner is not None and self._owner.record is not None:
@@ -899,7 +900,7 @@ class OnlineEvalCallback(Callback):
     @property
     def files_dir(self) -> Path | None:
         """The directory of the ``results.json`` holding the online section (and of
-        ``online.png``): the ``ContinualEvalCallback``'s, else :attr:`results_dir` (rank 0)."""
+        ``online.png``): the ``ContinualEvalCallback``'s, else ``results_dir`` (rank 0)."""
         if self._owner is not None:
             return self._owner.results_dir
         return self.results_dir

@@ -42,7 +42,7 @@ __all__ = [
 
 def read_online(path: str | os.PathLike[str]) -> OnlineResults:
     """The ``online`` section of a ``results.json`` (or of the one in a directory), validated
-    with the whole file (:func:`~continual_eval.results.files.read_document`); ``ValueError``
+    with the whole file (``read_document``); ``ValueError``
     when the file holds none."""
     path = Path(path)
     if path.is_dir():

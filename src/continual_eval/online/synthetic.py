@@ -155,12 +155,12 @@ class AutocorrelatedStream(pl.LightningDataModule):
 
 
 class AutocorrelatedSegments(TaskStreamDataModule):
-    """The stream of :class:`AutocorrelatedStream` as a task stream for ``continual-eval fit``:
+    """The stream of ``AutocorrelatedStream`` as a task stream for ``continual-eval fit``:
     task ``i`` trains on segment ``i`` of the stream, in stream order (``shuffle`` is off), and
     is tested on that segment's held-out set. An ``OnlineEvalCallback`` in the Trainer's
     callbacks gets the whole stream (the segments in order) to read ahead across the task
     boundaries, and the held-out sets with the segment starts
-    (:func:`~continual_eval.experiments.stream.fit_stream`)."""
+    ([`connect_online`][continual_eval.experiments.stream.connect_online])."""
 
     def __init__(
         self,

@@ -1,20 +1,23 @@
-r"""The ``online`` section of ``results.json``: :class:`OnlineResults`.
+r"""The ``online`` section of ``results.json``: ``OnlineResults``.
 
-What :class:`~continual_eval.online.OnlineEvalCallback` records over a stream (the section's
-fields are :class:`~continual_eval.results.schema.OnlineSection`, defined once in the schema):
+What [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] records over a stream
+(the section's fields are [`OnlineSection`][continual_eval.results.schema.OnlineSection],
+defined once in the schema):
 
-* ``protocol``: how the stream was scored (:class:`~continual_eval.results.schema.OnlineProtocol`);
-* ``windows``: one :class:`~continual_eval.results.schema.OnlineWindow` per ``window_batches``
-  training batches, in stream order: which batches and stream positions it covers, and for each
-  score (``online``, ``near_future/<delay>``, ``label_delay/<delay>``) the learner's correct
-  predictions, the number of samples scored, and each blind predictor's correct predictions on
-  the same samples (:class:`~continual_eval.results.schema.ScoreCounts`), with the window's
-  compute (:class:`~continual_eval.results.schema.WindowCost`: samples seen, optimizer steps,
+* ``protocol``: how the stream was scored
+  ([`OnlineProtocol`][continual_eval.results.schema.OnlineProtocol]);
+* ``windows``: one [`OnlineWindow`][continual_eval.results.schema.OnlineWindow] per
+  ``window_batches`` training batches, in stream order: which batches and stream positions it
+  covers, and for each score (``online``, ``near_future/<delay>``, ``label_delay/<delay>``)
+  the learner's correct predictions, the number of samples scored, and each blind predictor's
+  correct predictions on the same samples
+  ([`ScoreCounts`][continual_eval.results.schema.ScoreCounts]), with the window's compute
+  ([`WindowCost`][continual_eval.results.schema.WindowCost]: samples seen, optimizer steps,
   wall time);
 * ``held_out``: the evaluations on held-out sets over the stream
-  (:class:`~continual_eval.results.schema.HeldOut`), or ``null``: from them the anytime accuracy
+  ([`HeldOut`][continual_eval.results.schema.HeldOut]), or ``null``: from them the anytime accuracy
   and the forgetting over time;
-* ``summary``: derived on writing (:meth:`OnlineResults.summary`) and recomputed on reading (the
+* ``summary``: derived on writing (``OnlineResults.summary``) and recomputed on reading (the
   counts are the record).
 
 Every count is summed over all ranks of the run (exact under DDP). A window's learner scores are
@@ -72,12 +75,13 @@ class OnlineResults:
     """The record of an online evaluation, the ``online`` section of ``results.json`` (see the
     module docstring for the fields).
 
-    :meth:`to_section`/:meth:`from_section` convert to and from the schema's
-    :class:`~continual_eval.results.schema.OnlineSection`, :meth:`to_dict`/:meth:`from_dict` to
+    ``to_section``/``from_section`` convert to and from the schema's
+    [`OnlineSection`][continual_eval.results.schema.OnlineSection], ``to_dict``/``from_dict`` to
     and from the section as plain JSON values (validated like a file: an
-    :class:`~continual_eval.results.InvalidResultsError` names the field, e.g.
+    [`InvalidResultsError`][continual_eval.results.InvalidResultsError] names the field, e.g.
     ``online.windows[1].scores.online.correct``). In a run it is
-    :attr:`ContinualResults.online <continual_eval.results.ContinualResults.online>`.
+    the ``online`` of its
+    [`ContinualResults`][continual_eval.results.ContinualResults].
     """
 
     def __init__(
@@ -132,7 +136,7 @@ class OnlineResults:
 
     def held_out_segments(self) -> torch.Tensor:
         """Per held-out evaluation, the stream segment it was made in
-        (:func:`~continual_eval.functional.online.segment_index`); without segment starts every
+        (``segment_index``); without segment starts every
         set counts as seen and left (``J``), except before training (``-1``)."""
         A, positions = self.held_out_matrix()
         if not positions.numel():
@@ -276,8 +280,8 @@ class OnlineResults:
     ) -> OnlineResults:
         """Read an ``online`` section (a ``dict``), validated as in a file from elsewhere (no
         coercion: ``"3"`` is not a count, ``1.5`` is not a position; ``summary`` is not read).
-        :class:`~continual_eval.results.InvalidResultsError` (a ``ValueError``) names ``source``
-        and the field (``online.windows[1].scores.online.correct``)."""
+        [`InvalidResultsError`][continual_eval.results.InvalidResultsError] (a ``ValueError``)
+        names ``source`` and the field (``online.windows[1].scores.online.correct``)."""
         if not isinstance(section, Mapping):
             raise InvalidResultsError(
                 source, "online", f"expected an object, found {type(section).__name__}"
@@ -290,6 +294,7 @@ class OnlineResults:
         return cls.from_section(check_online_section(checked, source))
 
     def check(self) -> None:
-        """The section's rules (:func:`~continual_eval.results.schema.check_online_section`);
-        :class:`~continual_eval.results.InvalidResultsError` naming the field."""
+        """The section's rules
+        ([`check_online_section`][continual_eval.results.schema.check_online_section]);
+        [`InvalidResultsError`][continual_eval.results.InvalidResultsError] naming the field."""
         check_online_section(self.to_section(summary=False), "online record")

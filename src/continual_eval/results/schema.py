@@ -294,7 +294,7 @@ Positive = Annotated[int, Meta(ge=1)]
 class ScoreCounts(Struct, kw_only=True, frozen=True):
     """One score in one window of the ``online`` section: the learner's ``correct`` predictions
     among ``total`` samples, and ``blind[name]``, each blind predictor's correct predictions on
-    the same samples (one per :data:`BLIND_PREDICTORS`)."""
+    the same samples (one per ``BLIND_PREDICTORS``)."""
 
     correct: Count
     total: Count
@@ -302,7 +302,7 @@ class ScoreCounts(Struct, kw_only=True, frozen=True):
 
 
 class WindowCost(Struct, kw_only=True, frozen=True):
-    """What one window cost (measured by :mod:`continual_eval.stage_cost`).
+    """What one window cost (measured by ``continual_eval.stage_cost``).
 
     ``samples``: training samples consumed, summed over ranks (a ``DistributedSampler``'s padding
     included); ``optimizer_steps``: increments of ``trainer.global_step``; ``train_seconds``: wall
@@ -311,7 +311,7 @@ class WindowCost(Struct, kw_only=True, frozen=True):
     evaluation at the window's end (0 without one); ``scoring_forwards``: the forward passes the
     callback ran for prequential and lookahead scoring, summed over ranks (0 when prequential
     scores reuse the training step's outputs and nothing is read ahead); the rest as in
-    :class:`~continual_eval.stage_cost.StageCost`.
+    ``StageCost``.
     """
 
     samples: Count
@@ -400,8 +400,9 @@ class OnlineProtocol(Struct, kw_only=True, frozen=True):
 
 
 class OnlineSection(Struct, kw_only=True, omit_defaults=True):
-    """The ``online`` section (:class:`continual_eval.results.OnlineResults`): the ``protocol``,
-    one :class:`OnlineWindow` per ``window_batches`` training batches in stream order, the
+    """The ``online`` section
+    ([`continual_eval.results.OnlineResults`][continual_eval.results.OnlineResults]): the
+    ``protocol``, one ``OnlineWindow`` per ``window_batches`` training batches in stream order, the
     held-out evaluations over the stream (``held_out``, or ``null``) and ``summary``, derived on
     writing and recomputed when read (the counts are the record)."""
 
@@ -864,7 +865,7 @@ def check_online_section(
     """What the types of an ``online`` section cannot say (windows numbered and contiguous in
     batches and stream positions, every window holding the protocol's scores with counts that
     fit their totals, held-out evaluations with one cell per set in stream order); returns
-    ``section``, raises :class:`InvalidResultsError` naming ``source`` and the field under
+    ``section``, raises ``InvalidResultsError`` naming ``source`` and the field under
     ``field``."""
     _check_online(_Check(source), section, field)
     return section
