@@ -620,7 +620,7 @@ def html_report(
     body = _summary_section(runs, summaries, columns, directions, seeds_text)
     if any(s.mean[k] is not None for s in summaries for k in columns):
         body.append(figures.add(metric_panels_figure(summaries, columns, directions, confidence)))
-    body.extend(_uncertainty_section(summaries, columns, directions, confidence))
+        body.extend(_uncertainty_section(summaries, columns, directions, confidence))
     for run in runs:
         body.extend(_run_section(run, run_title, figures))
     return "\n".join(

@@ -168,7 +168,9 @@ def test_online_runs_get_their_picture_tables_and_windows(tmp_path):
 
 def test_report_command_on_an_online_run_alone(tmp_path, capsys):
     _online_run(tmp_path / "run", "sgd", 0)
-    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--no-html"]) == 0
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## Online evaluation" in text and "metrics.png" not in text  # no task metric to draw
     assert (tmp_path / "out" / "stream_sgd_seed0_online.png").is_file()
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "Uncertainty across seeds" not in page and "<h3>Online evaluation</h3>" in page
