@@ -6,8 +6,9 @@ The stream of ``configs/online_autocorrelated.yaml`` (12000 samples in runs of 1
 10 classes) is trained once by the same small MLP at learning rates 0.5, 0.05 and 0.005, each run
 scored by an :class:`~continual_eval.online.OnlineEvalCallback` (online accuracy, near-future
 accuracy 1 and 45 batches ahead, a label delay of 5 batches, the blind predictors, four held-out
-segment sets). Prints one row per learning rate and writes each run's ``online.json`` and
-``online.png`` under ``--out``. The write-up: examples/online_autocorrelated.md.
+segment sets). Prints one row per learning rate and writes each run's ``results.json`` (its
+``online`` section) and ``online.png`` under ``--out``. The write-up:
+examples/online_autocorrelated.md.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def main() -> None:
             f"{held['final']['seen']:6.3f} {held['metrics']['forgetting']:6.3f} "
             f"{cost['train_seconds']:8.1f} {cost['scoring_forwards']:5d}"
         )
-    print(f"files: {args.out}/lr_*/online.json, online.png")
+    print(f"files: {args.out}/lr_*/results.json, online.png")
 
 
 if __name__ == "__main__":

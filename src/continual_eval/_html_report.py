@@ -6,7 +6,10 @@ request. The page holds the summary table (mean ± sample std per method, each m
 direction), the statistics across seeds, the metrics as small multiples (one panel per metric,
 its own scale), and per run every matrix: its values as a table, a heatmap (the value, stage and
 task under the cursor) and the per-task trajectories; with a ``class_incremental`` section the
-final confusion matrix in arrival order. The heatmaps use the colours and the text rule of the
+final confusion matrix in arrival order; with an ``online`` section the learner's online and
+near-future accuracy beside the best blind predictor's over the stream (the window's samples
+seen, optimizer steps and wall time under the cursor), the score table, the compute and the
+held-out values. The heatmaps use the colours and the text rule of the
 PNGs ([`continual_eval.plotting`][continual_eval.plotting]). Every name from the files is escaped
 for HTML, in the tables and in the figures' labels.
 """
@@ -496,12 +499,104 @@ def _run_section(run: Any, run_title: Any, figures: _Figures) -> list[str]:
         f"<h2>{_text(run_title(run))}</h2>",
         f"<p><code>{_text(run.path, 500)}</code></p>",
     ]
-    for name, matrix in results.matrices.items():
-        body.extend(_matrix_section(name, matrix, names, figures))
+    if results.num_tasks:  # an online run without tasks has no matrix to show
+        for name, matrix in results.matrices.items():
+            body.extend(_matrix_section(name, matrix, names, figures))
     section = getattr(results, "class_incremental", None)
     if section is not None and section.num_stages > 0:
         body.extend(_confusion_section(section, figures))
+    online = getattr(results, "online", None)
+    if online is not None and online.windows:
+        body.extend(_online_section(online, figures))
     body.append("</section>")
+    return body
+
+
+def online_figure(online: Any) -> Any:
+    """Per score of an online section, the learner's accuracy per window (solid) and the best
+    blind predictor's (dotted, same colour) over the stream, with chance (``1 / classes seen``);
+    the window's samples seen, optimizer steps and wall time under the cursor."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+
+    from continual_eval.plotting import BLIND_NAMES, online_score_label
+
+    summary = online.summary()["scores"]
+    positions = online.stream_positions().tolist()
+    compute = [
+        f"window {w.index}: {w.cost.samples} samples, {w.cost.optimizer_steps} optimizer steps, "
+        f"{w.cost.train_seconds:.2f} s"
+        for w in online.windows
+    ]
+    palette = qualitative.Plotly
+    fig = go.Figure()
+    for k, score in enumerate(online.score_names()):
+        entry = summary[score]
+        if not entry["samples"]:
+            continue
+        correct, total = online.counts(score)
+        blinds = {b: v for b, v in entry["blind"].items() if v is not None}
+        best = max(blinds, key=lambda b: blinds[b])
+        blind, _ = online.counts(score, best)
+        colour = palette[k % len(palette)]
+        label = online_score_label(score)
+        for values, name, dash in (
+            (correct, f"{label}: {entry['accuracy']:.3f}", "solid"),
+            (blind, f"{label}, blind ({BLIND_NAMES[best]}): {blinds[best]:.3f}", "dot"),
+        ):
+            ys = [
+                int(c) / int(n) if int(n) else None
+                for c, n in zip(values.tolist(), total.tolist(), strict=True)
+            ]
+            fig.add_trace(
+                go.Scatter(
+                    x=positions,
+                    y=ys,
+                    mode="lines",
+                    name=_label(name, 80),
+                    line={"color": colour, "dash": dash, "width": 2 if dash == "solid" else 1.4},
+                    customdata=compute,
+                    hovertemplate="%{customdata}<br>stream position %{x}<br>%{y:.4f}",
+                )
+            )
+    fig.add_trace(
+        go.Scatter(
+            x=positions,
+            y=[1 / max(1, w.classes_seen) for w in online.windows],
+            mode="lines",
+            name="chance (1 / classes seen)",
+            line={"color": "#999", "shape": "hv", "width": 1},
+        )
+    )
+    fig.update_xaxes(title="stream position (samples trained)")
+    fig.update_yaxes(title="accuracy per window", range=[-0.02, 1.02])
+    fig.update_layout(
+        title={"text": "Online vs near-future vs blind accuracy over the stream"},
+        height=420,
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+    )
+    return fig
+
+
+def _online_section(online: Any, figures: _Figures) -> list[str]:
+    """An online section: its figure, the score table, the compute and the held-out values."""
+    from continual_eval._online_report import (
+        SCORE_HEADER,
+        cost_text,
+        held_out_text,
+        online_score_rows,
+    )
+
+    rows = [[_text(cell) for cell in row] for row in online_score_rows(online)]
+    body = [
+        "<h3>Online evaluation</h3>",
+        figures.add(online_figure(online)),
+        _table([_text(h) for h in SCORE_HEADER], rows),
+        f"<p>Compute: {_text(cost_text(online), 500)}.</p>",
+    ]
+    held = held_out_text(online)
+    if held is not None:
+        body.append(f"<p>{_text(held[:1].upper() + held[1:], 500)}.</p>")
     return body
 
 
@@ -525,7 +620,7 @@ def html_report(
     body = _summary_section(runs, summaries, columns, directions, seeds_text)
     if any(s.mean[k] is not None for s in summaries for k in columns):
         body.append(figures.add(metric_panels_figure(summaries, columns, directions, confidence)))
-    body.extend(_uncertainty_section(summaries, columns, directions, confidence))
+        body.extend(_uncertainty_section(summaries, columns, directions, confidence))
     for run in runs:
         body.extend(_run_section(run, run_title, figures))
     return "\n".join(

@@ -1,5 +1,6 @@
 """Pictures of an accuracy matrix: the R heatmap, per-task trajectories, step curves, the
-class-incremental confusion matrix and one panel per metric across methods.
+class-incremental confusion matrix and one panel per metric across methods; and of an online
+evaluation over a stream ([`plot_online`][continual_eval.plotting.plot_online]).
 
 matplotlib is an optional dependency (``pip install continual-eval[plot]``); it is imported on
 first use and the Agg backend is used when no display backend was chosen.
@@ -25,11 +26,15 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from continual_eval.results import OnlineResults
 
 MAX_FIGURE_INCHES = 16.0
 """Largest side of a figure these functions create (inches)."""
@@ -44,6 +49,10 @@ BLACK_TEXT_LUMINANCE = math.sqrt(1.05 * 0.05) - 0.05
 0.05 > 1.05 / (L + 0.05)`` <=> ``L > sqrt(1.05 * 0.05) - 0.05``."""
 TRAJECTORY_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
 """Marker shapes of the trajectories, one per task (cycled), drawn open."""
+ONLINE_POINTS = 60
+"""The online curves are moving averages over ``ceil(windows / ONLINE_POINTS)`` windows."""
+BLIND_NAMES = {"mode": "recent mode", "last": "last label", "prior": "most frequent so far"}
+"""How the pictures name the blind predictors of an online section."""
 
 
 def _pyplot() -> Any:
@@ -548,3 +557,121 @@ def plot_metric_panels(
     if title:
         fig.suptitle(title, fontsize=10)
     return fig, axes
+
+
+def online_score_label(score: str) -> str:
+    """How the pictures and reports name a score of an online section: ``online
+    (prequential)``, ``near-future, delay d``, ``label delay d``."""
+    if score == "online":
+        return "online (prequential)"
+    kind, _, delay = score.partition("/")
+    return f"near-future, delay {delay}" if kind == "near_future" else f"label delay {delay}"
+
+
+def plot_online(
+    results: OnlineResults, path: str | Path | None = None, *, title: str | None = None
+) -> Any:
+    """A matplotlib figure of an online evaluation (the ``online`` section of a run:
+    [`OnlineResults`][continual_eval.results.OnlineResults]), saved to ``path`` when given.
+
+    Top: per score (online, near-future per delay, label delay per delay), the learner's accuracy
+    (solid) and the best blind predictor's on that score (dashed, same colour; the legend names
+    it and gives both over the whole stream) against the stream position at each window's end,
+    each a sample-weighted moving average over ``ceil(windows / 60)`` windows, with chance (``1 /
+    classes seen so far``, grey). Bottom (with held-out sets): the held-out accuracy on the seen
+    segments (anytime accuracy), on the left ones (retention) and the forgetting, with the
+    segment starts as vertical lines. ``title``: the figure's title (plain text).
+    """
+    from continual_eval.functional.online import held_out_curves, windowed_accuracy
+
+    plt = _pyplot()
+    held = results.held_out is not None and bool(results.held_out.evaluations)
+    fig, axes = plt.subplots(
+        2 if held else 1, 1, figsize=(12, 7.5 if held else 4.5), squeeze=False, sharex=True
+    )
+    ax = axes[0, 0]
+    positions = results.stream_positions().numpy()
+    smooth = max(1, -(-len(results.windows) // ONLINE_POINTS))
+    summary = results.summary()["scores"]
+    for k, score in enumerate(results.score_names()):
+        correct, total = results.counts(score)
+        if not int(total.sum()):
+            continue
+        entry = summary[score]
+        learner = windowed_accuracy(correct, total, smooth).numpy()
+        blinds = {b: v for b, v in entry["blind"].items() if v is not None}
+        best = max(blinds, key=lambda b: blinds[b])  # the best blind predictor over the stream
+        blind, _ = results.counts(score, best)
+        blind_curve = windowed_accuracy(blind, total, smooth).numpy()
+        label = online_score_label(score)
+        ax.plot(
+            positions, learner, color=f"C{k}", lw=1.8, label=f"{label}: {entry['accuracy']:.3f}"
+        )
+        ax.plot(
+            positions,
+            blind_curve,
+            color=f"C{k}",
+            lw=1.2,
+            ls="--",
+            label=f"  blind ({BLIND_NAMES.get(best, best)}): {blinds[best]:.3f}",
+        )
+    if results.windows:
+        chance = [1 / max(1, w.classes_seen) for w in results.windows]
+        ax.step(
+            positions, chance, where="post", color="0.55", lw=1.0, label="chance (1 / classes seen)"
+        )
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("accuracy per window")
+    window = results.protocol.window_batches
+    ax.set_title(
+        f"Learner vs blind predictors over the stream ({window} batches per window"
+        + (f", moving average of {smooth} windows" if smooth > 1 else "")
+        + ")",
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(
+        fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False
+    )
+    if held:
+        assert results.held_out is not None
+        ax2 = axes[1, 0]
+        A, at = results.held_out_matrix()
+        curves = held_out_curves(A, results.held_out_segments())
+        names = {
+            "seen": "seen segments (anytime accuracy)",
+            "past": "left segments (retention)",
+            "forgetting": "forgetting (peak - now)",
+        }
+        for k, (name, text) in enumerate(names.items()):
+            if torch.isfinite(curves[name]).any():
+                ax2.plot(
+                    at.numpy(),
+                    curves[name].numpy(),
+                    marker="o",
+                    ms=3,
+                    lw=1.5,
+                    color=f"C{k + 4}",
+                    label=text,
+                )
+        for start in results.held_out.segment_starts or []:
+            if start > 0:
+                ax2.axvline(start, color="0.8", lw=0.8, zorder=0)
+        ax2.set_ylim(-0.02, 1.02)
+        ax2.set_ylabel("held-out accuracy")
+        ax2.set_title("Held-out sets over the stream", fontsize=10)
+        ax2.grid(alpha=0.3)
+        ax2.legend(
+            fontsize=7.5,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            borderaxespad=0.0,
+            frameon=False,
+        )
+    axes[-1, 0].set_xlabel("stream position (samples trained)")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

@@ -17,7 +17,12 @@ direction of each metric from
 totals, a table of their means per method; with a matrix's ``plasticity`` (anytime accuracy, LCA),
 extra columns; with a ``class_incremental`` section (``task_classes=``), a table of the final
 class-incremental measures per method and, per run, the task-aware and task-agnostic heatmaps side
-by side and the final confusion matrix in order of arrival. Everything goes into ``--out``: PNGs,
+by side and the final confusion matrix in order of arrival; with an ``online`` section
+(``OnlineEvalCallback``), a table of the online, near-future and blind accuracy per method and,
+per run, the picture of online vs near-future vs blind accuracy over the stream
+(``<run>_online.png``), its score table, compute and held-out values, and
+``<run>_online_windows.csv`` (``continual_eval._online_report``; a run without tasks, an online
+run alone, shows only these). Everything goes into ``--out``: PNGs,
 ``summary.csv`` (mean, std and n per metric), ``seed_statistics.csv``, ``paired_differences.csv``,
 ``cost.csv`` (with costs), ``table.tex``, ``report.html`` and ``report.md``; every CSV through the
 package's one CSV writer (a cell a spreadsheet would run as a formula begins with ``'``).
@@ -69,6 +74,7 @@ from continual_eval._csv import csv_text
 from continual_eval._held_out_report import held_out_run_lines
 from continual_eval._latex_table import SPREADS, LatexColumn, latex_table
 from continual_eval._markdown import escape_markdown
+from continual_eval._online_report import online_run_lines, online_summary_lines
 from continual_eval.functional import intransigence
 from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
 from continual_eval.results import ContinualResults, InvalidResultsError, MatrixResults
@@ -171,6 +177,11 @@ def _plain_for_plot(text: str, limit: int = 40) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return text.replace("$", r"\$")
+
+
+def _plain_title(text: str) -> str:
+    """``text`` for a figure's title (`_plain_for_plot`, up to 100 characters)."""
+    return _plain_for_plot(text, 100)
 
 
 @dataclass
@@ -518,8 +529,8 @@ def markdown_table(summaries: Sequence[MethodSummary]) -> str:
 
 def _plot_metric_panels(
     summaries: Sequence[MethodSummary], runs: Sequence[Run], path: Path
-) -> None:
-    """``metrics.png``: small multiples
+) -> bool:
+    """``metrics.png`` (``False``: no metric has a value, nothing drawn): small multiples
     ([`plot_metric_panels`][continual_eval.plotting.plot_metric_panels]), one panel per metric with
     a value, its own y scale and 3 decimals, the direction as an arrow; the Student-t interval of
     the mean as error bars (only where the method has two or more values), ``n`` in the legend."""
@@ -528,7 +539,7 @@ def _plot_metric_panels(
     columns = _columns(summaries)
     keys = [k for k in columns if any(s.mean[k] is not None for s in summaries)]
     if not keys:
-        return
+        return False
     directions, _ = _directions(runs, keys)
     confidence = summaries[0].stats[keys[0]].confidence
     pct = f"{100 * confidence:g}%"
@@ -549,6 +560,7 @@ def _plot_metric_panels(
     )
     fig.savefig(path, dpi=120)
     _pyplot().close(fig)
+    return True
 
 
 @dataclass(frozen=True)
@@ -826,6 +838,10 @@ HTML_FILE = "report.html"
 
 
 def _run_title(run: Run) -> str:
+    online = run.results.online
+    if run.results.num_tasks == 0 and online is not None:
+        samples = online.windows[-1].stream_end if online.windows else 0
+        return f"{run.group}, seed {run.seed} (online, {samples} stream samples)"
     stages = f"{run.results.stages_completed}/{run.results.num_tasks} stages"
     return f"{run.group}, seed {run.seed} ({stages})"
 
@@ -919,8 +935,10 @@ def _run_lines(run: Run, out: Path) -> list[str]:
     pictures (drawn into ``out``), its held-out sets and its class-incremental lines."""
     from continual_eval.loggers import format_matrix_table
 
-    pictures = _plot_run(run, out)
     lines = [f"## {escape_markdown(_run_title(run))}", "", _code_span(str(run.path)), ""]
+    if run.results.num_tasks == 0:  # an online run without tasks: no matrix to show
+        return lines + online_run_lines(run, out, _plain_title, _run_title(run))
+    pictures = _plot_run(run, out)
     lines += [format_matrix_table(_escaped_names(run.results), markdown=True), ""]
     extra = run_metrics(run.results)["intransigence"]
     if extra is not None and run.reference_kind is not None:
@@ -936,7 +954,8 @@ def _run_lines(run: Run, out: Path) -> list[str]:
             "",
         ]
     lines += held_out_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
-    return lines + class_incremental_run_lines(run, out, _plain_for_plot)
+    lines += class_incremental_run_lines(run, out, _plain_for_plot)
+    return lines + online_run_lines(run, out, _plain_title, _run_title(run))
 
 
 def write_report(
@@ -975,8 +994,7 @@ def write_report(
         markdown_table(summaries),
         "",
     ]
-    if len(runs) > 0:
-        _plot_metric_panels(summaries, runs, out / "metrics.png")
+    if len(runs) > 0 and _plot_metric_panels(summaries, runs, out / "metrics.png"):
         lines += [
             "![metrics per method](metrics.png)",
             "",
@@ -1017,6 +1035,7 @@ def write_report(
         lines += ["One run: no interval across seeds.", ""]
     lines += _cost_section(summaries, out)
     lines += class_incremental_summary_lines(summaries, escape_markdown)
+    lines += online_summary_lines(summaries, escape_markdown)
     for run in runs:
         lines += _run_lines(run, out)
     if html_report:

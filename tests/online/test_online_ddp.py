@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from continual_eval.online import read_online
 from script_runner import run_script
 
 HERE = Path(__file__).parent
@@ -48,6 +49,9 @@ def test_two_processes_equal_one(tmp_path):
     assert _without_clocks(rank0) == _without_clocks(rank1)  # every rank holds the whole record
     assert rank0["protocol"]["world_size"] == 2 and rank0["protocol"]["global_batch_size"] == 8
     assert _counts(rank0) == _counts(single)
+    # rank 0 wrote the record into the run's results.json (the directory claimed once, on rank 0)
+    on_disk = read_online(two / "results").to_dict(summary=False)
+    assert _without_clocks(on_disk) == _without_clocks(rank0)
     assert rank0["windows"][-1]["stream_end"] == 97  # the padded duplicate is never scored
     samples = [sum(w["cost"]["samples"] for w in d["windows"]) for d in (single, rank0)]
     assert samples == [97, 98]  # but it is trained (and counted as compute)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import lightning.pytorch as pl
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    from continual_eval.online import OnlineEvalCallback
 
 from continual_eval.callback import ContinualEvalCallback
 from continual_eval.references import REFERENCE_DIRS, Reference, train_reference
@@ -20,6 +23,7 @@ from continual_eval.training import fit_tasks
 __all__ = [
     "REFERENCE_OPTIONS",
     "TaskStreamDataModule",
+    "connect_online",
     "fit_stream",
     "reference_kind",
     "stream_reference",
@@ -203,6 +207,32 @@ def stream_reference(
     )
 
 
+def connect_online(
+    callback: OnlineEvalCallback, datamodule: TaskStreamDataModule, epochs: int
+) -> None:
+    """Give an [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] of a task stream
+    what it was not given: the stream (``stream=``: the tasks' training sets in order, when
+    every task trains ``epochs == 1`` epoch, so that it reads ahead across the task
+    boundaries) and held-out sets (the tasks' test sets, named after the tasks, with the task
+    boundaries as segment starts when ``epochs == 1``). A stream is trained in its order:
+    ``ValueError`` for a datamodule that shuffles or serves the joint union."""
+    from continual_eval.online.held_out import HeldOutSets
+
+    if datamodule.shuffle or datamodule.joint:
+        raise ValueError(
+            f"{type(datamodule).__name__} shuffles its training data (shuffle=True) or serves "
+            "every task at once (joint=True): an OnlineEvalCallback scores a stream in its order "
+            "(data: shuffle: false)"
+        )
+    lengths = [len(s) for s in datamodule.train_sets]  # type: ignore[arg-type]
+    one_pass = epochs == 1
+    if callback.stream is None and one_pass:
+        callback.stream = ConcatDataset(datamodule.train_sets)
+    if callback.held_out is None:
+        starts = [sum(lengths[:j]) for j in range(len(lengths))] if one_pass else None
+        callback.held_out = HeldOutSets(datamodule.test_dataloader(), datamodule.task_names, starts)
+
+
 def fit_stream(
     trainer: pl.Trainer,
     model: pl.LightningModule,
@@ -221,7 +251,11 @@ def fit_stream(
     Trainer's callbacks and returned. ``reference``: ``"none"``, ``"isolated"`` or ``"joint"``:
     first train that reference (`stream_reference`, results in
     ``<run dir>/isolated_reference/task_j`` or ``<run dir>/joint_reference``) and store its per-task
-    scores as ``metadata["reference"]`` and the kind as ``metadata["reference_kind"]``.
+    scores as ``metadata["reference"]`` and the kind as ``metadata["reference_kind"]``. An
+    [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] among the Trainer's callbacks
+    scores the tasks' training data as one stream
+    ([`connect_online`][continual_eval.experiments.stream.connect_online]); its record is the
+    ``online`` section of the same ``results.json``.
     """
     kind = reference_kind(reference)
     callback_kwargs = dict(callback_kwargs or {})
@@ -267,10 +301,15 @@ def fit_stream(
         metadata["reference_kind"] = kind
         progress(f"{kind} reference {ref.score_name}: " + _format_row(metadata["reference"]))
         callback_kwargs["reference"] = ref  # results.json gets the reference section
+    from continual_eval.online import OnlineEvalCallback
+
+    for online in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(online, OnlineEvalCallback):
+            connect_online(online, datamodule, epochs)
     callback = ContinualEvalCallback(
         task_names=datamodule.task_names, metadata=metadata, **callback_kwargs
     )
-    trainer.callbacks.append(callback)
+    trainer.callbacks.append(callback)  # type: ignore[attr-defined]
     stages = _TaskStages(trainer, datamodule)
     fit_tasks(trainer, model, stages)
     stages.finish()

@@ -51,16 +51,29 @@ resumed from a checkpoint gives the record of an uninterrupted run when its trai
 where the checkpoint was written (checkpoints at epoch ends, or a resumable loader; Lightning
 replays a plain loader's epoch from its start, which this callback warns about).
 
-Files: ``online.json`` (`continual_eval.online.record`) and ``online.png``
-(`plot_online`) in the run's results directory (``dirpath``,
-else the first logger's directory, as
-[`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] chooses: next to its
-``results.json``), replaced atomically; logged per window to every logger
-(`continual_eval.online.publish`).
+Files: the record is the ``online`` section of the run's ``results.json``
+([`OnlineResults`][continual_eval.results.OnlineResults]), beside it ``online.png``
+([`plot_online`][continual_eval.plotting.plot_online]); logged per window to every logger
+(`continual_eval.online.publish`). Which ``results.json``:
+
+* with a [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] on the same Trainer, that
+  callback's (its directory and run id; this callback's ``dirpath`` must then be unset or the same):
+  each write is that callback's results of the stages so far with the ``online`` section, and that
+  callback's own writes keep the section (`commit_results`):
+  one record of the run, whichever callback wrote last;
+* alone, its own: ``dirpath``, else the first logger's directory (as ``ContinualEvalCallback``
+  chooses), claimed for the run like that callback claims it (another run's ``results.json`` is
+  refused unless ``overwrite=True``); the document has no tasks (``num_tasks`` 0,
+  [`ContinualResults.from_online`][continual_eval.results.ContinualResults.from_online]),
+  its ``metadata`` is this callback's ``metadata``.
+
+The file is replaced atomically (a reader sees one complete document) at most every
+`WRITE_INTERVAL_SECONDS` during training, at every epoch end and at the end of training.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -77,6 +90,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DistributedSampler, RandomSampler
 
+from continual_eval.callback import ContinualEvalCallback
 from continual_eval.online.held_out import HeldOutSets
 from continual_eval.online.plot import ONLINE_PNG, plot_online
 from continual_eval.online.publish import (
@@ -87,14 +101,12 @@ from continual_eval.online.publish import (
     window_scalars,
 )
 from continual_eval.online.record import (
-    ONLINE_FILE,
     HeldOut,
     HeldOutEvaluation,
+    OnlineProtocol,
     OnlineResults,
     OnlineWindow,
-    Protocol,
     WindowCost,
-    read_online,
 )
 from continual_eval.online.scoring import (
     batch_target,
@@ -110,7 +122,13 @@ from continual_eval.online.stream import (
     valid_samples,
 )
 from continual_eval.online.window import BlindState, WindowBuffer, score_rows
-from continual_eval.results.files import default_results_dir
+from continual_eval.results import ContinualResults
+from continual_eval.results.files import (
+    RESULTS_FILE,
+    claim_or_refuse,
+    default_results_dir,
+    release_claim,
+)
 from continual_eval.stage_cost import StageCostRecorder, batch_samples
 
 __all__ = ["OnlineEvalCallback"]
@@ -197,8 +215,9 @@ class OnlineEvalCallback(Callback):
             picture).
         blind_window: how many of the most recent labels the ``mode`` blind predictor counts.
         prequential: ``"auto"``, ``"outputs"`` or ``"forward"`` (module docstring).
-        preds_key, target_key: where ``training_step``'s returned dict holds the predictions
-            and (optionally) the targets for ``prequential="outputs"``.
+        preds_key: where ``training_step``'s returned dict holds the predictions for
+            ``prequential="outputs"``.
+        target_key: where it holds the targets (optional: else the batch's).
         stream: an indexable dataset holding the whole stream in order (``stream[p]`` is the
             sample at stream position ``p``), to read lookahead batches from, across epochs;
             default: the training loader's own dataset order within the current epoch.
@@ -212,9 +231,13 @@ class OnlineEvalCallback(Callback):
         blind_margin: warn when the learner's online accuracy is not more than this above the
             best blind predictor's.
         dirpath: the results directory (default: the first logger's, as for
-            ``ContinualEvalCallback``).
+            ``ContinualEvalCallback``); with a ``ContinualEvalCallback`` on the Trainer, unset or
+            that callback's (the record goes into its ``results.json``).
+        metadata: free-form, JSON-serialisable ``metadata`` of the ``results.json`` this callback
+            writes alone (``experiment``, ``method``, ``seed`` label the run in ``continual-eval
+            report``); with a ``ContinualEvalCallback``, that callback's metadata is the file's.
         prefix: prefix of every logged key.
-        overwrite: replace an ``online.json`` of another run in the directory (default: refuse).
+        overwrite: replace a ``results.json`` of another run in the directory (default: refuse).
         inference_mode: score under ``torch.inference_mode`` (else ``no_grad``; gloo always gets
             ``no_grad``, as in Lightning).
         verbose: say where the files go and which prequential path is used.
@@ -237,6 +260,7 @@ class OnlineEvalCallback(Callback):
         eval_every_n_windows: int | None = 1,
         blind_margin: float = 0.05,
         dirpath: str | os.PathLike[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         prefix: str = "online/",
         overwrite: bool = False,
         inference_mode: bool = True,
@@ -281,6 +305,7 @@ class OnlineEvalCallback(Callback):
             )
         self.blind_margin = float(blind_margin)
         self.dirpath = dirpath
+        self.metadata = dict(metadata or {})
         self.prefix = prefix
         self.overwrite = overwrite
         self.inference_mode = inference_mode
@@ -290,6 +315,9 @@ class OnlineEvalCallback(Callback):
         self.results_dir: Path | None = None
         self.run_id: str | None = None
         self._pending: dict[str, Any] | None = None
+        self._restored = False
+        #: the ContinualEvalCallback whose results.json holds the online section (None: alone)
+        self._owner: ContinualEvalCallback | None = None
         self._trainer: Trainer | None = None
         self.layout = StreamLayout(0, 1)
         self.reader: LookaheadReader | None = None
@@ -340,31 +368,53 @@ class OnlineEvalCallback(Callback):
             self.run_id = trainer.strategy.broadcast(run_id, src=0)
         self._claim_results_dir(trainer)
 
+    def _find_owner(self, trainer: Trainer) -> ContinualEvalCallback | None:
+        """The ``ContinualEvalCallback`` of ``trainer`` whose ``results.json`` takes the online
+        section (the first one), or ``None``; refuses two online callbacks for one file and a
+        ``dirpath`` of another directory."""
+        callbacks = list(getattr(trainer, "callbacks", []))
+        owners = [cb for cb in callbacks if isinstance(cb, ContinualEvalCallback)]
+        if not owners:
+            return None
+        owner = owners[0]
+        others = [cb for cb in callbacks if isinstance(cb, OnlineEvalCallback) and cb is not self]
+        if others:
+            raise ValueError(
+                "OnlineEvalCallback: the Trainer holds a ContinualEvalCallback and more than one "
+                "OnlineEvalCallback; the run's results.json has one online section: attach one "
+                "OnlineEvalCallback"
+            )
+        if self.dirpath is not None and (
+            owner.dirpath is None or Path(owner.dirpath).resolve() != Path(self.dirpath).resolve()
+        ):
+            raise ValueError(
+                f"OnlineEvalCallback: dirpath={str(self.dirpath)!r}, but with a "
+                "ContinualEvalCallback on the Trainer the online section goes into that "
+                f"callback's results.json (dirpath={owner.dirpath!r}): leave dirpath unset"
+            )
+        return owner
+
     def _claim_results_dir(self, trainer: Trainer) -> None:
-        problem = None
-        if trainer.is_global_zero:
-            if self.results_dir is None or self.dirpath is not None:
-                self.results_dir = default_results_dir(trainer, self.dirpath)
-            path = self.results_dir / ONLINE_FILE
-            if path.is_file() and not self.overwrite:
-                try:
-                    other = read_online(path).run_id
-                except (OSError, ValueError):
-                    other = None
-                if other != self.run_id:
-                    problem = (
-                        f"OnlineEvalCallback: {path} holds the online record of another run "
-                        f"(run_id {other!r}; this run is {self.run_id!r}); give this run its own "
-                        "directory (dirpath=..., or a logger with a new version), resume the "
-                        "other run from its checkpoint, or pass overwrite=True. Nothing was "
-                        "trained or written"
-                    )
-            if problem is None and self.verbose:
-                rank_zero_info(f"[continual-eval] online evaluation goes to {path}")
-        if trainer.world_size > 1:
-            problem = trainer.strategy.broadcast(problem, src=0)
-        if problem is not None:
-            raise FileExistsError(problem)
+        """Alone: choose the directory (rank 0) and claim it for this run, as
+        ``ContinualEvalCallback`` does; with a ``ContinualEvalCallback`` that callback owns it."""
+        self._owner = self._find_owner(trainer)
+        if self._owner is not None:
+            return
+        if trainer.is_global_zero and (self.results_dir is None or self.dirpath is not None):
+            self.results_dir = default_results_dir(trainer, self.dirpath)
+        assert self.run_id is not None
+        claim_or_refuse(
+            trainer,
+            self.results_dir if trainer.is_global_zero else None,
+            run_id=self.run_id,
+            restored=self._restored,
+            overwrite=self.overwrite,
+            owner="OnlineEvalCallback",
+        )
+        if trainer.is_global_zero and self.verbose and self.results_dir is not None:
+            rank_zero_info(
+                f"[continual-eval] online evaluation goes to {self.results_dir / RESULTS_FILE}"
+            )
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loader = _train_loader(trainer)
@@ -401,7 +451,7 @@ class OnlineEvalCallback(Callback):
                 )
             if self.reader is None or self.reader.batch_size != batch_size:
                 self.reader = LookaheadReader(self.stream, batch_size)
-        protocol = Protocol(
+        protocol = OnlineProtocol(
             world_size=trainer.world_size,
             batch_size=int(batch_size or 0),
             global_batch_size=int(batch_size or 0) * trainer.world_size,
@@ -413,14 +463,17 @@ class OnlineEvalCallback(Callback):
             stream_source=self.reader.source if self.reader is not None else "none",  # type: ignore[arg-type]
         )
         if self.results is None:
-            assert self.run_id is not None
             held = self.held_out
             self.results = OnlineResults(
-                self.run_id,
                 protocol,
                 held_out=None
                 if held is None
-                else HeldOut(held.names, held.segment_starts, "accuracy", []),
+                else HeldOut(
+                    names=held.names,
+                    segment_starts=held.segment_starts,
+                    scorer="accuracy",
+                    evaluations=[],
+                ),
             )
         else:
             self._check_protocol(protocol)
@@ -452,7 +505,7 @@ class OnlineEvalCallback(Callback):
             getattr(loader, "load_state_dict", None)
         )
 
-    def _check_protocol(self, protocol: Protocol) -> None:
+    def _check_protocol(self, protocol: OnlineProtocol) -> None:
         assert self.results is not None
         recorded = self.results.protocol
         held = self.results.held_out
@@ -677,7 +730,7 @@ class OnlineEvalCallback(Callback):
             scores, self.blind, end = self._score(rows, index, start)
         except ValueError:
             if trainer.is_global_zero:
-                self._write(durable=True)  # what was recorded before this window stays
+                self._write()  # what was recorded before this window stays
             raise
         train_seconds = self.cost.train_seconds()
         eval_seconds = 0.0
@@ -730,7 +783,7 @@ class OnlineEvalCallback(Callback):
                 scalars.update(held_out_scalars(self.results, self.prefix))
             log_scalars(trainer.loggers, scalars, int(trainer.global_step))
             if time.monotonic() - self._last_write >= WRITE_INTERVAL_SECONDS:
-                self._write(durable=False)
+                self._write()
         if not final:
             self.cost.start_stage(device)
 
@@ -788,7 +841,7 @@ class OnlineEvalCallback(Callback):
                     optimizer_steps=self.optimizer_steps,
                     window=len(self.results.windows) - 1 if window is None else window,
                     segments_ended=segments,
-                    scores=scores,
+                    scores=list[float | None](scores),
                     seconds=seconds,
                 )
             )
@@ -806,7 +859,7 @@ class OnlineEvalCallback(Callback):
         if self.layout.epoch is not None:
             self.layout.end_epoch()
         if trainer.is_global_zero and self.results is not None:
-            self._write(durable=False)
+            self._write()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.results is None:
@@ -831,18 +884,47 @@ class OnlineEvalCallback(Callback):
         if trainer.is_global_zero:
             self._publish(trainer)
 
-    def _write(self, *, durable: bool) -> None:
-        assert self.results is not None and self.results_dir is not None
-        self.results.write(self.results_dir / ONLINE_FILE, durable=durable)
+    def continual_results(self) -> ContinualResults:
+        """The run's results with the online record so far as their ``online`` section: those of
+        the ``ContinualEvalCallback`` on the Trainer, else an online run's
+        ([`ContinualResults.from_online`][continual_eval.results.ContinualResults.from_online],
+        with ``metadata``)."""
+        if self.results is None:
+            raise RuntimeError("OnlineEvalCallback has no results yet: no fit has started")
+        if self._owner is not None and self._owner.record is not None:
+            return dataclasses.replace(self._owner.continual_results(), online=self.results)
+        return ContinualResults.from_online(
+            self.results, metadata=self.metadata, run_id=self.run_id
+        )
+
+    @property
+    def files_dir(self) -> Path | None:
+        """The directory of the ``results.json`` holding the online section (and of
+        ``online.png``): the ``ContinualEvalCallback``'s, else ``results_dir`` (rank 0)."""
+        if self._owner is not None:
+            return self._owner.results_dir
+        return self.results_dir
+
+    def _write(self) -> None:
+        """Write the run's ``results.json`` with the online section (rank 0), atomically."""
+        directory = self.files_dir
+        if directory is None or self.results is None:
+            return
+        self.continual_results().write(directory)
         self._last_write = time.monotonic()
 
     def _publish(self, trainer: Trainer) -> None:
-        assert self.results is not None and self.results_dir is not None
-        self._write(durable=True)
+        assert self.results is not None
+        self._write()
+        directory = self.files_dir
+        if self._owner is None and self.results_dir is not None and self.run_id is not None:
+            release_claim(self.results_dir, self.run_id)  # a later fit of this run claims again
         figure = None
         if self.results.windows:
             try:
-                figure = plot_online(self.results, self.results_dir / ONLINE_PNG)
+                figure = plot_online(
+                    self.results, None if directory is None else directory / ONLINE_PNG
+                )
             except ModuleNotFoundError as err:
                 warnings.warn(f"OnlineEvalCallback: no picture ({err})", stacklevel=2)
         try:
@@ -946,8 +1028,9 @@ class OnlineEvalCallback(Callback):
                 f"process(es); this run has {trainer.world_size}. Resume with the same number of "
                 "processes (the stream's global batches depend on it)"
             )
-        self.results = OnlineResults.from_dict(state["record"])
+        self.results = OnlineResults.from_dict(state["record"], source="the checkpoint's state")
         self.run_id = state["run_id"]
+        self._restored = True
         self.results_dir = None if state["results_dir"] is None else Path(state["results_dir"])
         self.layout = StreamLayout(trainer.global_rank, trainer.world_size)
         self.layout.load_state_dict(state["layout"])

@@ -66,7 +66,10 @@ def held_out_scalars(results: OnlineResults, prefix: str) -> dict[str, float]:
     if held is None or not held.evaluations:
         return {}
     last = held.evaluations[-1]
-    out = {f"{prefix}held_out/{name}": v for name, v in zip(held.names, last.scores, strict=True)}
+    out = {
+        f"{prefix}held_out/{name}": math.nan if v is None else v
+        for name, v in zip(held.names, last.scores, strict=True)
+    }
     A, _ = results.held_out_matrix()
     curves = held_out_curves(A, results.held_out_segments())
     for name in ("seen", "past", "forgetting"):

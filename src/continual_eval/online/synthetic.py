@@ -16,7 +16,17 @@ Run the worked example (LightningCLI, ``configs/online_autocorrelated.yaml``)::
 
     python -m continual_eval.online.synthetic --config configs/online_autocorrelated.yaml
 
-It prints the summary table; ``online.json`` and ``online.png`` go to the logger's directory.
+It prints the summary table; ``results.json`` (its ``online`` section) and ``online.png`` go to
+the logger's directory.
+
+The same stream as a task stream for ``continual-eval fit``
+([`AutocorrelatedSegments`][continual_eval.online.synthetic.AutocorrelatedSegments]: one task per
+segment, its held-out set as the task's test set; ``configs/online_segments.yaml``)::
+
+    continual-eval fit --config configs/online_segments.yaml
+
+``ContinualEvalCallback`` records ``R`` over the segments, ``OnlineEvalCallback`` the online
+section of the same ``results.json``, and the report draws both.
 """
 
 from __future__ import annotations
@@ -27,9 +37,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+from continual_eval.experiments.stream import TaskStreamDataModule
 
 __all__ = [
+    "AutocorrelatedSegments",
     "AutocorrelatedStream",
     "StreamClassifier",
     "autocorrelated_labels",
@@ -139,6 +152,43 @@ class AutocorrelatedStream(pl.LightningDataModule):
 
     def held_out_loaders(self, batch_size: int = 250) -> list[DataLoader[Any]]:
         return [DataLoader(s, batch_size=batch_size) for s in self.held_out_sets]
+
+
+class AutocorrelatedSegments(TaskStreamDataModule):
+    """The stream of ``AutocorrelatedStream`` as a task stream for ``continual-eval fit``:
+    task ``i`` trains on segment ``i`` of the stream, in stream order (``shuffle`` is off), and
+    is tested on that segment's held-out set. An ``OnlineEvalCallback`` in the Trainer's
+    callbacks gets the whole stream (the segments in order) to read ahead across the task
+    boundaries, and the held-out sets with the segment starts
+    ([`connect_online`][continual_eval.experiments.stream.connect_online])."""
+
+    def __init__(
+        self,
+        num_samples: int = 6000,
+        num_classes: int = 10,
+        run_length: int = 150,
+        dim: int = 20,
+        separation: float = 4.0,
+        noise: float = 1.0,
+        batch_size: int = 10,
+        test_batch_size: int = 250,
+        segments: int = 4,
+        held_out_per_segment: int = 500,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(batch_size=batch_size, test_batch_size=test_batch_size, shuffle=False)
+        stream, means = autocorrelated_stream(
+            num_samples, num_classes, run_length, dim, separation, noise, seed
+        )
+        self.test_sets, self.segment_starts = segment_held_out(  # type: ignore[assignment]
+            stream.tensors[1], means, segments, held_out_per_segment, noise=noise, seed=seed + 1
+        )
+        ends = [*self.segment_starts[1:], num_samples]
+        self.train_sets = [
+            Subset(stream, range(start, end))
+            for start, end in zip(self.segment_starts, ends, strict=True)
+        ]
+        self.task_names = [f"segment_{s}" for s in range(segments)]
 
 
 class StreamClassifier(pl.LightningModule):

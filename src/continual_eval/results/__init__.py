@@ -13,6 +13,8 @@ and the files of a run directory.
   [`ContinualResults.from_tensors`][continual_eval.results.ContinualResults.from_tensors] takes.
 * `class_incremental`: [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults].
 * `held_out`: [`HeldOutResults`][continual_eval.results.HeldOutResults].
+* `online`: [`OnlineResults`][continual_eval.results.OnlineResults], the ``online`` section
+  (what [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] records over a stream).
 * `reference`: [`Reference`][continual_eval.Reference] and `ReferenceCurve`, what
   [`train_reference`][continual_eval.train_reference] measured, and what ``reference=`` accepts.
 * `files`: the run directory (choosing and claiming it, writing the
@@ -40,6 +42,7 @@ from continual_eval.results.model import (
     Stability,
     StepEvaluations,
 )
+from continual_eval.results.online import OnlineResults
 from continual_eval.results.reference import Reference, ReferenceCurve
 from continual_eval.results.schema import InvalidResultsError
 
@@ -51,6 +54,7 @@ __all__ = [
     "HeldOutResults",
     "InvalidResultsError",
     "MatrixResults",
+    "OnlineResults",
     "Plasticity",
     "ReferenceMetrics",
     "ReferenceScores",

@@ -37,4 +37,4 @@ def vector(values: Sequence[Any]) -> Tensor:
 
 def matrix(rows: Sequence[Sequence[Any]], columns: int) -> Tensor:
     """``[n, columns]`` float64 from rows of cells (``None`` -> NaN)."""
-    return torch.from_numpy(np.array(rows, dtype=np.float64).reshape(-1, columns))
+    return torch.from_numpy(np.array(rows, dtype=np.float64).reshape(len(rows), columns))

@@ -14,6 +14,15 @@ Files of a run directory:
 * ``.continual_eval_claim.json`` while a run is using the directory (see
   `claim_results_dir`).
 
+One ``results.json``, two writers: with
+[`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] and
+[`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] on one Trainer, the online callback
+writes into the task callback's directory under its run id (the whole document: that callback's
+results with the ``online`` section), and `commit_results` keeps the ``online`` section of the
+``results.json`` it replaces when the new document has none and both are of the same run: the task
+callback's writes never drop what the online callback wrote. Each write replaces the file
+atomically, so a reader sees one complete document.
+
 Every file is replaced atomically (a temporary ``.NAME.PID.tmp`` beside it, then
 ``os.replace``): a process killed at any point, or a full disk, leaves the previous complete
 version; `remove_stale_temporaries` removes what killed writers left.
@@ -47,6 +56,8 @@ from continual_eval.results.schema import (
     Document,
     FileRecord,
     InvalidResultsError,
+    OnlineSection,
+    check_online_section,
     decode_document,
     printable,
 )
@@ -204,12 +215,19 @@ def file_records(document: Document) -> dict[str, FileRecord]:
 def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     """Write the CSV files and then ``results.json`` (naming each CSV's SHA-256: the commit
     record) into ``dirpath``, each atomically; returns the JSON path. With every task trained the
-    run is complete and its claim of the directory is released (`release_claim`).
+    run is complete and its claim of the directory is released (`release_claim`; a
+    document without tasks, an online run's, is released by its writer). A ``document`` without
+    an ``online`` section keeps the one of the ``results.json`` it replaces when that file is of
+    the same run (see the module docstring).
 
     Raises `ResultsWriteError` (one line: the file, what is on disk, how to resume) when a
     file cannot be written; the files already on disk stay complete.
     """
     dirpath = Path(dirpath)
+    if document.online is None and document.run_id is not None:
+        kept = _online_on_disk(dirpath, document.run_id)
+        if kept is not None:
+            document = msgspec.structs.replace(document, online=kept)
     csv_files = _csv_bytes(document)
     files = _file_records(csv_files, document.stages_completed)
     stages = document.stages_completed
@@ -225,9 +243,34 @@ def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
         _write_bytes(path, data + b"\n", durable=True)
     except OSError as err:
         raise _write_failed(path, err, stages) from None
-    if stages == document.num_tasks and document.run_id is not None:
+    if stages == document.num_tasks and document.num_tasks and document.run_id is not None:
         release_claim(dirpath, document.run_id)
     return path
+
+
+class _OnlinePart(msgspec.Struct):
+    """What `commit_results` reads of the ``results.json`` it replaces."""
+
+    run_id: Any = None
+    online: OnlineSection | None = None
+
+
+def _online_on_disk(dirpath: Path, run_id: str) -> OnlineSection | None:
+    """The ``online`` section of ``dirpath/results.json`` when that file is of the run
+    ``run_id`` and its section is valid; else ``None``."""
+    path = dirpath / RESULTS_FILE
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+        part = msgspec.json.decode(data, type=_OnlinePart)
+    except (OSError, msgspec.DecodeError, RecursionError):
+        return None
+    if part.run_id != run_id or part.online is None:
+        return None
+    try:
+        return check_online_section(part.online, path)
+    except InvalidResultsError:
+        return None
 
 
 # ---------------------------------------------------------------------- reading back
@@ -610,17 +653,16 @@ def claim_or_refuse(
     run_id: str,
     restored: bool,
     overwrite: bool,
+    owner: str = "ContinualEvalCallback",
 ) -> None:
     """On every rank of ``trainer``, before anything is trained or written: rank 0 claims its
     ``results_dir`` (`claim_results_dir`); every rank raises ``FileExistsError`` with rank
-    0's reason when it cannot."""
+    0's reason (named after ``owner``, the claiming callback) when it cannot."""
     problem = None
     if trainer.is_global_zero and results_dir is not None:
         problem = claim_results_dir(results_dir, run_id, restored=restored, overwrite=overwrite)
         if problem is not None:
-            problem = (
-                f"ContinualEvalCallback: {problem}{_open_wandb_run_note(trainer, results_dir)}"
-            )
+            problem = f"{owner}: {problem}{_open_wandb_run_note(trainer, results_dir)}"
     if trainer.world_size > 1:
         problem = trainer.strategy.broadcast(problem, src=0)
     if problem is not None:

@@ -10,6 +10,7 @@ plasticity ([`Plasticity`][continual_eval.results.Plasticity]) metrics; plus the
 evaluations ([`StepEvaluations`][continual_eval.results.StepEvaluations]), what each stage cost
 ([`RunCost`][continual_eval.results.RunCost]), the primary matrix against a reference
 ([`ReferenceMetrics`][continual_eval.results.ReferenceMetrics]), the class-incremental record, the
+online record ([`OnlineResults`][continual_eval.results.OnlineResults], the ``online`` section), the
 conventions, the metadata and the run id.
 
 Each class here is the typed, tensor-holding form of one section of
@@ -56,6 +57,7 @@ from continual_eval.functional.stability import min_accuracy, stability_gap, wor
 from continual_eval.results._convert import cells, matrix, present, vector
 from continual_eval.results.class_incremental import ClassIncrementalResults
 from continual_eval.results.held_out import HeldOutResults
+from continual_eval.results.online import OnlineResults
 from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
 __all__ = [
@@ -842,6 +844,9 @@ class ContinualResults:
     #: the run ended with fewer tasks trained than test loaders (the ``coverage`` section);
     #: ``None`` otherwise (every task trained, or the run may go on)
     coverage: Coverage | None = None
+    #: the online record ([`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback]: the
+    #: ``online`` section); ``None`` without one
+    online: OnlineResults | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -921,6 +926,23 @@ class ContinualResults:
         return self.steps.step.clone(), self.steps.stage.clone(), scores.clone()
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_online(
+        cls,
+        online: OnlineResults,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        score: str = "accuracy",
+    ) -> ContinualResults:
+        """The results of an online run without task stages (``OnlineEvalCallback`` alone): no
+        tasks (``num_tasks`` 0, one empty ``score`` matrix) and the ``online`` section."""
+        empty = ScoreMatrix(
+            score, torch.zeros(0, 0, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+        )
+        results = cls.from_tensors({score: empty}, task_names=[], metadata=metadata, run_id=run_id)
+        return dataclasses.replace(results, online=online)
+
     @classmethod
     def from_tensors(
         cls,
@@ -1038,6 +1060,7 @@ class ContinualResults:
             coverage=None
             if document.coverage is None
             else Coverage.from_section(document.coverage),
+            online=None if document.online is None else OnlineResults.from_section(document.online),
         )
 
     @classmethod
@@ -1115,6 +1138,7 @@ class ContinualResults:
             else self.class_incremental.to_section(),
             held_out=None if self.held_out is None else self.held_out.to_section(),
             coverage=None if self.coverage is None else self.coverage.to_section(),
+            online=None if self.online is None else self.online.to_section(),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -1123,8 +1147,8 @@ class ContinualResults:
         ``metrics_per_stage``, ``per_task``) and, with per-step evaluation, its ``curves`` and
         ``stability``; ``matrices`` every matrix by name with its ``score``,
         ``higher_is_better``, ``bounds``, metric family and step curves; ``cost``,
-        ``reference``, ``class_incremental`` and ``coverage`` when recorded; ``files``, the
-        SHA-256 and stage count of every CSV file
+        ``reference``, ``class_incremental``, ``coverage``, ``held_out`` and ``online`` when
+        recorded; ``files``, the SHA-256 and stage count of every CSV file
         [`write`][continual_eval.results.ContinualResults.write] writes with it. The same document
         as the ``results.json`` [`write`][continual_eval.results.ContinualResults.write] writes, key
         for key."""

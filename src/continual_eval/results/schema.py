@@ -27,7 +27,11 @@ evaluated or undefined):
   optional ``cost``, ``reference``, ``class_incremental``, ``held_out`` (sets never trained:
   per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``coverage``
   when the run ended with fewer tasks trained than it has test loaders (`CoverageSection`);
+  ``online`` ([`OnlineSection`][continual_eval.results.schema.OnlineSection], what
+  [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] recorded over the stream);
   ``files`` (the commit record of the CSV files, see `continual_eval.results.files`);
+* ``num_tasks`` is 0 only in a document with an ``online`` section (an online run without
+  ``ContinualEvalCallback``: no task matrix, one empty ``accuracy`` matrix);
 * unknown keys are ignored (forward compatibility) and not written back.
 
 Limits on what an untrusted file may hold (beyond them a file is refused, not truncated):
@@ -40,6 +44,7 @@ stores ``null``); numbers beyond the float range are refused.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -75,12 +80,20 @@ __all__ = [
     "CoverageSection",
     "CurvesSection",
     "Document",
+    "HeldOut",
+    "HeldOutEvaluation",
     "InvalidResultsError",
     "MatrixSection",
+    "OnlineProtocol",
+    "OnlineSection",
+    "OnlineWindow",
     "PlasticitySection",
     "ReferenceSection",
+    "ScoreCounts",
     "StabilitySection",
+    "WindowCost",
     "check_document",
+    "check_online_section",
     "convert_document",
     "decode_document",
     "printable",
@@ -310,6 +323,136 @@ class HeldOutSection(Struct, kw_only=True):
     matrices: dict[Name, HeldOutMatrixSection]
 
 
+# ---------------------------------------------------------------------- online
+#: the blind predictors scored beside the learner of an online section: the most frequent label
+#: among the ``blind_window`` labels revealed last (``mode``), the last revealed label (``last``),
+#: the most frequent label of all revealed so far (``prior``)
+BLIND_PREDICTORS = ("mode", "last", "prior")
+Seconds = Annotated[float, Meta(ge=0, le=_FLOAT_MAX)]
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class ScoreCounts(Struct, kw_only=True, frozen=True):
+    """One score in one window of the ``online`` section: the learner's ``correct`` predictions
+    among ``total`` samples, and ``blind[name]``, each blind predictor's correct predictions on
+    the same samples (one per ``BLIND_PREDICTORS``)."""
+
+    correct: Count
+    total: Count
+    blind: dict[Name, Count]
+
+
+class WindowCost(Struct, kw_only=True, frozen=True):
+    """What one window cost (measured by ``continual_eval.stage_cost``).
+
+    ``samples``: training samples consumed, summed over ranks (a ``DistributedSampler``'s padding
+    included); ``optimizer_steps``: increments of ``trainer.global_step``; ``train_seconds``: wall
+    time of the window's training batches, the callback's per-batch scoring included (clock read
+    at window boundaries only, after one CUDA synchronize); ``eval_seconds``: the held-out
+    evaluation at the window's end (0 without one); ``scoring_forwards``: the forward passes the
+    callback ran for prequential and lookahead scoring, summed over ranks (0 when prequential
+    scores reuse the training step's outputs and nothing is read ahead); the rest as in
+    ``StageCost``.
+    """
+
+    samples: Count
+    optimizer_steps: Count
+    train_seconds: Seconds
+    eval_seconds: Seconds
+    scoring_forwards: Count
+    peak_memory_bytes: Count
+    memory_kind: Name
+    parameters: Count
+    trainable_parameters: Count
+
+
+class OnlineWindow(Struct, kw_only=True, frozen=True):
+    """``window_batches`` consecutive training batches (the last window may be shorter).
+
+    ``first_batch``/``last_batch``: training batches counted from the run's start (inclusive);
+    ``stream_start``/``stream_end``: the stream positions ``[start, end)`` trained in the window
+    (samples of all ranks; padding excluded); ``global_step``: optimizer steps of the run at the
+    window's end; ``classes_seen``: the distinct labels the stream has shown by the window's
+    end (``1 / classes_seen`` is chance for balanced labels); ``scores``: per score
+    (``online``, ``near_future/<delay>``, ``label_delay/<delay>``) its counts; ``cost``: the
+    window's compute.
+    """
+
+    index: Count
+    first_batch: Count
+    last_batch: Count
+    stream_start: Count
+    stream_end: Count
+    global_step: Count
+    classes_seen: Count
+    scores: dict[Name, ScoreCounts]
+    cost: WindowCost
+
+
+class HeldOutEvaluation(Struct, kw_only=True, frozen=True):
+    """One evaluation on every held-out set, after ``stream_position`` stream samples (the
+    number trained; 0: before training), ``batches`` training batches and ``optimizer_steps``
+    steps; ``window``: the last window closed before it (``-1``: none); ``segments_ended``: the
+    stream segments that ended at this evaluation (their row of ``R``); ``scores``: one cell per
+    set (``null``: not evaluated); ``seconds``: its wall time."""
+
+    stream_position: Count
+    batches: Count
+    optimizer_steps: Count
+    window: Annotated[int, Meta(ge=-1)]
+    segments_ended: list[Count]
+    scores: Cells
+    seconds: Seconds
+
+
+class HeldOut(Struct, kw_only=True):
+    """Held-out sets scored over the stream: ``names``, ``segment_starts`` (the stream position
+    where each set's segment starts, or ``null`` when the sets are not tied to stream positions),
+    the scorer's name and the evaluations in stream order."""
+
+    names: list[Name]
+    segment_starts: list[Count] | None
+    scorer: Name
+    evaluations: list[HeldOutEvaluation]
+
+
+class OnlineProtocol(Struct, kw_only=True, frozen=True):
+    """How the stream was scored.
+
+    ``batch_size``: samples per training batch on one rank; ``global_batch_size``: the stream
+    samples of one training step over all ranks (``world_size * batch_size``: a
+    ``DistributedSampler`` gives rank ``r`` the positions ``r, r + W, r + 2W, ...``, so step ``k``
+    trains the positions ``[k G, (k + 1) G)``); ``near_future_delays``/``label_delays``: in
+    batches; ``blind_window``: the labels the ``mode`` predictor counts; ``prequential``:
+    ``"outputs"`` (the training step's own predictions) or ``"forward"`` (an eval-mode forward
+    before the optimizer step); ``stream_source``: where lookahead batches were read
+    (``"train_loader"``, ``"stream"``, ``"none"``).
+    """
+
+    world_size: Positive
+    batch_size: Count
+    global_batch_size: Count
+    window_batches: Positive
+    near_future_delays: list[Positive]
+    label_delays: list[Positive]
+    blind_window: Positive
+    prequential: Literal["outputs", "forward"]
+    stream_source: Literal["train_loader", "stream", "none"]
+
+
+class OnlineSection(Struct, kw_only=True, omit_defaults=True):
+    """The ``online`` section
+    ([`continual_eval.results.OnlineResults`][continual_eval.results.OnlineResults]): the
+    ``protocol``, one ``OnlineWindow`` per ``window_batches`` training batches in stream order, the
+    held-out evaluations over the stream (``held_out``, or ``null``) and ``summary``, derived on
+    writing and recomputed when read (the counts are the record)."""
+
+    protocol: OnlineProtocol
+    windows: list[OnlineWindow]
+    held_out: HeldOut | None = None
+    summary: dict[str, Any] | None = None
+
+
 class FileRecord(Struct, kw_only=True):
     """A CSV file written with the document: its SHA-256 and the stages it holds."""
 
@@ -331,7 +474,7 @@ class Document(Struct, kw_only=True, omit_defaults=True):
 
     format_version: Literal[2]
     run_id: Name | None = None
-    num_tasks: Annotated[int, Meta(ge=1, le=MAX_TASKS)]
+    num_tasks: Annotated[int, Meta(ge=0, le=MAX_TASKS)]
     task_names: list[Name]
     stages_completed: Count
     scores: Rows
@@ -349,6 +492,7 @@ class Document(Struct, kw_only=True, omit_defaults=True):
     class_incremental: ClassIncrementalSection | None = None
     held_out: HeldOutSection | None = None
     coverage: CoverageSection | None = None
+    online: OnlineSection | None = None
     files: dict[Name, FileRecord] | None = None
 
     @property
@@ -487,6 +631,12 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
     [`InvalidResultsError`][continual_eval.results.InvalidResultsError]."""
     check = _Check(source)
     T, s = document.num_tasks, document.stages_completed
+    if T == 0 and document.online is None:
+        check.fail(
+            "num_tasks",
+            f"expected an integer in [1, {MAX_TASKS}] (0 only in a document with an online "
+            "section), found integer 0",
+        )
     if s > T:
         check.fail("stages_completed", f"expected an integer in [0, {T}], found integer {s}")
     check.length(document.task_names, "task_names", T)
@@ -512,9 +662,11 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
     if document.class_incremental is not None:
         _check_class_incremental(check, document.class_incremental, T, s)
     if document.held_out is not None:
-        _check_held_out(check, document.held_out, document.matrices, s)
+        _check_held_out_sets(check, document.held_out, document.matrices, s)
     if document.coverage is not None:
         _check_coverage(check, document.coverage, T, s)
+    if document.online is not None:
+        _check_online(check, document.online, "online")
     for name, record in (document.files or {}).items():
         if os.path.basename(name) != name or name in ("", ".", ".."):
             check.fail("files (a key)", f"expected a file name, found {describe(name)}")
@@ -640,7 +792,7 @@ def _check_metadata(
                 stack.append((child, key_path(path, key), level + 1))
 
 
-def _check_held_out(
+def _check_held_out_sets(
     check: _Check, section: HeldOutSection, matrices: Mapping[str, MatrixSection], s: int
 ) -> None:
     """Distinct set names, one entry per score matrix of the document, ``H`` cells per row and
@@ -783,3 +935,132 @@ def _check_stage_counts(
             f"expected the counts of class {c} to add up to its "
             f"{int(samples[c])} test samples (test_samples[{c}]), found {int(totals[c])}",
         )
+
+
+# ---------------------------------------------------------------------- online
+def online_score_names(protocol: OnlineProtocol) -> list[str]:
+    """The scores of an online section, in protocol order: ``online``, then
+    ``near_future/<delay>`` and ``label_delay/<delay>`` per delay."""
+    return (
+        ["online"]
+        + [f"near_future/{d}" for d in protocol.near_future_delays]
+        + [f"label_delay/{d}" for d in protocol.label_delays]
+    )
+
+
+def check_online_section(
+    section: OnlineSection, source: str | os.PathLike[str], field: str = "online"
+) -> OnlineSection:
+    """What the types of an ``online`` section cannot say (windows numbered and contiguous in
+    batches and stream positions, every window holding the protocol's scores with counts that
+    fit their totals, held-out evaluations with one cell per set in stream order); returns
+    ``section``, raises ``InvalidResultsError`` naming ``source`` and the field under
+    ``field``."""
+    _check_online(_Check(source), section, field)
+    return section
+
+
+def _check_online(check: _Check, section: OnlineSection, field: str) -> None:
+    protocol = section.protocol
+    for key in ("near_future_delays", "label_delays"):
+        delays = getattr(protocol, key)
+        if delays != sorted(set(delays)):
+            check.fail(
+                f"{field}.protocol.{key}",
+                f"expected increasing delays, each once, found {list(delays)}",
+            )
+    names = online_score_names(protocol)
+    previous: OnlineWindow | None = None
+    for k, window in enumerate(section.windows):
+        at = f"{field}.windows[{k}]"
+        if window.index != k:
+            check.fail(
+                f"{at}.index",
+                f"expected integer {k} (windows are numbered 0, 1, ...), found integer "
+                f"{window.index}",
+            )
+        if window.last_batch < window.first_batch:
+            check.fail(
+                f"{at}.last_batch",
+                f"expected at least first_batch ({window.first_batch}), found integer "
+                f"{window.last_batch}",
+            )
+        if window.stream_end < window.stream_start:
+            check.fail(
+                f"{at}.stream_end",
+                f"expected at least stream_start ({window.stream_start}), found integer "
+                f"{window.stream_end}",
+            )
+        if previous is not None:
+            if window.first_batch != previous.last_batch + 1:
+                check.fail(
+                    f"{at}.first_batch",
+                    f"expected integer {previous.last_batch + 1} (the window continues window "
+                    f"{k - 1}), found integer {window.first_batch}",
+                )
+            if window.stream_start != previous.stream_end:
+                check.fail(
+                    f"{at}.stream_start",
+                    f"expected integer {previous.stream_end} (the window continues window "
+                    f"{k - 1}), found integer {window.stream_start}",
+                )
+        if sorted(window.scores) != sorted(names):
+            check.fail(
+                f"{at}.scores",
+                f"expected the scores {names} of the protocol, found {sorted(window.scores)}",
+            )
+        for name, counts in window.scores.items():
+            where = key_path(f"{at}.scores", name)
+            if counts.correct > counts.total:
+                check.fail(
+                    f"{where}.correct",
+                    f"expected at most total ({counts.total}), found integer {counts.correct}",
+                )
+            if sorted(counts.blind) != sorted(BLIND_PREDICTORS):
+                check.fail(
+                    f"{where}.blind",
+                    f"expected the blind predictors {list(BLIND_PREDICTORS)}, found "
+                    f"{sorted(counts.blind)}",
+                )
+            for blind, value in counts.blind.items():
+                if value > counts.total:
+                    check.fail(
+                        key_path(f"{where}.blind", blind),
+                        f"expected at most total ({counts.total}), found integer {value}",
+                    )
+        previous = window
+    if section.held_out is not None:
+        _check_held_out(check, section.held_out, f"{field}.held_out")
+
+
+def _check_held_out(check: _Check, held: HeldOut, field: str) -> None:
+    J = len(held.names)
+    if len(set(held.names)) != J:
+        check.fail(f"{field}.names", "expected distinct names")
+    starts = held.segment_starts
+    if starts is not None:
+        check.length(starts, f"{field}.segment_starts", J)
+        if starts[:1] != [0] or any(b <= a for a, b in itertools.pairwise(starts)):
+            check.fail(
+                f"{field}.segment_starts",
+                f"expected increasing stream positions starting at 0, found {starts}",
+            )
+    last = -1
+    for e, evaluation in enumerate(held.evaluations):
+        at = f"{field}.evaluations[{e}]"
+        check.length(evaluation.scores, f"{at}.scores", J)
+        check.within(evaluation.scores, f"{at}.scores", [0.0, 1.0], "an accuracy")
+        if evaluation.stream_position < last:
+            check.fail(
+                f"{at}.stream_position",
+                f"expected at least {last} (the evaluations are in stream order), found integer "
+                f"{evaluation.stream_position}",
+            )
+        late = [i for i in evaluation.segments_ended if i >= J]
+        if late:
+            check.fail(
+                f"{at}.segments_ended",
+                f"expected segment indices below {J} (one per held-out set), found integer "
+                f"{late[0]}",
+            )
+        last = evaluation.stream_position
