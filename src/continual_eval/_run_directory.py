@@ -22,37 +22,30 @@ __all__ = ["RunDirectory"]
 
 
 class RunDirectory:
-    """Where one run's ``results.json`` and ``scores*.csv`` go.
+    """Where one run's ``results.json`` and ``scores*.csv`` go (the callback's ``dirpath`` and
+    ``overwrite`` are read when the directory is chosen and claimed, so changing them between
+    runs takes effect)."""
 
-    Args:
-        dirpath: the user's directory, or ``None`` for one per run from the first logger
-            (`default_results_dir`).
-        overwrite: claim a directory holding another run's results.
-    """
-
-    def __init__(self, dirpath: str | os.PathLike[str] | None, *, overwrite: bool) -> None:
-        self.dirpath = None if dirpath is None else Path(dirpath)
-        self.overwrite = overwrite
+    def __init__(self) -> None:
         self.path: Path | None = None  # set on rank 0 at the first fit
         self.recorded: str | None = None  # the directory a restored checkpoint names
         self.claimed = False  # claimed (or refused) before this run trained anything
 
-    def choose(self, trainer: Any, run_id: str) -> None:
+    def choose(self, trainer: Any, run_id: str, dirpath: str | os.PathLike[str] | None) -> None:
         """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
-        recorded (if it still holds that run), else ``dirpath`` or the logger's."""
+        recorded (if it still holds that run), else ``dirpath`` or the logger's
+        (`default_results_dir`)."""
         if trainer.is_global_zero and self.path is None:
-            self.path = choose_results_dir(
-                trainer, self.dirpath, recorded=self.recorded, run_id=run_id
-            )
+            self.path = choose_results_dir(trainer, dirpath, recorded=self.recorded, run_id=run_id)
 
-    def claim(self, trainer: Any, run_id: str, *, restored: bool, verbose: bool) -> None:
+    def claim(
+        self, trainer: Any, run_id: str, *, restored: bool, overwrite: bool, verbose: bool
+    ) -> None:
         """Every rank, once per run before anything is trained or written: rank 0 claims the
         directory (and says where it is when ``verbose``); every rank raises
         ``FileExistsError`` naming why when another run uses it or holds its results (unless
         ``overwrite``)."""
-        claim_or_refuse(
-            trainer, self.path, run_id=run_id, restored=restored, overwrite=self.overwrite
-        )
+        claim_or_refuse(trainer, self.path, run_id=run_id, restored=restored, overwrite=overwrite)
         self.claimed = True
         if verbose and trainer.is_global_zero and self.path is not None:
             rank_zero_info(

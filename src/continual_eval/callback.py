@@ -200,7 +200,7 @@ class ContinualEvalCallback(Callback):
         self._handover = SpawnHandover(self.run_id)  # ddp_spawn: rank 0's state to this process
         self._record: RunRecord | None = None
         self._restored = False
-        self._directory = RunDirectory(self.dirpath, overwrite=self.overwrite)
+        self._directory = RunDirectory()
         self._fit_step_base = self._fit_steps_before = 0
         self._trained_this_fit = False
         self._cost = StageCostRecorder()  # the stage in progress: clocks read at its boundaries
@@ -328,12 +328,13 @@ class ContinualEvalCallback(Callback):
         unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
         if unsharded:
             self._warn(trainer, "unsharded", unsharded_loaders(unsharded))
-        self._directory.choose(trainer, self.run_id)
+        self._directory.choose(trainer, self.run_id, self.dirpath)
 
     def _claim_results_dir(self, trainer: Trainer) -> None:
         """Claim the results directory before anything is trained or written, and on a resume
         rewrite its files from the restored state (an interrupted write left them apart)."""
-        self._directory.claim(trainer, self.run_id, restored=self._restored, verbose=self.verbose)
+        flags = {"restored": self._restored, "overwrite": self.overwrite, "verbose": self.verbose}
+        self._directory.claim(trainer, self.run_id, **flags)
         baseline_done = self._record is not None and self._record.baseline_done
         if trainer.is_global_zero and self._restored and baseline_done:
             self._write()

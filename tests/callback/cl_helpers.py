@@ -70,6 +70,20 @@ class Classifier(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
+class Snapshots(pl.Callback):
+    """The weights at the baseline and after every stage (for the reference)."""
+
+    def __init__(self) -> None:
+        self.weights: list[dict] = []
+
+    def on_fit_start(self, trainer, pl_module):
+        if not self.weights:
+            self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+    def on_train_end(self, trainer, pl_module):
+        self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+
 def reference_run(net: nn.Module, tasks, epochs: int, lr: float = 0.2):
     """Plain torch: baseline, then per task train ``epochs`` epochs (SGD, fixed order) and score
     every task by counting argmax hits. Returns ``(R [T, T], b [T])`` float64."""

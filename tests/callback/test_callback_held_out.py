@@ -12,7 +12,15 @@ import json
 import lightning.pytorch as pl
 import pytest
 import torch
-from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
+from cl_helpers import (
+    Classifier,
+    Snapshots,
+    eval_loaders,
+    make_net,
+    make_tasks,
+    train_loaders,
+    trainer_kwargs,
+)
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -21,20 +29,6 @@ from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.results import ContinualResults, InvalidResultsError
 
 SETS = ("general", "tiny")
-
-
-class Snapshots(pl.Callback):
-    """The weights at the baseline and after every stage."""
-
-    def __init__(self) -> None:
-        self.weights: list[dict] = []
-
-    def on_fit_start(self, trainer, pl_module):
-        if not self.weights:
-            self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
-
-    def on_train_end(self, trainer, pl_module):
-        self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
 
 
 def held_out_data():

@@ -13,6 +13,7 @@ import torch
 from cl_helpers import (
     NUM_CLASSES,
     Classifier,
+    Snapshots,
     eval_loaders,
     make_net,
     make_tasks,
@@ -25,20 +26,6 @@ from torch import nn
 from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation import TopKAccuracyScorer
 from continual_eval.results import ContinualResults, check_results_files
-
-
-class Snapshots(pl.Callback):
-    """The weights at the baseline and after every stage (for the reference)."""
-
-    def __init__(self) -> None:
-        self.weights: list[dict] = []
-
-    def on_fit_start(self, trainer, pl_module):
-        if not self.weights:
-            self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
-
-    def on_train_end(self, trainer, pl_module):
-        self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
 
 
 def reference_scores(weights: dict, tasks) -> dict[str, list[float]]:
