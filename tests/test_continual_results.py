@@ -421,3 +421,44 @@ def test_schema_checks_the_new_sections(mutate, field, problem):
     with pytest.raises(InvalidResultsError, match=problem) as err:
         convert_document(document)
     assert err.value.field == field
+
+
+def test_scoring_mode_round_trips_and_unknown_modes_are_refused():
+    """``scoring`` (teacher-forced / free-running) goes into the matrix's section, reads back,
+    is absent for a score that is neither, and a file or a scorer with another value is
+    refused naming it."""
+    import copy
+
+    from continual_eval.record import MatrixSpec
+    from continual_eval.results import ContinualResults, InvalidResultsError, ScoreMatrix
+
+    R = torch.tensor([[2.0, 9.0], [3.0, 1.5]], dtype=torch.float64)
+    b = torch.tensor([20.0, 20.0], dtype=torch.float64)
+    acc = torch.tensor([[0.9, 0.1], [0.6, 0.95]], dtype=torch.float64)
+    results = ContinualResults.from_tensors(
+        {
+            "acc": ScoreMatrix("accuracy", acc, torch.tensor([0.5, 0.5], dtype=torch.float64)),
+            "ppl": ScoreMatrix(
+                "perplexity",
+                R,
+                b,
+                higher_is_better=False,
+                bounds=(1.0, math.inf),
+                scoring="teacher-forced",
+            ),
+        }
+    )
+    document = results.to_dict()
+    assert document["matrices"]["ppl"]["scoring"] == "teacher-forced"
+    assert "scoring" not in document["matrices"]["acc"]
+    assert ContinualResults.from_dict(document)["ppl"].scoring == "teacher-forced"
+    broken = copy.deepcopy(document)
+    broken["matrices"]["ppl"]["scoring"] = "beam-search"
+    with pytest.raises(InvalidResultsError, match=r"matrices\.ppl\.scoring"):
+        ContinualResults.from_dict(broken)
+
+    class Odd:
+        name, higher_is_better, bounds, scoring = "odd", True, (0.0, 1.0), "sometimes"
+
+    with pytest.raises(ValueError, match="scorer 'odd': scoring must be one of"):
+        MatrixSpec.of(Odd())

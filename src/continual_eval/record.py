@@ -41,6 +41,7 @@ from continual_eval.results import (
     ScoreMatrix,
     StepEvaluations,
 )
+from continual_eval.results.schema import SCORING_MODES, Scoring
 from continual_eval.stage_cost import StageCost
 from continual_eval.step_curves import StepCurves
 
@@ -65,11 +66,19 @@ class MatrixSpec:
     score: str
     higher_is_better: bool = True
     bounds: tuple[float, float] | None = (0.0, 1.0)
+    #: ``"teacher-forced"`` or ``"free-running"`` (a scorer's optional ``scoring``), else ``None``
+    scoring: Scoring | None = None
 
     @classmethod
     def of(cls, scorer: Any) -> MatrixSpec:
         """The spec of a [`Scorer`][continual_eval.evaluation.Scorer]."""
-        return cls(str(scorer.name), bool(scorer.higher_is_better), scorer.bounds)
+        scoring = getattr(scorer, "scoring", None)  # optional: sequence-model scorers say it
+        if scoring is not None and scoring not in SCORING_MODES:
+            raise ValueError(
+                f"scorer {scorer.name!r}: scoring must be one of {', '.join(SCORING_MODES)} "
+                f"(or absent), got {scoring!r}"
+            )
+        return cls(str(scorer.name), bool(scorer.higher_is_better), scorer.bounds, scoring)
 
 
 @dataclass(frozen=True)
@@ -323,6 +332,7 @@ class RunRecord:
                     baseline=metric.baseline,
                     higher_is_better=self.specs[name].higher_is_better,
                     bounds=self.specs[name].bounds,
+                    scoring=self.specs[name].scoring,
                     step_scores=None if steps is None else self.curves.tensors(0, name)[2],
                 )
                 for name, metric in self.matrices.items()

@@ -99,6 +99,8 @@ def test_fit_language_model_config_end_to_end(tmp_path: Path, monkeypatch) -> No
     ppl = results["matrices"]["ppl"]
     assert em["score"] == "exact_match" and ppl["score"] == "perplexity"
     assert ppl["higher_is_better"] is False
+    # how each score was produced, recorded: the two kinds are not comparable
+    assert ppl["scoring"] == "teacher-forced" and em["scoring"] == "free-running"
     em_scores, ppl_scores = em["scores"], ppl["scores"]
     for j in range(3):  # each task learned in its own stage
         assert em_scores[j][j] >= 0.9

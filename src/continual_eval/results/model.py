@@ -116,7 +116,8 @@ class ScoreMatrix:
     ``score``: what its cells hold; ``scores``: the rows so far ``[s, T]`` (NaN = not
     evaluated); ``baseline``: the untrained scores ``[T]``; its direction and its validation range
     (``None`` = unbounded); ``step_scores``: its rows of the per-step evaluations ``[N, T]``
-    (``None`` without them).
+    (``None`` without them); ``scoring``: how a sequence model's outputs were produced
+    (``"teacher-forced"`` or ``"free-running"``; ``None`` for a score that is neither).
     """
 
     score: str
@@ -125,6 +126,7 @@ class ScoreMatrix:
     higher_is_better: bool = True
     bounds: tuple[float, float] | None = UNIT_BOUNDS
     step_scores: Tensor | None = None
+    scoring: schema.Scoring | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -660,6 +662,10 @@ class MatrixResults:
     stability: Stability | None = None
     #: the plasticity metrics of ``step_scores`` (``None`` without them)
     plasticity: Plasticity | None = None
+    #: ``"teacher-forced"`` (the model reads the reference tokens: perplexity, token accuracy)
+    #: or ``"free-running"`` (it reads its own generations); ``None`` for other scores. The two
+    #: are not comparable: teacher forcing inflates scores
+    scoring: schema.Scoring | None = None
 
     @property
     def num_stages(self) -> int:
@@ -727,6 +733,7 @@ class MatrixResults:
             step_scores=step_scores,
             stability=stability,
             plasticity=plasticity,
+            scoring=matrix.scoring,
         )
 
     @classmethod
@@ -759,6 +766,7 @@ class MatrixResults:
             plasticity=None
             if section.plasticity is None
             else Plasticity.from_section(section.plasticity),
+            scoring=section.scoring,
         )
 
     def to_section(self, *, steps: bool = True) -> schema.MatrixSection:
@@ -777,6 +785,7 @@ class MatrixResults:
             step_scores=cells(self.step_scores) if with_steps else None,  # type: ignore[arg-type]
             stability=self.stability.to_section() if steps and self.stability else None,
             plasticity=self.plasticity.to_section() if steps and self.plasticity else None,
+            scoring=self.scoring,
         )
 
     def metrics_at(self, stage: int) -> dict[str, float]:

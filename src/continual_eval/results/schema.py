@@ -140,6 +140,10 @@ Bounds = Annotated[list[Cell], Meta(min_length=2, max_length=2)]
 #: how ``metadata.experiment``, ``method`` and ``seed`` may be written (the report shows them)
 Label = Name | Annotated[int, Meta(ge=-_MAX_EXACT_INT, le=_MAX_EXACT_INT)] | Finite | bool | None
 Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+#: how a sequence model's score was produced: reading the reference tokens (perplexity, token
+#: accuracy) or its own generations; the two are not comparable (teacher forcing inflates scores)
+Scoring = Literal["teacher-forced", "free-running"]
+SCORING_MODES: tuple[str, ...] = ("teacher-forced", "free-running")
 
 
 # ---------------------------------------------------------------------- sections
@@ -188,6 +192,7 @@ class MatrixSection(Struct, kw_only=True, omit_defaults=True):
     step_scores: Rows | None = None
     stability: StabilitySection | None = None
     plasticity: PlasticitySection | None = None
+    scoring: Scoring | None = None
 
 
 class SubsetSection(Struct, kw_only=True, omit_defaults=True):
