@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from continual_eval.functional._validation import check_cells
 from continual_eval.results.held_out import HeldOutResults
 
 if TYPE_CHECKING:
@@ -31,33 +32,42 @@ class HeldOutRecord:
         self.baseline: dict[str, Tensor] = {}
         self.rows: dict[str, list[Tensor]] = {name: [] for name in self.specs}
 
-    def _rows_of(self, scored: Scored, what: str) -> dict[str, Tensor]:
-        """Each matrix's held-out row ``[H]`` of ``scored``, checked against its bounds."""
+    def _checked(self, scored: Scored, what: str) -> dict[str, Tensor]:
+        """Each matrix's held-out row ``[H]`` of ``scored``: every cell finite and within the
+        matrix's bounds (the functional layer's cell check), else a ``ValueError`` naming
+        ``what``, the matrix and the set."""
         rows = {}
         for name, spec in self.specs.items():
             row = scored.held_out.get(name)
             if row is None or row.shape != (len(self.names),):
                 raise ValueError(f"{what} has no {name} scores of the held-out sets {self.names}")
-            if spec.bounds is not None:
-                lo, hi = spec.bounds
-                bad = ~torch.isnan(row) & ((row < lo) | (row > hi))
-                if bad.any():
-                    h = int(bad.nonzero()[0])
-                    raise ValueError(
-                        f"{what}: held-out set {self.names[h]!r} has {name} score "
-                        f"{float(row[h])} outside [{lo}, {hi}]"
-                    )
-            rows[name] = row.to(torch.float64).clone()
+            row = row.detach().to(torch.float64)
+            try:
+                check_cells(
+                    f"{name} held-out",
+                    row,
+                    torch.ones_like(row, dtype=torch.bool),
+                    "every held-out cell",
+                    spec.bounds,
+                )
+            except ValueError as err:
+                raise ValueError(f"{what} (held-out sets {self.names}): {err}") from err
+            rows[name] = row
         return rows
 
     def record_baseline(self, scored: Scored) -> None:
-        self.baseline = self._rows_of(scored, "the baseline")
+        self.baseline = {
+            name: row.clone() for name, row in self._checked(scored, "the baseline").items()
+        }
 
     def check_stage(self, stage: int, scored: Scored) -> None:
-        self._rows_of(scored, f"stage {stage}")
+        self._checked(scored, f"stage {stage}")
 
     def record_stage(self, stage: int, scored: Scored) -> list[str]:
-        for name, row in self._rows_of(scored, f"stage {stage}").items():
+        """Record stage ``stage``'s rows (checked by `check_stage` before anything of the
+        stage was recorded)."""
+        for name in self.specs:
+            row = scored.held_out[name].detach().to(torch.float64).clone()
             self.rows[name] = [*self.rows[name][:stage], row]
         return []
 

@@ -184,3 +184,25 @@ def test_bad_held_out_arguments_are_refused_at_construction():
         ContinualEvalCallback(
             loaders, held_out_dataloaders={"g": loaders[0]}, task_classes=[[0], [1], [2]]
         )
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [(float("nan"), "must be finite"), (float("inf"), "must be finite"), (1.5, "outside")],
+)
+def test_a_bad_held_out_cell_is_refused_naming_the_matrix_and_the_sets(value, problem):
+    from continual_eval._held_out_record import HeldOutRecord
+    from continual_eval.record import MatrixSpec, Scored
+
+    record = HeldOutRecord(SETS, {"acc": MatrixSpec("accuracy")})
+    row = torch.tensor([0.5, value], dtype=torch.float64)
+    scored = Scored({}, held_out={"acc": row})
+    with pytest.raises(
+        ValueError, match=rf"stage 2 \(held-out sets .*tiny.*\): acc held-out\[1\].*{problem}"
+    ):
+        record.check_stage(2, scored)
+    with pytest.raises(ValueError, match="the baseline"):
+        record.record_baseline(scored)
+    assert record.baseline == {}  # nothing recorded
+    with pytest.raises(ValueError, match="has no acc scores"):
+        record.check_stage(0, Scored({}, held_out={"acc": row[:1]}))

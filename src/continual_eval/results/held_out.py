@@ -66,12 +66,12 @@ class HeldOutResults:
             if self.num_stages
             else torch.full((len(self.names),), math.nan, dtype=torch.float64)
         )
-        worst = self.worst_drop(name)
+        worst, delta = self.worst_drop(name), final - self.baseline[name]
         return {
             h: {
                 "baseline": float(self.baseline[name][k]),
                 "final": float(final[k]),
-                "delta": float(final[k] - self.baseline[name][k]),
+                "delta": float(delta[k]),
                 "worst_drop": float(worst[k]),
             }
             for k, h in enumerate(self.names)
