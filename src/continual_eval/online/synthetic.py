@@ -115,6 +115,30 @@ def segment_held_out(
     return sets, starts
 
 
+def segmented_stream(
+    num_samples: int,
+    num_classes: int,
+    run_length: int,
+    dim: int,
+    separation: float,
+    noise: float,
+    segments: int,
+    held_out_per_segment: int,
+    seed: int,
+) -> tuple[TensorDataset, list[TensorDataset], list[int]]:
+    """``(stream, held-out sets, segment starts)``: `autocorrelated_stream` from ``seed`` and its
+    `segment_held_out` sets from ``seed + 1``, the one derivation both datamodules use (so the
+    stream's held-out sets and a task stream's test sets are the same samples)."""
+    stream, means = autocorrelated_stream(
+        num_samples, num_classes, run_length, dim, separation, noise, seed
+    )
+    labels = stream.tensors[1]
+    sets, starts = segment_held_out(
+        labels, means, segments, held_out_per_segment, noise=noise, seed=seed + 1
+    )
+    return stream, sets, starts
+
+
 class AutocorrelatedStream(pl.LightningDataModule):
     """The stream as one training loader in stream order (``shuffle=False``) and the segment
     held-out sets (`held_out_loaders`, with `segment_starts`)."""
@@ -134,18 +158,17 @@ class AutocorrelatedStream(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.batch_size = batch_size
-        self.stream, means = autocorrelated_stream(
-            num_samples, num_classes, run_length, dim, separation, noise, seed
-        )
-        sets, self.segment_starts = segment_held_out(
-            self.stream.tensors[1],
-            means,
+        self.stream, self.held_out_sets, self.segment_starts = segmented_stream(
+            num_samples,
+            num_classes,
+            run_length,
+            dim,
+            separation,
+            noise,
             segments,
             held_out_per_segment,
-            noise=noise,
-            seed=seed + 1,
+            seed,
         )
-        self.held_out_sets = sets
 
     def train_dataloader(self) -> DataLoader[Any]:
         return DataLoader(self.stream, batch_size=self.batch_size, shuffle=False)
@@ -177,11 +200,16 @@ class AutocorrelatedSegments(TaskStreamDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__(batch_size=batch_size, test_batch_size=test_batch_size, shuffle=False)
-        stream, means = autocorrelated_stream(
-            num_samples, num_classes, run_length, dim, separation, noise, seed
-        )
-        self.test_sets, self.segment_starts = segment_held_out(  # type: ignore[assignment]
-            stream.tensors[1], means, segments, held_out_per_segment, noise=noise, seed=seed + 1
+        stream, self.test_sets, self.segment_starts = segmented_stream(  # type: ignore[assignment]
+            num_samples,
+            num_classes,
+            run_length,
+            dim,
+            separation,
+            noise,
+            segments,
+            held_out_per_segment,
+            seed,
         )
         ends = [*self.segment_starts[1:], num_samples]
         self.train_sets = [
