@@ -16,6 +16,7 @@ from continual_eval._class_incremental_recorder import (
     class_incremental_scorers,
 )
 from continual_eval._held_out_record import HeldOutRecord
+from continual_eval._loader_list import as_loader_list
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
 from continual_eval.evaluation.scorers import AccuracyScorer, MetricScorer, Scorer, make_scorer
 from continual_eval.options import StepEvaluation
@@ -278,6 +279,8 @@ def check_held_out(held_out: object, task_classes: object) -> dict[str, Any]:
                 f"held_out_dataloaders: {name!r} is not a name (a non-empty string of at most "
                 f"{MAX_NAME_LENGTH} characters)"
             )
+    names = ", ".join(map(repr, held_out))
+    as_loader_list(list(held_out.values()), f"held_out_dataloaders ({names}, in this order)")
     if held_out and task_classes is not None:
         raise ValueError(
             "held_out_dataloaders cannot be combined with task_classes: the class-incremental "

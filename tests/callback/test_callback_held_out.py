@@ -180,6 +180,10 @@ def test_bad_held_out_arguments_are_refused_at_construction():
         ContinualEvalCallback(loaders, held_out_dataloaders=[loaders[0]])
     with pytest.raises(ValueError, match="is not a name"):
         ContinualEvalCallback(loaders, held_out_dataloaders={"": loaders[0]})
+    with pytest.raises(TypeError, match=r"held_out_dataloaders \('g', 'once'.*1 is a .*iterator"):
+        ContinualEvalCallback(
+            loaders, held_out_dataloaders={"g": loaders[0], "once": iter(loaders[1])}
+        )
     with pytest.raises(ValueError, match="cannot be combined with task_classes"):
         ContinualEvalCallback(
             loaders, held_out_dataloaders={"g": loaders[0]}, task_classes=[[0], [1], [2]]
