@@ -11,8 +11,9 @@ or for a callback with ``verbose=False``.
 
 `_RichBar` is the one adapter to Lightning's private names: a `RichProgressBar` has no public
 way to add a task to its live display, so it calls the methods its own bars use
-(``_init_progress``, ``_add_task``, ``_update``, ``_progress_stopped``); checked on the lowest
-and newest Lightning of CI (tests/callback/test_evaluation_progress.py runs in both passes).
+(``_init_progress``, ``_add_task``, ``_progress_stopped``) and moves the task through rich's
+public ``Progress.update``; checked on the lowest and newest Lightning of CI
+(tests/callback/test_evaluation_progress.py runs in both passes).
 """
 
 from __future__ import annotations
@@ -97,13 +98,20 @@ class _RichBar:
 
     def advance(self) -> None:
         self.done += 1
-        if self.task is not None:
-            self.callback._update(self.task, self.done)
+        progress = self.callback.progress
+        if self.task is not None and progress is not None:
+            # rich's own Progress API: Lightning's _update changed meaning between versions
+            # (2.5: advance by refresh_rate, 2.6: set completed)
+            progress.update(self.task, completed=self.done)
+            if self.done % max(1, int(self.callback.refresh_rate)) == 0:
+                self.callback.refresh()
 
     def close(self) -> None:
-        if self.task is not None and self.callback.progress is not None:
-            self.callback._update(self.task, self.done, hard=True)  # drawn once complete
-            self.callback._update(self.task, self.done, visible=False)
+        progress = self.callback.progress
+        if self.task is not None and progress is not None:
+            progress.update(self.task, completed=self.done)
+            progress.refresh()  # drawn once complete
+            progress.update(self.task, visible=False)
 
 
 @contextlib.contextmanager
