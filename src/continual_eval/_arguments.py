@@ -17,6 +17,7 @@ from continual_eval._class_incremental_recorder import (
 )
 from continual_eval._held_out_record import HeldOutRecord
 from continual_eval._loader_list import as_loader_list
+from continual_eval._predictions import PredictionsRecord, generation_scorers
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
 from continual_eval.evaluation.scorers import AccuracyScorer, MetricScorer, Scorer, make_scorer
 from continual_eval.options import StepEvaluation
@@ -295,12 +296,14 @@ def run_record(
     *,
     steps: StepEvaluation | None,
     held_out: Sequence[str] = (),
+    predictions: int | None = None,
     **settings: Any,
 ) -> RunRecord:
     """The run record of the callback's scorers (a matrix each, the primary first) and settings
     (``forgetting``, ``metadata``, ``run_id``, ``reference``, ``lca_beta``), with the step curves
-    when ``steps``, the class-incremental section when the scorers hold the task-agnostic one
-    and the held-out section when ``held_out`` names sets."""
+    when ``steps``, the class-incremental section when the scorers hold the task-agnostic one,
+    the held-out section when ``held_out`` names sets and the predictions section with
+    ``predictions`` (the item bound)."""
     sections: list[RecordSection] = []
     specs = {name: MatrixSpec.of(scorer) for name, scorer in scorers.items()}
     agnostic = scorers.get(AGNOSTIC_NAME)
@@ -308,6 +311,9 @@ def run_record(
         sections.append(ClassIncrementalRecord(agnostic, task_names))
     if held_out:
         sections.append(HeldOutRecord(held_out, specs))
+    if predictions is not None:
+        names = list(generation_scorers(scorers))
+        sections.append(PredictionsRecord(predictions, names, task_names, held_out))
     return RunRecord(
         specs,
         task_names,

@@ -5,13 +5,16 @@ stage end measured (its cost) before anything of it is recorded."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
+from continual_eval._predictions import gather_predictions, generation_scorers
 from continual_eval._progress import evaluation_description, evaluation_progress
 from continual_eval.evaluation import Scorer
 from continual_eval.evaluation.task_loaders import TaskLoaders
@@ -26,12 +29,15 @@ __all__ = ["TrainerScoring"]
 class TrainerScoring:
     """The callback's scorers on its test loaders, scored under a Trainer; with ``verbose``
     every evaluation shows its progress on the Trainer's progress bar (`continual_eval._progress`)
-    and rank 0 reports the batch cache."""
+    and rank 0 reports the batch cache; ``predictions``: the baseline and stage-end evaluations
+    gather the generation scorers' first ``predictions`` items per cell
+    (`continual_eval._predictions`)."""
 
     scorers: Mapping[str, Scorer]
     task_loaders: TaskLoaders
     inference_mode: bool
     verbose: bool = True
+    predictions: int | None = None
 
     def score(
         self,
@@ -44,10 +50,12 @@ class TrainerScoring:
         subset: bool = False,
         held_out: bool = False,
         stage_end: bool = False,
+        predictions: bool = False,
     ) -> Scored:
         """Score ``task_ids`` (their fixed subsets with ``subset``), and with ``held_out`` the
         held-out sets (whole); ``stage`` is ``-1`` for the baseline, else the stage being
-        trained (per-step evaluations) or just finished (``stage_end``)."""
+        trained (per-step evaluations) or just finished (``stage_end``); with ``predictions``
+        (and ``predictions=`` set) the kept items of every rank go into the `Scored`."""
         T, H = record.num_tasks, self.task_loaders.num_held_out if held_out else 0
         description = evaluation_description(stage, stage_end=stage_end)
         with evaluation_progress(trainer, description, enabled=self.verbose) as progress:
@@ -64,7 +72,21 @@ class TrainerScoring:
                 progress=progress,
                 verbose=self.verbose,
             )
-        return Scored.from_evaluation(list(self.scorers), evaluation, T, H)
+        scored = Scored.from_evaluation(list(self.scorers), evaluation, T, H)
+        if not predictions or self.predictions is None:
+            return scored
+        world, strategy = trainer.world_size, trainer.strategy
+        items = gather_predictions(
+            list(generation_scorers(self.scorers).values()),
+            [*task_ids, *range(T, T + H)],
+            self.task_loaders,
+            self.predictions,
+            all_reduce=partial(strategy.reduce, reduce_op="sum") if world > 1 else None,
+            rank=trainer.global_rank,
+            world_size=world,
+            device=strategy.root_device,
+        )
+        return dataclasses.replace(scored, predictions=items)
 
     def stage_end(
         self,
@@ -88,7 +110,14 @@ class TrainerScoring:
         T = record.num_tasks
         tasks = range(T) if evaluate == "all" else range(min(stage + 2, T))
         scored = self.score(
-            trainer, pl_module, record, tasks, stage=stage, held_out=True, stage_end=True
+            trainer,
+            pl_module,
+            record,
+            tasks,
+            stage=stage,
+            held_out=True,
+            stage_end=True,
+            predictions=True,
         )
         cost = meter.finish_stage(
             stage,

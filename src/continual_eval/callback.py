@@ -34,6 +34,13 @@ from continual_eval._fit_checks import (
     untrained_stage,
 )
 from continual_eval._loader_list import as_loader_list
+from continual_eval._predictions import (
+    PredictionsRecord,
+    check_predictions,
+    generation_scorers,
+    keep_items,
+    write_pending,
+)
 from continual_eval._run_directory import RunDirectory
 from continual_eval._run_end import end_run
 from continual_eval._run_warnings import warn_once
@@ -132,6 +139,15 @@ class ContinualEvalCallback(Callback):
         held_out_dataloaders: ``name -> loader`` of sets never trained (a language model's
             general-ability set): scored with every scorer at the baseline and after every
             stage, as task id ``T + h``, into the ``held_out`` section; never part of ``R``.
+        predictions: ``N``: write every generation scorer's
+            ([`GenerationScorer`][continual_eval.evaluation.generation.GenerationScorer])
+            predictions of the first ``N`` items (by dataset index) of every task and held-out
+            set, at the baseline and after every stage, to ``predictions/baseline.jsonl`` and
+            ``predictions/stage_{i}.jsonl`` in the results directory (JSON lines: the cell, the
+            scorer, ``item``, ``prediction``, ``reference``, ``score``; the format:
+            `continual_eval.results.predictions`), named in the ``predictions`` section; each
+            such scorer then keeps at least ``N`` items per task (its ``record_items``).
+            ``None`` (default): off.
     """
 
     def __init__(
@@ -159,6 +175,7 @@ class ContinualEvalCallback(Callback):
         lca_beta: int | None = None,
         task_classes: Sequence[Sequence[int]] | None = None,
         held_out_dataloaders: Mapping[str, Any] | None = None,
+        predictions: int | None = None,
     ) -> None:
         args.check_choice("evaluate", evaluate, ("all", "needed"))
         args.check_choice("forgetting", forgetting, FORGETTING_CONVENTIONS)
@@ -181,6 +198,9 @@ class ContinualEvalCallback(Callback):
         self.scorers: dict[str, Scorer] = args.resolve_scorers(scorers, metric)
         if task_classes is not None:  # the two class-incremental matrices, after the user's
             self.scorers.update(args.class_incremental_scorers(task_classes, self.scorers))
+        self.predictions = check_predictions(predictions, self.scorers)
+        if self.predictions is not None:
+            keep_items(generation_scorers(self.scorers), self.predictions)
         self.primary = next(iter(self.scorers))
         self.scorer: Scorer = self.scorers[self.primary]
         #: the ``reference=`` argument resolved (checked against the primary scorer)
@@ -303,6 +323,7 @@ class ContinualEvalCallback(Callback):
         settings: dict[str, Any] = {"forgetting": self.forgetting, "metadata": self.metadata}
         settings.update(reference=self.reference, lca_beta=self.lca_beta, run_id=self.run_id)
         held_out, steps = list(self.held_out_dataloaders), self.step_evaluation
+        settings["predictions"] = self.predictions
         return args.run_record(self.scorers, task_names, steps=steps, held_out=held_out, **settings)
 
     def _set_loaders(self, loaders: list[Any]) -> None:
@@ -325,7 +346,10 @@ class ContinualEvalCallback(Callback):
         if self._loaders is None:
             self._set_loaders(module_test_loaders(trainer, pl_module))
         assert self._task_loaders is not None
-        unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
+        ordered = self.predictions is not None  # items known by dataset index
+        unsharded = self._task_loaders.shard(
+            trainer.global_rank, trainer.world_size, ordered=ordered
+        )
         if unsharded:
             self._warn(trainer, "unsharded", unsharded_loaders(unsharded))
         self._directory.choose(trainer, self.run_id, self.dirpath)
@@ -337,7 +361,17 @@ class ContinualEvalCallback(Callback):
         self._directory.claim(trainer, self.run_id, **flags)
         baseline_done = self._record is not None and self._record.baseline_done
         if trainer.is_global_zero and self._restored and baseline_done:
+            self._check_prediction_files(trainer)
             self._write()
+
+    def _check_prediction_files(self, trainer: Trainer) -> None:
+        """A resume (rank 0): warn about recorded prediction files that changed, and remove
+        the stage files beyond the restored stages (written after the checkpoint)."""
+        assert self._record is not None
+        section = self._record.sections.get(PredictionsRecord.key)
+        if isinstance(section, PredictionsRecord) and self._directory.path is not None:
+            self._warn(trainer, "predictions", section.check_on_disk(self._directory.path))
+            section.remove_stale(self._directory.path)
 
     # ------------------------------------------------------------------ state
     @override
@@ -418,7 +452,8 @@ class ContinualEvalCallback(Callback):
     @property
     def _scoring(self) -> TrainerScoring:
         assert self._task_loaders is not None
-        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode, self.verbose)
+        loaders, predictions = self._task_loaders, self.predictions
+        return TrainerScoring(self.scorers, loaders, self.inference_mode, self.verbose, predictions)
 
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
@@ -446,8 +481,11 @@ class ContinualEvalCallback(Callback):
         if trainer.loggers:  # every rank, before anything is measured (no collective)
             refuse_key_collisions(record.continual_results(), self.prefix)
         tasks = range(record.num_tasks)
-        scored = self._scoring.score(trainer, pl_module, record, tasks, stage=-1, held_out=True)
+        scored = self._scoring.score(
+            trainer, pl_module, record, tasks, stage=-1, held_out=True, predictions=True
+        )
         as_callback_error(record.record_baseline, scored)
+        write_pending(record, self._directory.path if trainer.is_global_zero else None)
         if trainer.is_global_zero:
             log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
 
@@ -462,6 +500,7 @@ class ContinualEvalCallback(Callback):
         notes = as_callback_error(record.record_stage, stage, scored, cost)
         for note in notes:
             self._warn(trainer, "stage-note", note)
+        write_pending(record, self._directory.path if trainer.is_global_zero else None)
         if self.step_evaluation is not None:
             record.steps_trained = self._current_step(trainer)
             replaced = record.record_step(record.steps_trained, stage, scored.rows, full=True)

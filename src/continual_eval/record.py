@@ -92,12 +92,15 @@ class Scored:
             scorers without details are absent.
         task_ids: the tasks scored, in the order of the details' rows.
         held_out: matrix name -> the held-out sets' row ``[H]`` (empty without held-out sets).
+        predictions: the generation scorers' kept items, gathered from every rank
+            (`continual_eval._predictions.PredictionItem`; ``None`` when not kept).
     """
 
     rows: Mapping[str, Tensor]
     details: Mapping[str, Any] = field(default_factory=dict)
     task_ids: tuple[int, ...] = ()
     held_out: Mapping[str, Tensor] = field(default_factory=dict)
+    predictions: tuple[Any, ...] | None = None
 
     @classmethod
     def from_evaluation(

@@ -241,12 +241,13 @@ def cell_seed(seed: int, stage: int | None, task: int, rank: int = 0) -> int:
 class GenerationRecord:
     """One scored item: its index (the batch's ``index`` entry when the batch has one, else its
     position among this rank's items of the task), the generated text, the reference, the
-    score."""
+    score; ``batch_index``: whether ``index`` came from the batch."""
 
     index: int
     prediction: str
     reference: str
     score: float
+    batch_index: bool = False
 
 
 _NOT_FINITE_SCORE = "the text metric returned {n} non-finite scores"
@@ -560,15 +561,16 @@ class GenerationScorer:
         if room <= 0:
             return
         index = batch.get("index") if isinstance(batch, Mapping) else None
+        from_batch = isinstance(index, Tensor)
         indices = (
-            [int(i) for i in index.tolist()]
+            [int(i) for i in index.reshape(-1).tolist()]
             if isinstance(index, Tensor)
             else list(range(self._items, self._items + len(predictions)))
         )
         values = scores.tolist()
         for k in range(min(room, len(predictions))):
             self._records.append(
-                GenerationRecord(indices[k], predictions[k], references[k], values[k])
+                GenerationRecord(indices[k], predictions[k], references[k], values[k], from_batch)
             )
 
     def local_counts(self) -> Tensor:

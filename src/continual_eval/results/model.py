@@ -58,6 +58,7 @@ from continual_eval.results._convert import cells, matrix, present, vector
 from continual_eval.results.class_incremental import ClassIncrementalResults
 from continual_eval.results.held_out import HeldOutResults
 from continual_eval.results.online import OnlineResults
+from continual_eval.results.predictions import PredictionFiles
 from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
 __all__ = [
@@ -850,6 +851,9 @@ class ContinualResults:
     #: sets scored at the baseline and after every stage but never trained
     #: (``ContinualEvalCallback(held_out_dataloaders=...)``: the ``held_out`` section)
     held_out: HeldOutResults | None = None
+    #: the generation scorers' per-cell prediction files
+    #: (``ContinualEvalCallback(predictions=N)``: the ``predictions`` section); ``None`` without
+    predictions: PredictionFiles | None = None
     #: the run ended with fewer tasks trained than test loaders (the ``coverage`` section);
     #: ``None`` otherwise (every task trained, or the run may go on)
     coverage: Coverage | None = None
@@ -1066,6 +1070,9 @@ class ContinualResults:
                 document.held_out,
                 {name: m.higher_is_better for name, m in document.matrices.items()},
             ),
+            predictions=None
+            if document.predictions is None
+            else PredictionFiles.from_section(document.predictions),
             coverage=None
             if document.coverage is None
             else Coverage.from_section(document.coverage),
@@ -1146,6 +1153,7 @@ class ContinualResults:
             if self.class_incremental is None
             else self.class_incremental.to_section(),
             held_out=None if self.held_out is None else self.held_out.to_section(),
+            predictions=None if self.predictions is None else self.predictions.to_section(),
             coverage=None if self.coverage is None else self.coverage.to_section(),
             online=None if self.online is None else self.online.to_section(),
         )
@@ -1156,8 +1164,8 @@ class ContinualResults:
         ``metrics_per_stage``, ``per_task``) and, with per-step evaluation, its ``curves`` and
         ``stability``; ``matrices`` every matrix by name with its ``score``,
         ``higher_is_better``, ``bounds``, metric family and step curves; ``cost``,
-        ``reference``, ``class_incremental``, ``coverage``, ``held_out`` and ``online`` when
-        recorded; ``files``, the SHA-256 and stage count of every CSV file
+        ``reference``, ``class_incremental``, ``coverage``, ``held_out``, ``predictions`` and
+        ``online`` when recorded; ``files``, the SHA-256 and stage count of every CSV file
         [`write`][continual_eval.results.ContinualResults.write] writes with it. The same document
         as the ``results.json`` [`write`][continual_eval.results.ContinualResults.write] writes, key
         for key."""

@@ -25,7 +25,8 @@ evaluated or undefined):
   cells); with per-step evaluation ``curves`` (``N`` evaluations; its ``accuracy`` rows and the
   top-level ``stability`` repeat the primary matrix's ``step_scores`` and ``stability``);
   optional ``cost``, ``reference``, ``class_incremental``, ``held_out`` (sets never trained:
-  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``coverage``
+  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``),
+  ``predictions`` (the per-cell prediction files, `PredictionsSection`); ``coverage``
   when the run ended with fewer tasks trained than it has test loaders (`CoverageSection`);
   ``online`` ([`OnlineSection`][continual_eval.results.schema.OnlineSection], what
   [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] recorded over the stream);
@@ -88,6 +89,8 @@ __all__ = [
     "OnlineSection",
     "OnlineWindow",
     "PlasticitySection",
+    "PredictionFileSection",
+    "PredictionsSection",
     "ReferenceSection",
     "ScoreCounts",
     "StabilitySection",
@@ -328,6 +331,40 @@ class HeldOutSection(Struct, kw_only=True):
     matrices: dict[Name, HeldOutMatrixSection]
 
 
+#: the prediction files' folder in the run directory, and their names (``predictions/...``)
+PREDICTIONS_DIR = "predictions"
+PREDICTIONS_BASELINE = f"{PREDICTIONS_DIR}/baseline.jsonl"
+#: most items per cell and scorer a ``predictions`` section may bound its files to
+MAX_PREDICTION_ITEMS = 2**31 - 1
+
+
+def prediction_file_path(stage: int | None) -> str:
+    """``predictions/stage_{stage}.jsonl``, or ``predictions/baseline.jsonl`` for ``None``."""
+    return PREDICTIONS_BASELINE if stage is None else f"{PREDICTIONS_DIR}/stage_{stage}.jsonl"
+
+
+class PredictionFileSection(Struct, kw_only=True):
+    """One prediction file: its path in the run directory, its number of lines and their
+    SHA-256."""
+
+    path: Text
+    lines: Count
+    sha256: Sha256
+
+
+class PredictionsSection(Struct, kw_only=True):
+    """The per-cell predictions of the generation scorers ``scorers``
+    (``ContinualEvalCallback(predictions=max_items)``): one JSON-lines file for the baseline
+    and one per stage (``predictions/stage_{i}.jsonl``), each line one item of one cell
+    (``task`` or ``held_out``, ``scorer``, ``item``, ``prediction``, ``reference``, ``score``),
+    at most ``max_items`` per cell and scorer."""
+
+    max_items: Annotated[int, Meta(ge=1, le=MAX_PREDICTION_ITEMS)]
+    scorers: Annotated[list[Name], Meta(min_length=1, max_length=MAX_MATRICES)]
+    baseline: PredictionFileSection | None = None
+    stages: Annotated[list[PredictionFileSection], Meta(max_length=MAX_TASKS)]
+
+
 # ---------------------------------------------------------------------- online
 #: the blind predictors scored beside the learner of an online section: the most frequent label
 #: among the ``blind_window`` labels revealed last (``mode``), the last revealed label (``last``),
@@ -496,6 +533,7 @@ class Document(Struct, kw_only=True, omit_defaults=True):
     reference: ReferenceSection | None = None
     class_incremental: ClassIncrementalSection | None = None
     held_out: HeldOutSection | None = None
+    predictions: PredictionsSection | None = None
     coverage: CoverageSection | None = None
     online: OnlineSection | None = None
     files: dict[Name, FileRecord] | None = None
@@ -668,6 +706,9 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
         _check_class_incremental(check, document.class_incremental, T, s)
     if document.held_out is not None:
         _check_held_out_sets(check, document.held_out, document.matrices, s)
+    if document.predictions is not None:
+        H = 0 if document.held_out is None else len(document.held_out.names)
+        _check_predictions(check, document.predictions, document.matrices, T + H, s)
     if document.coverage is not None:
         _check_coverage(check, document.coverage, T, s)
     if document.online is not None:
@@ -820,6 +861,46 @@ def _check_held_out_sets(
         what = "the matrix's bounds"
         check.within(m.scores, f"{field}.scores", matrices[name].bounds, what)
         check.within(m.baseline, f"{field}.baseline", matrices[name].bounds, what)
+
+
+def _check_predictions(
+    check: _Check,
+    section: PredictionsSection,
+    matrices: Mapping[str, MatrixSection],
+    cells: int,
+    s: int,
+) -> None:
+    """Distinct scorers, each a matrix of the document; a file per stage (``s``), each at its
+    own path (`prediction_file_path`) with at most ``max_items`` lines per scorer and cell
+    (``cells``: the tasks and the held-out sets)."""
+    if len(set(section.scorers)) != len(section.scorers):
+        check.fail(
+            "predictions.scorers", f"expected distinct names, found {describe(section.scorers)}"
+        )
+    for k, name in enumerate(section.scorers):
+        if name not in matrices:
+            check.fail(
+                f"predictions.scorers[{k}]",
+                f"expected the name of a score matrix ({sorted(matrices)}), found {describe(name)}",
+            )
+    check.length(section.stages, "predictions.stages", s)
+    most = section.max_items * len(section.scorers) * cells
+    entries = [("predictions.baseline", None, section.baseline)]
+    entries += [(f"predictions.stages[{i}]", i, f) for i, f in enumerate(section.stages)]
+    for field, stage, entry in entries:
+        if entry is None:
+            continue
+        if entry.path != prediction_file_path(stage):
+            check.fail(
+                f"{field}.path",
+                f"expected {describe(prediction_file_path(stage))}, found {describe(entry.path)}",
+            )
+        if entry.lines > most:
+            check.fail(
+                f"{field}.lines",
+                f"expected at most {most} (max_items x scorers x cells), found integer "
+                f"{entry.lines}",
+            )
 
 
 def _check_reference(
