@@ -20,6 +20,7 @@ import html
 import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -490,6 +491,41 @@ def _confusion_section(section: Any, figures: _Figures) -> list[str]:
     ]
 
 
+def _forgotten_section(results: Any, directory: Path) -> list[str]:
+    """The items right at the diagonal and wrong at the final stage
+    (`continual_eval._predictions_report`), when the run wrote prediction files."""
+    from continual_eval._predictions_report import FORGOTTEN_PER_TASK, forgotten_items
+
+    if getattr(results, "predictions", None) is None:
+        return []
+    found, notes = forgotten_items(results, directory)
+    if not found and not notes:
+        return []
+    body = [
+        "<h3>Forgotten items</h3>",
+        f"<p>Right after the task's own stage, wrong after the final stage (at most "
+        f"{FORGOTTEN_PER_TASK} per task and scorer).</p>",
+    ]
+    body += [f"<p>{_text(note, 500)}</p>" for note in notes]
+    rows = []
+    for f in found:
+        head = [
+            _text(f.scorer, 60),
+            _text(results.task_names[f.task], 60),
+            f"{f.count}/{f.compared}",
+        ]
+        for k, (item, reference, before, after, score) in enumerate(f.items):
+            texts = [_text(t, 80) for t in (reference, before, after)]
+            final = "—" if score is None else _number(float(score))
+            rows.append([*(head if k == 0 else ["", "", ""]), str(item), *texts, final])
+        if not f.items:
+            rows.append([*head, "", "", "", "", ""])
+    header = ["scorer", "task", "forgotten", "item", "reference", "diagonal", "final", "score"]
+    if rows:
+        body.append(_table(header, rows))
+    return body
+
+
 def _run_section(run: Any, run_title: Any, figures: _Figures) -> list[str]:
     """One run: its path, every matrix, and the class-incremental confusion where it has one."""
     results = run.results
@@ -502,6 +538,7 @@ def _run_section(run: Any, run_title: Any, figures: _Figures) -> list[str]:
     if results.num_tasks:  # an online run without tasks has no matrix to show
         for name, matrix in results.matrices.items():
             body.extend(_matrix_section(name, matrix, names, figures))
+    body.extend(_forgotten_section(results, Path(run.path)))
     section = getattr(results, "class_incremental", None)
     if section is not None and section.num_stages > 0:
         body.extend(_confusion_section(section, figures))

@@ -75,6 +75,7 @@ from continual_eval._held_out_report import held_out_run_lines
 from continual_eval._latex_table import SPREADS, LatexColumn, latex_table
 from continual_eval._markdown import escape_markdown
 from continual_eval._online_report import online_run_lines, online_summary_lines
+from continual_eval._predictions_report import forgotten_lines
 from continual_eval.functional import intransigence
 from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
 from continual_eval.results import ContinualResults, InvalidResultsError, MatrixResults
@@ -932,7 +933,8 @@ def latex_summary(
 
 def _run_lines(run: Run, out: Path) -> list[str]:
     """One run's section of ``report.md``: its matrices as tables, its intransigence, its
-    pictures (drawn into ``out``), its held-out sets and its class-incremental lines."""
+    pictures (drawn into ``out``), its held-out sets, its forgotten items (prediction files) and
+    its class-incremental lines."""
     from continual_eval.loggers import format_matrix_table
 
     lines = [f"## {escape_markdown(_run_title(run))}", "", _code_span(str(run.path)), ""]
@@ -954,6 +956,7 @@ def _run_lines(run: Run, out: Path) -> list[str]:
             "",
         ]
     lines += held_out_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
+    lines += forgotten_lines(run.results, run.path)
     lines += class_incremental_run_lines(run, out, _plain_for_plot)
     return lines + online_run_lines(run, out, _plain_title, _run_title(run))
 
