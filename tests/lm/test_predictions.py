@@ -24,8 +24,8 @@ from continual_eval.experiments.language import (
     TOKENIZER,
     CharTransformer,
     SyntheticTextTasks,
-    _TextItems,
     _test_collate,
+    _TextItems,
     decode_text,
     make_items,
 )
@@ -56,7 +56,9 @@ def model() -> CharTransformer:
 def scorers() -> dict:
     eos = TOKENIZER.EOS
     return {
-        "em": GenerationScorer(decode_text, "exact_match", max_new_tokens=MAX_NEW, eos_token_id=eos),
+        "em": GenerationScorer(
+            decode_text, "exact_match", max_new_tokens=MAX_NEW, eos_token_id=eos
+        ),
         "ppl": "perplexity",
         # keeps 2 items per task by itself: predictions=N raises it to N
         "edit": GenerationScorer(
@@ -141,7 +143,7 @@ def run(tmp_path_factory):
 
 
 def test_prediction_files_equal_a_plain_greedy_loop_at_the_baseline_and_every_stage(run):
-    callback, snapshots, out = run
+    _, snapshots, out = run
     files = ["baseline.jsonl", *(f"stage_{i}.jsonl" for i in range(len(TASKS)))]
     assert sorted(p.name for p in (out / "predictions").iterdir()) == sorted(files)
     assert len(snapshots.weights) == 1 + len(TASKS)
@@ -192,7 +194,10 @@ def test_results_json_names_the_files_with_their_lines_and_sha256(run):
 @pytest.mark.parametrize(
     "edit, field",
     [
-        (lambda s: s["stages"][1].update(path="../stage_1.jsonl"), r"predictions\.stages\[1\]\.path"),
+        (
+            lambda s: s["stages"][1].update(path="../stage_1.jsonl"),
+            r"predictions\.stages\[1\]\.path",
+        ),
         (lambda s: s["baseline"].update(lines=31), r"predictions\.baseline\.lines"),
         (lambda s: s["scorers"].append("bleu"), r"predictions\.scorers\[2\]"),
         (lambda s: s["stages"].pop(), r"predictions\.stages"),
