@@ -1,6 +1,8 @@
 """Standalone DDP run: ``ContinualEvalCallback`` with an exact-match generation scorer and
 perplexity on the example's character transformer, 2 CPU processes (gloo), test sets of odd
-sizes (unequal shards: synced decoding must catch the short rank up).
+sizes (unequal shards: synced decoding must catch the short rank up), a held-out set of odd size
+(9 items: 2 batches on rank 0, 1 on rank 1) and the per-cell prediction files
+(``predictions=PREDICTIONS``).
 
 Usage: python lm_callback_ddp_script.py OUT_DIR. Lightning re-launches this script for rank 1.
 Rank 0 saves the weights at the baseline and after every stage; the callback writes
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from torch.utils.data import DataLoader
 
 from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation.generation import GenerationScorer
@@ -22,11 +25,16 @@ from continual_eval.experiments.language import (
     TOKENIZER,
     CharTransformer,
     SyntheticTextTasks,
+    _test_collate,
+    _TextItems,
     decode_text,
+    make_items,
 )
 from ddp_teardown import destroy_process_group
 
 TEST_SIZE = 21  # 11 + 10 items on two ranks; batches of 4: 3 and 3 batches, 11 vs 10 items
+HELD_OUT_SIZE = 9  # 5 + 4 items: 2 batches of 4 on rank 0, 1 on rank 1
+PREDICTIONS = 7  # items per cell written: rank 0 holds 0, 2, 4, 6 of them, rank 1 1, 3, 5
 
 
 def data() -> SyntheticTextTasks:
@@ -41,6 +49,14 @@ def data() -> SyntheticTextTasks:
 
 def test_loaders() -> list:
     return data().test_dataloader()
+
+
+def held_out_set() -> _TextItems:
+    return _TextItems(make_items("add", HELD_OUT_SIZE, torch.Generator().manual_seed(11)))
+
+
+def held_out_loaders() -> dict:
+    return {"general": DataLoader(held_out_set(), batch_size=4, collate_fn=_test_collate)}
 
 
 def scorers() -> dict:
@@ -81,6 +97,8 @@ def main(out: Path) -> None:
         stream.test_dataloader(),
         task_names=stream.task_names,
         scorers=scorers(),
+        held_out_dataloaders=held_out_loaders(),
+        predictions=PREDICTIONS,
         dirpath=out / "results",
         verbose=False,
         inference_mode=False,

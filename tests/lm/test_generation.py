@@ -389,13 +389,12 @@ def test_single_process_decoding_stops_when_every_sequence_is_done():
 
 
 @pytest.mark.slow
-def test_callback_under_ddp_records_the_single_process_scores_of_its_weights(tmp_path):
+def test_callback_under_ddp_records_the_single_process_scores_of_its_weights(lm_callback_ddp_run):
     import json
 
     from lm_callback_ddp_script import model, scorers, test_loaders
 
-    proc = run_script(HERE / "lm_callback_ddp_script.py", tmp_path, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    tmp_path = lm_callback_ddp_run
     results = json.loads((tmp_path / "results" / "results.json").read_text())
     loaders = test_loaders()
     for row, weights in [(None, "weights_baseline.pt"), (0, "weights_0.pt"), (1, "weights_1.pt")]:

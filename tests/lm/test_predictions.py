@@ -324,3 +324,94 @@ def test_the_report_shows_items_right_at_the_diagonal_and_wrong_at_the_final_sta
     text = write_report([copied], tmp_path / "report2", html_report=False).read_text()
     section = text[text.index("### Forgotten items") :]
     assert "stage\\_1.jsonl" in section and "SHA-256" in section
+
+
+# ---------------------------------------------------------------- 2 processes (gloo)
+def _steps(tokens: list[int]) -> int:
+    """The decoding steps one item needs: its tokens and the EOS, at most MAX_NEW."""
+    return min(len(tokens) + 1, MAX_NEW)
+
+
+@pytest.mark.slow
+def test_ddp_held_out_scores_and_prediction_files_equal_one_process(lm_callback_ddp_run):
+    """2 processes, odd set sizes (21 = 11 + 10 per task, held-out 9 = 5 + 4): the held-out
+    section equals one process scoring the saved weights, and every prediction file equals a
+    plain greedy loop over them (one process's items, with one process's scores)."""
+    from lm_callback_ddp_script import PREDICTIONS, data, held_out_loaders, held_out_set
+    from lm_callback_ddp_script import model as ddp_model
+    from lm_callback_ddp_script import scorers as ddp_scorers
+
+    from continual_eval.evaluation import evaluate_tasks
+
+    out = lm_callback_ddp_run
+    results = json.loads((out / "results" / "results.json").read_text())
+    held_out = results["held_out"]
+    assert held_out["names"] == ["general"]
+    sets = [*data().test_sets, held_out_set()]
+    cells = [{"task": 0}, {"task": 1}, {"held_out": "general"}]
+    rank_steps_differ = False
+    snapshots = [(None, "weights_baseline.pt"), (0, "weights_0.pt"), (1, "weights_1.pt")]
+    for row, weights in snapshots:
+        net = ddp_model()
+        net.load_state_dict(torch.load(out / weights))
+        net.eval()
+        # the held-out set scored in one process with every scorer
+        one = ddp_scorers()
+        alone = evaluate_tasks(
+            net, [held_out_loaders()["general"]], [0], scorers=list(one.values())
+        )
+        for name, scores in zip(one, alone.scores_by_scorer, strict=True):
+            matrix = held_out["matrices"][name]
+            recorded = matrix["baseline"] if row is None else matrix["scores"][row]
+            if name == "em":  # exact-match counts over the item count: exactly
+                assert recorded == scores.tolist(), (name, row)
+            elif name == "edit":  # float64 sums of per-item scores, in another order
+                assert recorded == pytest.approx(scores.tolist(), rel=1e-12), (name, row)
+            else:  # float32 logits: other rounding with the batch's other items
+                assert recorded == pytest.approx(scores.tolist(), rel=1e-6), (name, row)
+        # one process's per-item edit scores (every item of every set, in dataset order)
+        edit = GenerationScorer(
+            decode_text,
+            "edit_similarity",
+            max_new_tokens=MAX_NEW,
+            eos_token_id=TOKENIZER.EOS,
+            record_items=-1,
+        )
+        loaders = [*data().test_dataloader(), held_out_loaders()["general"]]
+        evaluate_tasks(net, loaders, range(3), scorers=[edit])
+        name = "baseline.jsonl" if row is None else f"stage_{row}.jsonl"
+        got = read_lines(out / "results" / "predictions" / name)
+        want = []
+        for k, (cell, dataset) in enumerate(zip(cells, sets, strict=True)):
+            texts, steps = [], []
+            for item in range(len(dataset)):
+                prompt, _ = dataset[item]
+                ids = torch.tensor([TOKENIZER.BOS, *TOKENIZER.encode(prompt)])
+                tokens = plain_greedy(net, ids, MAX_NEW, TOKENIZER.EOS)
+                texts.append(decode_text([tokens])[0])
+                steps.append(_steps(tokens))
+            # rank r's first batch of 4 holds items r, r + 2, r + 4, r + 6
+            if max(steps[0:8:2]) != max(steps[1:8:2]):
+                rank_steps_differ = True
+            for scorer in ("em", "edit"):
+                for item in range(PREDICTIONS):
+                    answer = dataset[item][1]
+                    score = (
+                        float(texts[item] == answer)
+                        if scorer == "em"
+                        else edit.records_by_task[k][item].score
+                    )
+                    assert edit.records_by_task[k][item].prediction == texts[item]
+                    want.append(
+                        {
+                            **cell,
+                            "scorer": scorer,
+                            "item": item,
+                            "prediction": texts[item],
+                            "reference": answer,
+                            "score": score,
+                        }
+                    )
+        assert got == want, name
+    # the ranks' decoding stopped after different numbers of steps in some batch
+    assert rank_steps_differ
