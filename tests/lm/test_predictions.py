@@ -415,3 +415,61 @@ def test_ddp_held_out_scores_and_prediction_files_equal_one_process(lm_callback_
         assert got == want, name
     # the ranks' decoding stopped after different numbers of steps in some batch
     assert rank_steps_differ
+
+
+# ---------------------------------------------------------------- kill -9, then resume
+@pytest.mark.slow
+def test_kill_inside_stage_evaluation_then_resume_equals_uninterrupted(tmp_path):
+    """A run with a held-out set and prediction files, killed inside stage 2's evaluation and
+    resumed from its stage-1 checkpoint: results.json (held-out section included) and every
+    prediction file equal an uninterrupted run's; the files written before the checkpoint are
+    not rewritten, and a stage file written after it (a run killed later) is replaced."""
+    import signal
+
+    from continual_eval.results.files import check_results_files
+    from script_runner import run_script
+
+    here = Path(__file__).parent
+
+    def run(mode: str, out: Path):
+        return run_script(here / "lm_kill_script.py", mode, out, timeout=300)
+
+    full = run("full", tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = run("killed", tmp_path / "cut")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    full_dir, cut_dir = tmp_path / "full" / "results", tmp_path / "cut" / "results"
+    assert ContinualResults.load(cut_dir).stages_completed == 2
+    written = ["baseline.jsonl", "stage_0.jsonl", "stage_1.jsonl"]
+    assert sorted(p.name for p in (cut_dir / "predictions").iterdir()) == written
+    stale = cut_dir / "predictions" / "stage_2.jsonl"
+    stale.write_text('{"written after the checkpoint": true}\n')
+    stamps = {}
+    for name in written:
+        st = (cut_dir / "predictions" / name).stat()
+        stamps[name] = (st.st_ino, st.st_mtime_ns)
+    resumed = run("resume", tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "changed after it was written" not in resumed.stderr
+
+    for name in written:  # not rewritten
+        st = (cut_dir / "predictions" / name).stat()
+        assert (st.st_ino, st.st_mtime_ns) == stamps[name], name
+    names = sorted(p.name for p in (full_dir / "predictions").iterdir())
+    assert names == [*written, "stage_2.jsonl"]
+    assert sorted(p.name for p in (cut_dir / "predictions").iterdir()) == names
+    for name in names:
+        a = (full_dir / "predictions" / name).read_bytes()
+        assert a == (cut_dir / "predictions" / name).read_bytes(), name
+    a = torch.load(tmp_path / "full" / "full.pt")["weights"]
+    b = torch.load(tmp_path / "cut" / "resume.pt")["weights"]
+    for key, value in a.items():
+        assert torch.equal(value, b[key]), key
+    x, y = ContinualResults.load(full_dir).to_dict(), ContinualResults.load(cut_dir).to_dict()
+    assert x.pop("run_id") != y.pop("run_id")  # two runs; everything else bitwise equal
+    counted = ("stage", "samples", "optimizer_steps", "parameters", "replay_memory")
+    costs = [[{k: c[k] for k in counted} for c in d.pop("cost")["per_stage"]] for d in (x, y)]
+    assert costs[0] == costs[1]  # the clocks differ; what was trained does not
+    assert x["held_out"] == y["held_out"] and len(x["held_out"]["matrices"]["em"]["scores"]) == 3
+    assert x == y
+    assert check_results_files(cut_dir) is None
