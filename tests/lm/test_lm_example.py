@@ -19,6 +19,7 @@ from continual_eval.experiments.language import (
     collate,
     make_items,
 )
+from continual_eval.report import write_report
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lm_char_tasks.yaml"
 
@@ -109,3 +110,16 @@ def test_fit_language_model_config_end_to_end(tmp_path: Path, monkeypatch) -> No
     assert em_scores[2][0] <= 0.1 and em_scores[1][0] <= 0.2
     assert ppl_scores[2][0] > 10 * ppl_scores[0][0]
     assert (run / "scores_ppl.csv").is_file()
+    # the prediction files: 8 items of each task per file, named in results.json
+    section = results["predictions"]
+    assert section["max_items"] == 8 and section["scorers"] == ["em"]
+    assert [f["lines"] for f in [section["baseline"], *section["stages"]]] == [24] * 4
+    final = [
+        json.loads(x) for x in (run / "predictions" / "stage_2.jsonl").read_text().split("\n")[:-1]
+    ]
+    assert {x["task"] for x in final} == {0, 1, 2}
+    assert all(x["score"] == float(x["prediction"] == x["reference"]) for x in final)
+    # copy is forgotten: the report lists items right after stage 0 and wrong after stage 2
+    report = write_report([run], tmp_path / "report", html_report=False).read_text()
+    section_text = report[report.index("### Forgotten items") :]
+    assert "| em | copy | " in section_text

@@ -885,6 +885,7 @@ def _check_predictions(
             )
     check.length(section.stages, "predictions.stages", s)
     most = section.max_items * len(section.scorers) * cells
+    entries: list[tuple[str, int | None, PredictionFileSection | None]]
     entries = [("predictions.baseline", None, section.baseline)]
     entries += [(f"predictions.stages[{i}]", i, f) for i, f in enumerate(section.stages)]
     for field, stage, entry in entries:
