@@ -140,7 +140,7 @@ class ContinualEvalCallback(Callback):
             general-ability set): scored with every scorer at the baseline and after every
             stage, as task id ``T + h``, into the ``held_out`` section; never part of ``R``.
         predictions: ``N``: write every generation scorer's
-            ([`GenerationScorer`][continual_eval.evaluation.generation.GenerationScorer])
+            (`continual_eval.evaluation.generation.GenerationScorer`)
             predictions of the first ``N`` items (by dataset index) of every task and held-out
             set, at the baseline and after every stage, to ``predictions/baseline.jsonl`` and
             ``predictions/stage_{i}.jsonl`` in the results directory (JSON lines: the cell, the
