@@ -319,6 +319,14 @@ def test_the_report_shows_items_right_at_the_diagonal_and_wrong_at_the_final_sta
     assert [r.startswith("| em ") for r in rows].count(True) == 1
     assert rows[-1].startswith("| edit | copy | ") or rows[1].startswith("| edit | copy | ")
 
+    # the HTML report holds the same row (escaped as HTML)
+    pytest.importorskip("plotly")
+    write_report([copied], tmp_path / "report_html")
+    page = (tmp_path / "report_html" / "report.html").read_text()
+    cells = ["em", "copy", f"1/{N}", "1", reference, reference, "&lt;b&gt;|x", "0.0000"]
+    assert "<h3>Forgotten items</h3>" in page
+    assert "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>" in page
+
     # a file changed after it was written is named, not read
     (copied / "predictions" / "stage_1.jsonl").write_text("{}\n")
     text = write_report([copied], tmp_path / "report2", html_report=False).read_text()
