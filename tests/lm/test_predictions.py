@@ -481,3 +481,18 @@ def test_kill_inside_stage_evaluation_then_resume_equals_uninterrupted(tmp_path)
     assert x["held_out"] == y["held_out"] and len(x["held_out"]["matrices"]["em"]["scores"]) == 3
     assert x == y
     assert check_results_files(cut_dir) is None
+
+
+def test_a_resume_names_recorded_files_that_changed_and_removes_later_stage_files(run, tmp_path):
+    callback, _, out = run
+    copied = tmp_path / "run"
+    shutil.copytree(out, copied)
+    section = copy.deepcopy(callback.record.sections["predictions"])
+    assert section.check_on_disk(copied) is None
+    (copied / "predictions" / "stage_0.jsonl").write_text("{}\n")
+    (copied / "predictions" / "baseline.jsonl").unlink()
+    (copied / "predictions" / "stage_7.jsonl").write_text("{}\n")
+    note = section.check_on_disk(copied)
+    assert "stage_0.jsonl" in note and "baseline.jsonl" in note and "stage_1" not in note
+    assert section.remove_stale(copied) == [copied / "predictions" / "stage_7.jsonl"]
+    assert (copied / "predictions" / "stage_1.jsonl").exists()
