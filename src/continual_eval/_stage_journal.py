@@ -185,7 +185,7 @@ def replay(path: str | os.PathLike[str]) -> RunRecord:
         empty = RunRecord.from_journal(header, [])
         sections = [_SECTIONS[key](settings, empty) for key, settings in header["sections"].items()]
         record = RunRecord.from_journal(header, sections)
-        for number, line in enumerate(lines, 2):
+        for number, line in enumerate(lines, 2):  # noqa: B007 (the error names it)
             if "stage" in line:
                 record.replay_stage(line)
             else:

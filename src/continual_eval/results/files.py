@@ -32,8 +32,9 @@ version; `remove_stale_temporaries` removes what killed writers left.
   stage, appended and fsync'd after every stage, the durable record of the run; ``results.json``
   and the CSV files are rebuilt from the run's record at spaced stages, so they may be a few
   stages behind it (never inconsistent). Its format and the rebuild rule are
-  `continual_eval._stage_journal`'s; [`ContinualResults.load`][continual_eval.results.ContinualResults.load]
-  replays the journal's newer stages (`replay_newer_journal`).
+  `continual_eval._stage_journal`'s;
+  [`ContinualResults.load`][continual_eval.results.ContinualResults.load] replays the journal's
+  newer stages (`replay_newer_journal`).
 """
 
 from __future__ import annotations

@@ -1084,9 +1084,10 @@ class ContinualResults:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ContinualResults:
         """Read and validate a ``results.json`` (or the directory holding one). When the run's
-        stage journal beside it (``stages.jsonl``, see [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback])
-        holds stages the file does not yet (``results.json`` is rebuilt at spaced stages, and a
-        run killed between two rebuilds leaves it behind), the results of every journaled stage.
+        stage journal beside it (``stages.jsonl``, see
+        [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]) holds stages the file
+        does not yet (``results.json`` is rebuilt at spaced stages, and a run killed between two
+        rebuilds leaves it behind): the results of every journaled stage.
 
         Raises:
             FileNotFoundError: no ``results.json`` (nor journal) there.
