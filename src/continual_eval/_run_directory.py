@@ -35,6 +35,8 @@ class RunDirectory:
         self.claimed = False  # claimed (or refused) before this run trained anything
         self._journal: StageJournal | None = None  # this process's writer of the journal
         self._built: int | None = None  # stages in the results.json this process last wrote
+        #: whether the last `write` rebuilt results.json
+        self.rebuilt = False
 
     def choose(self, trainer: Any, run_id: str, dirpath: str | os.PathLike[str] | None) -> None:
         """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
@@ -69,6 +71,7 @@ class RunDirectory:
         written as ``results.json`` and CSV files when `rebuild_due` (always with ``stage=None``).
         Returns whether ``results.json`` was rewritten."""
         if self.path is None:
+            self.rebuilt = True  # nothing written: every logger output is up to date anyway
             return False
         if self._journal is None or self._journal.path.parent != self.path:
             self._journal = StageJournal(self.path)
@@ -77,11 +80,11 @@ class RunDirectory:
         else:
             self._journal.append(record, stage)
         completed = record.num_stages
-        if stage is not None and not rebuild_due(completed, self._built, record.num_tasks):
-            return False
-        results.write(self.path)
-        self._built = completed
-        return True
+        self.rebuilt = stage is None or rebuild_due(completed, self._built, record.num_tasks)
+        if self.rebuilt:
+            results.write(self.path)
+            self._built = completed
+        return self.rebuilt
 
     def flush(self, record: RunRecord, results: ContinualResults) -> None:
         """Rebuild ``results.json`` if it is behind the journal (a fit that raised)."""

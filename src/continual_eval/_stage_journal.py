@@ -7,7 +7,7 @@ tasks). The journal instead takes one line per stage, of a size that does not gr
 index, appended and fsync'd before the stage's hook returns: a process killed at any point (kill
 -9, a power cut) loses no recorded stage. ``results.json`` and the CSV files are rebuilt from the
 run's record, in full and atomically as before, when `rebuild_due` says so: at the baseline, at
-every stage while fewer than `REBUILD_SPACING` stages are recorded, then whenever the stages
+every stage of the first ``2 * REBUILD_SPACING - 1`` (31), then whenever the stages
 recorded since the last rebuild reach ``1/REBUILD_SPACING`` of those recorded (so the amortised
 cost per stage stays flat: ``c * T * REBUILD_SPACING`` for a rebuild of cost ``c * s * T``), at
 the last task, at the end of a run that trains fewer tasks, at a resume and when the fit raises.
@@ -63,7 +63,7 @@ __all__ = ["FORMAT", "REBUILD_SPACING", "StageJournal", "read_journal", "rebuild
 FORMAT = "continual-eval stage journal"
 VERSION = 1
 #: results.json is rebuilt when the stages since the last rebuild reach 1/REBUILD_SPACING of those
-#: recorded (every stage while fewer than REBUILD_SPACING are)
+#: recorded (every stage of the first 2 * REBUILD_SPACING - 1)
 REBUILD_SPACING = 16
 
 _ENCODER = msgspec.json.Encoder()

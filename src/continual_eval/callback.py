@@ -477,6 +477,7 @@ class ContinualEvalCallback(Callback):
                 prefix=self.prefix,
                 log_images=self.log_images,
                 results_dir=self._directory.path,
+                whole_matrices=self._directory.rebuilt,
             )
             if self.verbose:
                 rank_zero_info(stage_line(results, stage))

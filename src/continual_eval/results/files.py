@@ -175,8 +175,15 @@ def _scores_csv(task_names: list[str], baseline: list[Any], scores: list[list[An
     """``stage,<task names>``; a ``baseline`` row; one row per stage (every cell through
     `continual_eval._csv.csv_cell`: empty for null, names that look like formulas
     neutralised)."""
-    rows = [["baseline", *baseline], *([i, *row] for i, row in enumerate(scores))]
-    return csv_text(["stage", *task_names], rows)
+    header = csv_text(["stage", *task_names], [])
+    # the cells are numbers or null: written in one pass of the JSON encoder (each float in its
+    # shortest round-trip form, null as an empty field), not cell by cell
+    rows = [baseline, *scores]
+    body = _ENCODER.encode(rows)[2:-2].replace(b"null", b"").split(b"],[")
+    labels = ["baseline", *map(str, range(len(scores)))]
+    return header + "".join(
+        f"{label},{row.decode()}\n" for label, row in zip(labels, body, strict=True)
+    )
 
 
 def _csv_files(document: Document) -> dict[str, str]:
