@@ -75,12 +75,12 @@ class RunDirectory:
             return False
         if self._journal is None or self._journal.path.parent != self.path:
             self._journal = StageJournal(self.path)
-        if stage is None:
-            self._journal.rewrite(record)
-        else:
-            self._journal.append(record, stage)
         completed = record.num_stages
         self.rebuilt = stage is None or rebuild_due(completed, self._built, record.num_tasks)
+        if stage is None:
+            self._journal.rewrite(record)
+        else:  # one fsync a stage: the journal's, or the rebuilt results.json's
+            self._journal.append(record, stage, durable=not self.rebuilt)
         if self.rebuilt:
             results.write(self.path)
             self._built = completed

@@ -112,9 +112,10 @@ class StageJournal:
             raise self._failed(err, record.num_stages) from None
         self.stages = record.num_stages if record.baseline_done else None
 
-    def append(self, record: RunRecord, stage: int) -> None:
-        """Append recorded stage ``stage`` (the journal's next) and fsync it; a journal this
-        writer did not bring to ``stage`` stages is rewritten instead."""
+    def append(self, record: RunRecord, stage: int, *, durable: bool = True) -> None:
+        """Append recorded stage ``stage`` (the journal's next) and, when ``durable``, fsync it
+        (not needed when a durable ``results.json`` of the stage follows); a journal this writer
+        did not bring to ``stage`` stages is rewritten instead."""
         if self.stages != stage or not self.path.exists():
             self.rewrite(record)
             return
@@ -124,7 +125,8 @@ class StageJournal:
             try:
                 fh.write(data)
                 fh.flush()
-                os.fsync(fh.fileno())
+                if durable:
+                    os.fsync(fh.fileno())
             except OSError as err:
                 fh.truncate(size)  # no torn line left behind
                 raise self._failed(err, stage + 1) from None

@@ -76,9 +76,9 @@ def _cost(stage: int) -> StageCost:
     )
 
 
-def _run(out: Path, stages: int) -> tuple[RunRecord, list[int]]:
-    """A record of ``stages`` stages committed stage by stage; returns it and the stage counts
-    of the results.json rebuilds."""
+def _run(out: Path, stages: int) -> tuple[RunRecord, list[int], RunDirectory]:
+    """A record of ``stages`` stages committed stage by stage; returns it, the stage counts of
+    the results.json rebuilds and the directory writer."""
     g = torch.Generator().manual_seed(0)
     record, directory = _record(), RunDirectory()
     directory.path = out
@@ -92,7 +92,7 @@ def _run(out: Path, stages: int) -> tuple[RunRecord, list[int]]:
         record.record_step(record.steps_trained, stage, _scored(g, None).rows, full=True)
         if directory.write(record, record.continual_results(), stage=stage):
             rebuilt.append(stage + 1)
-    return record, rebuilt
+    return record, rebuilt, directory
 
 
 def test_rebuild_schedule_keeps_results_json_within_a_sixteenth_and_amortised_flat() -> None:
@@ -112,7 +112,7 @@ def test_rebuild_schedule_keeps_results_json_within_a_sixteenth_and_amortised_fl
 
 
 def test_load_replays_the_journal_ahead_of_results_json(tmp_path: Path) -> None:
-    record, rebuilt = _run(tmp_path, 38)  # 38 stages: results.json last rebuilt after 37
+    record, rebuilt, _ = _run(tmp_path, 38)  # 38 stages: results.json last rebuilt after 37
     assert rebuilt == [*range(1, 32), 33, 35, 37]
     assert read_run_id(tmp_path)[2] == 37
     lines = (tmp_path / JOURNAL_FILE).read_bytes().splitlines()
@@ -169,26 +169,21 @@ def test_a_journal_of_another_run_is_not_replayed(tmp_path: Path) -> None:
 
 
 def test_full_disk_on_the_journal_leaves_no_torn_line(tmp_path: Path, monkeypatch) -> None:
-    g = torch.Generator().manual_seed(0)
-    record, directory = _record(), RunDirectory()
-    directory.path = tmp_path
-    record.record_baseline(_scored(g, None))
-    directory.write(record, record.continual_results())
-    record.record_stage(0, _scored(g, 0), _cost(0))
-    directory.write(record, record.continual_results(), stage=0)
+    record, _, directory = _run(tmp_path, 33)  # results.json after 33: stage 34 is journal only
     before = (tmp_path / JOURNAL_FILE).read_bytes()
-    record.record_stage(1, _scored(g, 1), _cost(1))
+    g = torch.Generator().manual_seed(1)
+    record.record_stage(33, _scored(g, 33), _cost(33))
 
     def no_space(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("continual_eval._stage_journal.os.fsync", no_space)
-    with pytest.raises(ResultsWriteError, match=r"stages\.jsonl .*holds 1 stage") as info:
-        directory.write(record, record.continual_results(), stage=1)
+    with pytest.raises(ResultsWriteError, match=r"stages\.jsonl .*holds 33 stage") as info:
+        directory.write(record, record.continual_results(), stage=33)
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
     assert (tmp_path / JOURNAL_FILE).read_bytes() == before
-    assert ContinualResults.load(tmp_path).stages_completed == 1
+    assert ContinualResults.load(tmp_path).stages_completed == 33
 
 
 @pytest.mark.slow
