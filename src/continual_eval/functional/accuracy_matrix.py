@@ -59,7 +59,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional._overflow import all_finite, first_bad, overflow_error, rescaled
+from continual_eval.functional._overflow import (
+    all_finite,
+    first_infinite,
+    no_infinite,
+    overflow_error,
+    rescaled,
+)
 from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_direction,
@@ -142,11 +148,11 @@ def _check_per_task(
     cells: Callable[[int], list[tuple[str, Tensor]]],
     first_task: int = 0,
 ) -> None:
-    """Raise `overflow_error` for the first task whose value is not finite (the inputs
-    were validated finite, so a difference of them overflowed); entry ``k`` is task
-    ``first_task + k``, whose inputs ``cells(k)`` names."""
-    if not all_finite(values):
-        (k,) = first_bad(values)
+    """Raise `overflow_error` for the first task whose value is infinite (the inputs were
+    validated finite, so a difference of them overflowed; NaN is an absent value, from an absent
+    cell); entry ``k`` is task ``first_task + k``, whose inputs ``cells(k)`` names."""
+    if not no_infinite(values):
+        (k,) = first_infinite(values)
         raise overflow_error(metric, f"task {first_task + k}", cells(k))
 
 
