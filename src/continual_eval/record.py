@@ -326,6 +326,14 @@ class RunRecord:
             )
         problem = f"stage {stage} produced {{name}} scores the metrics cannot use"
         self._check_rows(scored, "check_row", problem)
+        for name, row in scored.rows.items():  # an old task's NaN is absent only if unscored
+            scored_nan = [j for j in scored.task_ids if j <= stage + 1 and math.isnan(row[j])]
+            if scored_nan:
+                raise ValueError(
+                    f"{problem.format(name=repr(name))}: scores[{stage}, {scored_nan[0]}] is nan "
+                    f"although task {scored_nan[0]} was evaluated (only a task that was not "
+                    "evaluated may be absent)"
+                )
         for section in self.sections.values():
             section.check_stage(stage, scored)
         for name, metric in self.matrices.items():

@@ -856,6 +856,9 @@ class ContinualResults:
     #: the online record ([`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback]: the
     #: ``online`` section); ``None`` without one
     online: OnlineResults | None = None
+    #: budgeted stage-end evaluation (``ContinualEvalCallback(stage_eval_subset=...,
+    #: eval_old_tasks_every=...)``: the ``stage_evaluation`` section); ``None`` without it
+    stage_evaluation: schema.StageEvaluationSection | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -1070,6 +1073,7 @@ class ContinualResults:
             if document.coverage is None
             else Coverage.from_section(document.coverage),
             online=None if document.online is None else OnlineResults.from_section(document.online),
+            stage_evaluation=document.stage_evaluation,
         )
 
     @classmethod
@@ -1166,6 +1170,7 @@ class ContinualResults:
             held_out=None if self.held_out is None else self.held_out.to_section(),
             coverage=None if self.coverage is None else self.coverage.to_section(),
             online=None if self.online is None else self.online.to_section(),
+            stage_evaluation=self.stage_evaluation,
         )
 
     def to_dict(self) -> dict[str, Any]:
