@@ -246,7 +246,7 @@ class ReferenceSection(Struct, kw_only=True):
     ([`continual_eval.results.ReferenceMetrics`][continual_eval.results.ReferenceMetrics]):
     ``scores`` and ``auc`` ``[T]`` within the primary matrix's bounds."""
 
-    kind: Literal["isolated", "joint", "given"]
+    kind: Literal["isolated", "joint", "cumulative", "given"]
     score: Name
     higher_is_better: bool
     scores: Cells
