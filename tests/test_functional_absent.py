@@ -124,13 +124,25 @@ def test_every_metric_is_absent_exactly_when_it_reads_an_absent_cell(hib, conven
         "forgetting": [
             plain(c, lambda c, j=j: forgetting_task(c, last, j, convention)) for j in range(last)
         ],
-        "intransigence": [plain(c, lambda c, j=j: intransigence_task(c, last, j)) for j in range(T)],
+        "intransigence": [
+            plain(c, lambda c, j=j: intransigence_task(c, last, j)) for j in range(T)
+        ],
     }
     # the per-task functions
-    _assert_same(F.backward_transfer_per_task(R, **opts), per_task["bwt"], F.backward_transfer_per_task(full, **opts))
-    _assert_same(F.forward_transfer_per_task(R, b, **opts), per_task["fwt"], F.forward_transfer_per_task(full, b, **opts))
+    _assert_same(
+        F.backward_transfer_per_task(R, **opts),
+        per_task["bwt"],
+        F.backward_transfer_per_task(full, **opts),
+    )
+    _assert_same(
+        F.forward_transfer_per_task(R, b, **opts),
+        per_task["fwt"],
+        F.forward_transfer_per_task(full, b, **opts),
+    )
     got = F.forgetting_per_task(R, convention=convention, **opts)
-    _assert_same(got, per_task["forgetting"], F.forgetting_per_task(full, convention=convention, **opts))
+    _assert_same(
+        got, per_task["forgetting"], F.forgetting_per_task(full, convention=convention, **opts)
+    )
     got = F.intransigence_per_task(R, ref, **opts)
     _assert_same(got, per_task["intransigence"], F.intransigence_per_task(full, ref, **opts))
     # the scalar functions: a mean is absent when one of its terms is
@@ -181,14 +193,14 @@ def test_every_metric_is_absent_exactly_when_it_reads_an_absent_cell(hib, conven
     curves = F.continual_metrics_curve(R, b, forgetting=convention, **opts)
     whole_curves = F.continual_metrics_curve(full, b, forgetting=convention, **opts)
     for key, define in curve_defs.items():
-        want = [plain(c, lambda c, s=s: define(c, s)) for s in range(T)]
+        want = [plain(c, lambda c, s=s, define=define: define(c, s)) for s in range(T)]
         assert any(math.isnan(v) for v in want) == (key not in ("fwt", "learning_accuracy"))
         _assert_same(curves[key], want, whole_curves[key])
         _assert_same(family["curve"][key], want, whole_curves[key])
 
 
 def test_the_diagonal_the_superdiagonal_and_the_final_row_must_be_present():
-    full, R, b, _ = matrices(True)
+    _, R, b, _ = matrices(True)
     for cell in ((3, 3), (2, 3), (T - 1, 0)):
         bad = R.clone()
         bad[cell] = NAN

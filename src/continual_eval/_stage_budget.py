@@ -133,7 +133,9 @@ class StageBudgetRecord:
                 samples_per_task=list(self.samples_per_task),
                 rule_per_task=list(self.rules),  # type: ignore[arg-type]
                 rules={"stratified": STRATIFIED_RULE, "uniform": UNIFORM_RULE},
-                standard_error_bound=[0.5 / math.sqrt(n) if n else 0.5 for n in self.samples_per_task],
+                standard_error_bound=[
+                    0.5 / math.sqrt(n) if n else 0.5 for n in self.samples_per_task
+                ],
             )
         every = budget.old_tasks_every
         return schema.StageEvaluationSection(
@@ -144,4 +146,3 @@ class StageBudgetRecord:
 
     def add_to(self, results: ContinualResults) -> ContinualResults:
         return dataclasses.replace(results, stage_evaluation=self.section())
-

@@ -76,8 +76,9 @@ class TrainerScoring:
         tasks: Sequence[int],
     ) -> tuple[Scored, StageCost]:
         """Stage ``stage``'s rows of ``tasks`` (the callback's ``evaluate`` and
-        ``eval_old_tasks_every`` choose them) and its cost: the training clock stops before the evaluation starts; the samples are summed
-        over the ranks; the replay-memory hook is read last (it may raise). Nothing recorded."""
+        ``eval_old_tasks_every`` choose them) and its cost: the training clock stops before the
+        evaluation starts; the samples are summed over the ranks; the replay-memory hook is read
+        last (it may raise). Nothing recorded."""
         train_seconds = meter.train_seconds()
         samples = meter.samples
         if trainer.world_size > 1:  # one reduce at the stage end, outside any training step

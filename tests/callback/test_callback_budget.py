@@ -22,13 +22,13 @@ from cl_helpers import (
     train_loaders,
     trainer_kwargs,
 )
-from script_runner import run_script
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.evaluation.loaders import stage_subset_dataloader, subset_dataloader
 from continual_eval.record import Scored
 from continual_eval.results import ContinualResults
+from script_runner import run_script
 
 T = 5
 HERE = __import__("pathlib").Path(__file__).resolve().parent
@@ -64,7 +64,7 @@ def _evaluated(i: int, j: int, k: int = 2) -> bool:
 
 
 def test_every_k_stages_leaves_skipped_cells_and_their_metrics_absent(every_k):
-    full, skipped, root = every_k
+    _, _, root = every_k
     a = json.loads((root / "full" / "results.json").read_text())
     b = json.loads((root / "skipped" / "results.json").read_text())
     ContinualResults.load(root / "skipped")  # a valid results.json
@@ -116,7 +116,9 @@ def test_an_evaluated_task_may_not_be_absent(every_k):
     record = skipped.record
     assert record is not None
     fresh = type(record)(record.specs, record.task_names)
-    fresh.record_baseline(Scored({n: torch.full((T,), 0.5, dtype=torch.float64) for n in record.specs}))
+    fresh.record_baseline(
+        Scored({n: torch.full((T,), 0.5, dtype=torch.float64) for n in record.specs})
+    )
     row = torch.full((T,), 0.5, dtype=torch.float64)
     fresh.record_stage(0, Scored(dict.fromkeys(record.specs, row), task_ids=tuple(range(T))))
     bad = row.clone()
@@ -269,7 +271,8 @@ def test_stage_subset_is_the_same_on_two_processes(tmp_path):
                 assert value == _plain_accuracy(weights, x[indices[j]], y[indices[j]])
     baseline = torch.load(tmp_path / "weights_baseline.pt")
     assert rank0["baseline"].tolist() == [
-        _plain_accuracy(baseline, x[indices[j]], y[indices[j]]) for j, (_, (x, y)) in enumerate(tasks)
+        _plain_accuracy(baseline, x[indices[j]], y[indices[j]])
+        for j, (_, (x, y)) in enumerate(tasks)
     ]
     written = json.loads((tmp_path / "run" / "results.json").read_text())
     assert written["stage_evaluation"]["subset"]["samples_per_task"] == [20] * 4

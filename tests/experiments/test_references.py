@@ -237,7 +237,7 @@ def test_cumulative_reference_equals_plain_training(model_and_initial, tmp_path)
 
 def test_cumulative_reference_takes_its_loaders(model_and_initial) -> None:
     """``joint_dataloader`` for the cumulative kind: T loaders, loader k over tasks 0..k."""
-    model, initial = model_and_initial
+    model, _ = model_and_initial
     unions = [
         DataLoader(ConcatDataset(TRAIN[: k + 1]), batch_size=BATCH, shuffle=True) for k in range(T)
     ]

@@ -307,13 +307,13 @@ def dataset_labels(dataset: Any) -> Tensor | None:
     if labels is None:
         return None
     try:
-        labels = torch.as_tensor(labels)
+        values: Tensor = torch.as_tensor(labels)
         n = len(dataset)
     except (TypeError, ValueError, RuntimeError):
         return None
-    if labels.shape != (n,) or labels.is_floating_point() or labels.is_complex():
+    if values.shape != (n,) or values.is_floating_point() or values.is_complex():
         return None
-    return labels.to(torch.long)
+    return values.to(torch.long)
 
 
 def stratified_choice(labels: Tensor, size: int, generator: torch.Generator) -> Tensor:
@@ -324,7 +324,7 @@ def stratified_choice(labels: Tensor, size: int, generator: torch.Generator) -> 
     perm = torch.randperm(N, generator=generator)
     if size >= N:
         return torch.arange(N)
-    classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
     exact = size * counts
     quota, remainder = exact // N, exact % N
     extra = size - int(quota.sum())
@@ -349,7 +349,7 @@ def stage_subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Ten
     except _UnreproducibleError as err:
         raise EvaluationError(f"a test subset needs a fixed set of samples: {err}") from None
     labels = None if readable is None else dataset_labels(loader.dataset)
-    if labels is None:
+    if readable is None or labels is None:
         subset, indices = subset_dataloader(loader, size, seed)
         return subset, indices, "uniform"
     pool = torch.as_tensor(list(readable), dtype=torch.long)

@@ -415,8 +415,8 @@ class ReferenceMetrics:
     [`continual_eval.functional`][continual_eval.functional]). Forward transfer against isolated
     training: ``R[j, j] - ref[j]`` per task ``1 <= j < s`` and its mean
         (``forward_transfer_per_task(..., convention="isolated")``); absent (NaN) for a ``"joint"``
-    or ``"cumulative"`` reference, which is no isolated training. For a lower-is-better score both differences are
-    reversed (positive: learned less well / better than the reference).
+    or ``"cumulative"`` reference, which is no isolated training. For a lower-is-better score
+    both differences are reversed (positive: learned less well / better than the reference).
     """
 
     #: ``"isolated"``, ``"joint"``, ``"cumulative"`` or ``"given"``
