@@ -146,7 +146,8 @@ class ContinualEvalCallback(Callback):
         stage_eval_seed: seed of the stage-end subsets.
         eval_old_tasks_every: ``k``: stage ``i`` scores its old tasks ``j < i`` only when
             ``(i + 1) % k == 0`` and at the final stage ``T - 1``; the diagonal and the later
-            tasks are scored at every stage. A skipped cell is absent (NaN, ``null`` in
+            tasks are scored at every stage (not with ``task_classes``, whose confusion counts
+            need every seen task). A skipped cell is absent (NaN, ``null`` in
             ``results.json``, never imputed), and so is every metric that reads it (forgetting
             of that task, AIA, the curves at that stage); ACC, BWT, FWT, learning accuracy and
             intransigence read only the diagonal, the superdiagonal and the final row. ``None``
@@ -191,6 +192,11 @@ class ContinualEvalCallback(Callback):
         self.step_evaluation = StepEvaluation.of(eval_every_n_steps)
         #: ``stage_eval_subset``, ``stage_eval_seed`` and ``eval_old_tasks_every``, checked
         self.stage_budget = StageBudget(stage_eval_subset, stage_eval_seed, eval_old_tasks_every)
+        if eval_old_tasks_every is not None and task_classes is not None:
+            raise ValueError(
+                "eval_old_tasks_every cannot be combined with task_classes: the class-incremental "
+                "confusion counts of a stage need every seen task scored (stage_eval_subset can)"
+            )
         self.lca_beta = args.check_lca_beta(lca_beta, self.step_evaluation)
         self._given_names = args.check_task_names(task_names)
         self.held_out_dataloaders = args.check_held_out(held_out_dataloaders, task_classes)

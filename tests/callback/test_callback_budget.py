@@ -163,6 +163,13 @@ def test_bad_budget_arguments_are_refused(options, message):
         ContinualEvalCallback(eval_loaders(make_tasks(2)), **options)
 
 
+def test_old_tasks_every_k_needs_no_class_incremental_section():
+    with pytest.raises(ValueError, match="cannot be combined with task_classes"):
+        ContinualEvalCallback(
+            eval_loaders(make_tasks(2)), task_classes=[[0], [1]], eval_old_tasks_every=2
+        )
+
+
 # ----------------------------------------------------------------------------- the subset
 def plain_stratified(labels: list[int], n: int, seed: int) -> list[int]:
     """The documented rule as a plain loop: largest-remainder quotas (ties: the smaller label),
