@@ -109,6 +109,9 @@ def test_every_k_stages_leaves_skipped_cells_and_their_metrics_absent(every_k):
     # fewer evaluations: the skipped cells were never scored
     loaded = ContinualResults.load(root / "skipped")
     assert loaded.stage_evaluation is not None and loaded.stage_evaluation.old_tasks_every == 2
+    from continual_eval.loggers import format_matrix_table
+
+    assert "forgetting=--" in format_matrix_table(loaded)  # printed as absent, never blank or 0
 
 
 def test_an_evaluated_task_may_not_be_absent(every_k):
