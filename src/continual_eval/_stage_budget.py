@@ -126,6 +126,27 @@ class StageBudgetRecord:
                 f"rows scored on other subsets or stages: recorded {recorded!r}, now {now!r}"
             )
 
+    # the stage journal: settings only, nothing per stage (the skipped cells are the rows' NaN)
+    def journal_settings(self) -> dict[str, Any]:
+        settings = self.budget.settings()
+        settings.update(samples_per_task=list(self.samples_per_task), rules=list(self.rules))
+        return settings
+
+    @classmethod
+    def from_journal(cls, settings: Mapping[str, Any], num_tasks: int) -> StageBudgetRecord:
+        budget = StageBudget(settings["subset"], settings["seed"], settings["old_tasks_every"])
+        record = cls(budget, num_tasks)
+        record.set_subsets(
+            [int(n) for n in settings["samples_per_task"]], [str(r) for r in settings["rules"]]
+        )
+        return record
+
+    def journal_part(self, stage: int | None) -> None:
+        return None
+
+    def replay_part(self, stage: int | None, part: Any) -> None:
+        return None
+
     def section(self) -> schema.StageEvaluationSection:
         budget, subset = self.budget, None
         if budget.subset is not None:

@@ -64,7 +64,7 @@ def _evaluated(i: int, j: int, k: int = 2) -> bool:
 
 
 def test_every_k_stages_leaves_skipped_cells_and_their_metrics_absent(every_k):
-    _, _, root = every_k
+    _, skipped, root = every_k
     a = json.loads((root / "full" / "results.json").read_text())
     b = json.loads((root / "skipped" / "results.json").read_text())
     ContinualResults.load(root / "skipped")  # a valid results.json
@@ -112,6 +112,18 @@ def test_every_k_stages_leaves_skipped_cells_and_their_metrics_absent(every_k):
     from continual_eval.loggers import format_matrix_table
 
     assert "forgetting=--" in format_matrix_table(loaded)  # printed as absent, never blank or 0
+    _assert_journal_replays(root / "skipped", skipped)
+
+
+def _assert_journal_replays(directory, callback) -> None:
+    """The stage journal holds the section: a replay rebuilds the same results."""
+    from continual_eval._stage_journal import replay
+    from continual_eval.results.files import JOURNAL_FILE
+
+    replayed = replay(directory / JOURNAL_FILE).continual_results().to_dict()
+    recorded = callback.results()
+    for key in ("stage_evaluation", "scores", "metrics", "metrics_per_stage", "per_task"):
+        assert replayed[key] == recorded[key], key
 
 
 def test_an_evaluated_task_may_not_be_absent(every_k):
@@ -254,6 +266,7 @@ def test_stage_subset_is_scored_exactly(tmp_path):
     assert section["rule_per_task"] == ["stratified"] * 3
     assert section["standard_error_bound"] == [0.5 / math.sqrt(20)] * 3
     assert "largest remainder" in section["rules"]["stratified"]
+    _assert_journal_replays(tmp_path / "subset", cb)
 
 
 @pytest.mark.slow
