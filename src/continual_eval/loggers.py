@@ -164,7 +164,8 @@ def _format_one_table(
     rows = [["baseline", *(_fmt(v) for v in matrix.baseline.tolist())]]
     rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(matrix.scores.tolist())]
     metrics = matrix.metrics
-    summary = "  ".join(f"{k}={_fmt(metrics.get(k))}" for k in METRIC_KEYS if k in metrics)
+    # an absent metric (a cell it reads was not evaluated) prints "--", never an empty value
+    summary = "  ".join(f"{k}={_fmt(metrics.get(k)) or '--'}" for k in METRIC_KEYS if k in metrics)
     score = matrix.score
     if named:
         direction = "" if matrix.higher_is_better else ", lower is better"

@@ -326,6 +326,16 @@ class RunRecord:
             )
         problem = f"stage {stage} produced {{name}} scores the metrics cannot use"
         self._check_rows(scored, "check_row", problem)
+        ids = torch.tensor(scored.task_ids, dtype=torch.long)
+        ids = ids[ids <= stage + 1]  # the scored cells the metrics read
+        for name, row in scored.rows.items():  # an old task's NaN is absent only if unscored
+            scored_nan = ids[torch.isnan(row[ids])]
+            if scored_nan.numel():
+                j = int(scored_nan[0])
+                raise ValueError(
+                    f"{problem.format(name=repr(name))}: scores[{stage}, {j}] is nan although "
+                    f"task {j} was evaluated (only a task that was not evaluated may be absent)"
+                )
         for section in self.sections.values():
             section.check_stage(stage, scored)
         for name, metric in self.matrices.items():

@@ -80,9 +80,9 @@ STABILITY_SOURCE = "De Lange, van de Ven & Tuytelaars, ICLR 2023 (min-ACC eq. 4,
 FWT_CONVENTION = "R[j-1,j] - b[j] (GEM; b[j] - R[j-1,j] where lower is better)"
 UNIT_BOUNDS = (0.0, 1.0)
 #: the kinds of [`ReferenceScores`][continual_eval.results.ReferenceScores]: trained by
-#: [`train_reference`][continual_eval.train_reference] (``"isolated"``, ``"joint"``) or given as
-#: scores of unknown provenance (``"given"``)
-REFERENCE_SCORE_KINDS = ("isolated", "joint", "given")
+#: [`train_reference`][continual_eval.train_reference] (``"isolated"``, ``"joint"``,
+#: ``"cumulative"``) or given as scores of unknown provenance (``"given"``)
+REFERENCE_SCORE_KINDS = ("isolated", "joint", "cumulative", "given")
 
 
 def _f64(t: Any) -> Tensor:
@@ -415,11 +415,11 @@ class ReferenceMetrics:
     [`continual_eval.functional`][continual_eval.functional]). Forward transfer against isolated
     training: ``R[j, j] - ref[j]`` per task ``1 <= j < s`` and its mean
         (``forward_transfer_per_task(..., convention="isolated")``); absent (NaN) for a ``"joint"``
-    reference, which is no isolated training. For a lower-is-better score both differences are
-    reversed (positive: learned less well / better than the reference).
+    or ``"cumulative"`` reference, which is no isolated training. For a lower-is-better score
+    both differences are reversed (positive: learned less well / better than the reference).
     """
 
-    #: ``"isolated"``, ``"joint"`` or ``"given"``
+    #: ``"isolated"``, ``"joint"``, ``"cumulative"`` or ``"given"``
     kind: str
     #: the score it holds (the primary matrix's)
     score: str
@@ -457,7 +457,7 @@ class ReferenceMetrics:
             fwt = forward_transfer_per_task(
                 R, ref, convention="isolated", higher_is_better=hib, validate=False
             )
-        if reference.kind == "joint":
+        if reference.kind in ("joint", "cumulative"):  # no isolated training
             fwt = torch.full_like(fwt, math.nan)
         fwt_curve = torch.cat([torch.full((min(s, 1),), math.nan), _running_mean(fwt)])
         per_stage = {"intransigence": _running_mean(intransigence), "fwt_isolated": fwt_curve}
@@ -856,6 +856,9 @@ class ContinualResults:
     #: the online record ([`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback]: the
     #: ``online`` section); ``None`` without one
     online: OnlineResults | None = None
+    #: budgeted stage-end evaluation (``ContinualEvalCallback(stage_eval_subset=...,
+    #: eval_old_tasks_every=...)``: the ``stage_evaluation`` section); ``None`` without it
+    stage_evaluation: schema.StageEvaluationSection | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -1070,6 +1073,7 @@ class ContinualResults:
             if document.coverage is None
             else Coverage.from_section(document.coverage),
             online=None if document.online is None else OnlineResults.from_section(document.online),
+            stage_evaluation=document.stage_evaluation,
         )
 
     @classmethod
@@ -1166,6 +1170,7 @@ class ContinualResults:
             held_out=None if self.held_out is None else self.held_out.to_section(),
             coverage=None if self.coverage is None else self.coverage.to_section(),
             online=None if self.online is None else self.online.to_section(),
+            stage_evaluation=self.stage_evaluation,
         )
 
     def to_dict(self) -> dict[str, Any]:
