@@ -18,8 +18,10 @@ from continual_eval._class_incremental_recorder import (
 from continual_eval._held_out_record import HeldOutRecord
 from continual_eval._loader_list import as_loader_list
 from continual_eval._predictions import PredictionsRecord, generation_scorers
+from continual_eval._stage_budget import StageBudget, StageBudgetRecord
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
 from continual_eval.evaluation.scorers import AccuracyScorer, MetricScorer, Scorer, make_scorer
+from continual_eval.evaluation.task_loaders import TaskLoaders
 from continual_eval.options import StepEvaluation
 from continual_eval.record import MatrixSpec, RecordSection, RunRecord
 from continual_eval.results.schema import MAX_NAME_LENGTH, MAX_TASKS
@@ -297,6 +299,7 @@ def run_record(
     steps: StepEvaluation | None,
     held_out: Sequence[str] = (),
     predictions: int | None = None,
+    budget: StageBudget | None = None,
     **settings: Any,
 ) -> RunRecord:
     """The run record of the callback's scorers (a matrix each, the primary first) and settings
@@ -314,6 +317,8 @@ def run_record(
     if predictions is not None:
         names = list(generation_scorers(scorers))
         sections.append(PredictionsRecord(predictions, names, task_names, held_out))
+    if budget is not None and budget.active:
+        sections.append(StageBudgetRecord(budget, len(task_names)))
     return RunRecord(
         specs,
         task_names,
@@ -335,3 +340,10 @@ def subset_description(
         "samples_per_task": list(samples_per_task),
         "rule": "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])",
     }
+
+
+def describe_stage_subsets(record: RunRecord, loaders: TaskLoaders) -> None:
+    """Give the record's ``stage_evaluation`` section each task's subset size and rule."""
+    section = record.sections.get(StageBudgetRecord.key)
+    if isinstance(section, StageBudgetRecord):
+        section.set_subsets([len(i) for i in loaders.stage_indices], loaders.stage_rules)

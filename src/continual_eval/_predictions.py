@@ -253,6 +253,37 @@ class PredictionsRecord:
         self.stages = [PredictionFile(**f) for f in state["stages"]]
         self.pending = {}
 
+    # ------------------------------------------------------------------ journal
+    def journal_settings(self) -> dict[str, Any]:
+        return {
+            "max_items": self.max_items,
+            "scorers": list(self.scorers),
+            "held_out": self.held_out,
+        }
+
+    @classmethod
+    def from_journal(
+        cls, settings: Mapping[str, Any], task_names: Sequence[str]
+    ) -> PredictionsRecord:
+        return cls(
+            int(settings["max_items"]),
+            [str(name) for name in settings["scorers"]],
+            task_names,
+            [str(name) for name in settings["held_out"]],
+        )
+
+    def journal_part(self, stage: int | None) -> dict[str, Any] | None:
+        """The file of the baseline or of ``stage`` (path, lines, SHA-256)."""
+        entry = self.baseline if stage is None else self.stages[stage]
+        return None if entry is None else dataclasses.asdict(entry)
+
+    def replay_part(self, stage: int | None, part: Mapping[str, Any] | None) -> None:
+        entry = None if part is None else PredictionFile(**part)
+        if stage is None:
+            self.baseline = entry
+        elif entry is not None:
+            self.stages = [*self.stages[:stage], entry]
+
     def add_to(self, results: ContinualResults) -> ContinualResults:
         """``results`` with the ``predictions`` section of its stages."""
         s = results.primary.num_stages

@@ -95,20 +95,18 @@ class TrainerScoring:
         record: RunRecord,
         meter: StageCostRecorder,
         stage: int,
-        *,
-        evaluate: str,
+        tasks: Sequence[int],
     ) -> tuple[Scored, StageCost]:
-        """Stage ``stage``'s rows (every task, or ``evaluate="needed"``: ``j <= stage + 1``) and
-        its cost: the training clock stops before the evaluation starts; the samples are summed
-        over the ranks; the replay-memory hook is read last (it may raise). Nothing recorded."""
+        """Stage ``stage``'s rows of ``tasks`` (the callback's ``evaluate`` and
+        ``eval_old_tasks_every`` choose them) and its cost: the training clock stops before the
+        evaluation starts; the samples are summed over the ranks; the replay-memory hook is read
+        last (it may raise). Nothing recorded."""
         train_seconds = meter.train_seconds()
         samples = meter.samples
         if trainer.world_size > 1:  # one reduce at the stage end, outside any training step
             local = torch.tensor(samples, dtype=torch.int64, device=trainer.strategy.root_device)
             samples = int(trainer.strategy.reduce(local, reduce_op="sum").item())
         start = time.perf_counter()
-        T = record.num_tasks
-        tasks = range(T) if evaluate == "all" else range(min(stage + 2, T))
         scored = self.score(
             trainer,
             pl_module,

@@ -132,7 +132,11 @@ reference."""
 _HIGHER_IS_BETTER = frozenset({"bwt", "fwt", "fwt_isolated"})
 #: metrics where lower is better whatever the score's direction (a drop, a gap)
 _LOWER_IS_BETTER = frozenset({"forgetting", "intransigence"})
-REFERENCE_DIR_NAMES: tuple[str, ...] = ("isolated_reference", "joint_reference")
+REFERENCE_DIR_NAMES: tuple[str, ...] = (
+    "isolated_reference",
+    "joint_reference",
+    "cumulative_reference",
+)
 """The sub-directories ``continual-eval fit`` gives a run's reference models, skipped when
 searching for runs (``continual_eval.references.REFERENCE_DIRS``; not imported from
 there: that module loads Lightning)."""
@@ -141,6 +145,7 @@ JOINT_REFERENCE_DIR = "joint_reference"
 _REFERENCE_NAMES = {
     "joint": "joint-training reference",
     "isolated": "isolated-training reference (each task trained alone)",
+    "cumulative": "cumulative reference (task k: trained on tasks 0..k; Chaudhry et al., 2018)",
     "given": "given reference",
 }
 BOOTSTRAP_RESAMPLES = DEFAULT_RESAMPLES

@@ -249,7 +249,7 @@ class ReferenceSection(Struct, kw_only=True):
     ([`continual_eval.results.ReferenceMetrics`][continual_eval.results.ReferenceMetrics]):
     ``scores`` and ``auc`` ``[T]`` within the primary matrix's bounds."""
 
-    kind: Literal["isolated", "joint", "given"]
+    kind: Literal["isolated", "joint", "cumulative", "given"]
     score: Name
     higher_is_better: bool
     scores: Cells
@@ -272,6 +272,31 @@ class CoverageSection(Struct, kw_only=True):
     tasks_trained: Count
     tasks_evaluated: Count
     metrics_cover: Text
+
+
+class StageSubsetSection(Struct, kw_only=True):
+    """The fixed subset the baseline and stage-end evaluations scored, per task: its size
+    (``samples_per_task``, at most ``size``), how it was drawn (``rule_per_task``: a key of
+    ``rules``) and the price, the binomial standard-error bound ``0.5 / sqrt(n_j)`` of one cell
+    (``standard_error_bound``)."""
+
+    size: Annotated[int, Meta(ge=1)]
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+    samples_per_task: list[Count]
+    rule_per_task: list[Literal["stratified", "uniform"]]
+    rules: dict[Name, Text]
+    standard_error_bound: list[Finite]
+
+
+class StageEvaluationSection(Struct, kw_only=True, omit_defaults=True):
+    """Budgeted stage-end evaluation (the ``stage_evaluation`` section): the fixed ``subset`` per
+    task (``null``: whole test sets) and ``old_tasks_every`` ``k`` (``null``: every stage), with
+    ``old_tasks_rule`` saying which stages score the old tasks; a skipped cell is ``null`` in
+    every matrix and so is every metric that reads one."""
+
+    subset: StageSubsetSection | None = None
+    old_tasks_every: Annotated[int, Meta(ge=1)] | None = None
+    old_tasks_rule: Text = ""
 
 
 class ConfusionSection(Struct, kw_only=True):
@@ -536,6 +561,7 @@ class Document(Struct, kw_only=True, omit_defaults=True):
     predictions: PredictionsSection | None = None
     coverage: CoverageSection | None = None
     online: OnlineSection | None = None
+    stage_evaluation: StageEvaluationSection | None = None
     files: dict[Name, FileRecord] | None = None
 
     @property
@@ -713,6 +739,8 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
         _check_coverage(check, document.coverage, T, s)
     if document.online is not None:
         _check_online(check, document.online, "online")
+    if document.stage_evaluation is not None:
+        _check_stage_evaluation(check, document.stage_evaluation, T)
     for name, record in (document.files or {}).items():
         if os.path.basename(name) != name or name in ("", ".", ".."):
             check.fail("files (a key)", f"expected a file name, found {describe(name)}")
@@ -722,6 +750,30 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
                 f"expected an integer in [0, {T}], found integer {record.stages}",
             )
     return document
+
+
+def _check_stage_evaluation(check: _Check, section: StageEvaluationSection, T: int) -> None:
+    """One subset entry per task, each at most ``size`` samples and drawn by a rule of
+    ``rules``."""
+    subset = section.subset
+    if subset is None:
+        return
+    field = "stage_evaluation.subset"
+    check.length(subset.samples_per_task, f"{field}.samples_per_task", T)
+    check.length(subset.rule_per_task, f"{field}.rule_per_task", T)
+    check.length(subset.standard_error_bound, f"{field}.standard_error_bound", T)
+    for j, n in enumerate(subset.samples_per_task):
+        if n > subset.size:
+            check.fail(
+                f"{field}.samples_per_task[{j}]",
+                f"expected an integer in [0, {subset.size}] (the size), found integer {n}",
+            )
+    for j, rule in enumerate(subset.rule_per_task):
+        if rule not in subset.rules:
+            check.fail(
+                f"{field}.rule_per_task[{j}]",
+                f"expected a key of {field}.rules ({sorted(subset.rules)}), found {rule!r}",
+            )
 
 
 def _check_coverage(check: _Check, coverage: CoverageSection, T: int, s: int) -> None:
