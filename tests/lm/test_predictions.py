@@ -496,3 +496,54 @@ def test_a_resume_names_recorded_files_that_changed_and_removes_later_stage_file
     assert "stage_0.jsonl" in note and "baseline.jsonl" in note and "stage_1" not in note
     assert section.remove_stale(copied) == [copied / "predictions" / "stage_7.jsonl"]
     assert (copied / "predictions" / "stage_1.jsonl").exists()
+
+
+# ---------------------------------------------------------------- the stage journal
+def test_the_journal_names_each_stage_file_and_load_replays_them(tmp_path):
+    """40 tasks: results.json is rebuilt at spaced stages; the stage journal's line of every
+    stage names its prediction file, and ContinualResults.load replays the newer ones."""
+    from continual_eval._predictions import PredictionItem, PredictionsRecord, write_pending
+    from continual_eval._run_directory import RunDirectory
+    from continual_eval.record import MatrixSpec, RunRecord, Scored
+    from continual_eval.results.files import JOURNAL_FILE, read_run_id
+
+    T, stages = 40, 38
+    names = [f"task {j}" for j in range(T)]
+    section = PredictionsRecord(2, ["em"], names, [])
+    record = RunRecord({"em": MatrixSpec("exact_match")}, names, sections=[section])
+    directory = RunDirectory()
+    directory.path = tmp_path
+
+    def scored(stage: int) -> Scored:
+        row = torch.full((T,), 0.5, dtype=torch.float64)
+        items = tuple(
+            PredictionItem(j, 0, k, f"p{stage}/{j}/{k}", "r", float(k))
+            for j in range(T)
+            for k in (0, 1)
+        )
+        return Scored({"em": row}, predictions=items)
+
+    record.record_baseline(scored(-1))
+    write_pending(record, tmp_path)
+    directory.write(record, record.continual_results())
+    for stage in range(stages):
+        record.record_stage(stage, scored(stage))
+        write_pending(record, tmp_path)
+        directory.write(record, record.continual_results(), stage=stage)
+    assert read_run_id(tmp_path)[2] == 37  # results.json: the last rebuild, a stage behind
+    last = json.loads((tmp_path / JOURNAL_FILE).read_bytes().splitlines()[-1])
+    entry = last["sections"]["predictions"]
+    assert entry["path"] == "predictions/stage_37.jsonl" and entry["lines"] == 2 * T
+    data = (tmp_path / entry["path"]).read_bytes()
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+    loaded = ContinualResults.load(tmp_path)
+    assert loaded.to_dict() == record.continual_results().to_dict()
+    assert len(loaded.predictions.stages) == stages
+    assert loaded.predictions.file(37).read(tmp_path)[3] == {
+        "task": 1,
+        "scorer": "em",
+        "item": 1,
+        "prediction": "p37/1/1",
+        "reference": "r",
+        "score": 1.0,
+    }
