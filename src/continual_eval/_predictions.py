@@ -188,7 +188,8 @@ class PredictionsRecord:
         self.num_tasks = len(task_names)
         self.held_out = list(held_out)
         self.baseline: PredictionFile | None = None
-        self.stages: list[PredictionFile] = []
+        #: per stage its file (``None``: the write failed)
+        self.stages: list[PredictionFile | None] = []
         #: path -> the bytes of a file recorded but not yet written (rank 0 writes them)
         self.pending: dict[str, bytes] = {}
 
@@ -250,7 +251,7 @@ class PredictionsRecord:
         assert state is not None
         baseline = state["baseline"]
         self.baseline = None if baseline is None else PredictionFile(**baseline)
-        self.stages = [PredictionFile(**f) for f in state["stages"]]
+        self.stages = [None if f is None else PredictionFile(**f) for f in state["stages"]]
         self.pending = {}
 
     # ------------------------------------------------------------------ journal
@@ -281,7 +282,7 @@ class PredictionsRecord:
         entry = None if part is None else PredictionFile(**part)
         if stage is None:
             self.baseline = entry
-        elif entry is not None:
+        else:
             self.stages = [*self.stages[:stage], entry]
 
     def add_to(self, results: ContinualResults) -> ContinualResults:
@@ -299,7 +300,9 @@ class PredictionsRecord:
     def write_pending(self, directory: Path | None) -> None:
         """Write the pending files into ``directory`` (rank 0; ``None``: another rank, nothing
         written), each atomically, and remove stage files beyond the recorded stages (of a run
-        this one overwrites, or written after the checkpoint a resumed run started from)."""
+        this one overwrites, or written after the checkpoint a resumed run started from). A file
+        that cannot be written keeps the previous one there and its entry becomes ``None``, so
+        nothing names it; then ``ResultsWriteError``."""
         pending, self.pending = self.pending, {}
         if directory is None:
             return
@@ -308,6 +311,7 @@ class PredictionsRecord:
             try:
                 replace_atomically(target, partial(_write_to, data=data), durable=False)
             except OSError as err:
+                self._forget(path)
                 raise ResultsWriteError(
                     err.errno,
                     f"could not write {target} ({err.strerror or err}); the previous file there "
@@ -316,6 +320,12 @@ class PredictionsRecord:
                     "checkpoint",
                 ) from None
         self.remove_stale(directory)
+
+    def _forget(self, path: str) -> None:
+        """The entry of the file at ``path`` becomes ``None`` (its write failed)."""
+        if self.baseline is not None and self.baseline.path == path:
+            self.baseline = None
+        self.stages = [None if f is not None and f.path == path else f for f in self.stages]
 
     def remove_stale(self, directory: Path) -> list[Path]:
         """Delete ``predictions/stage_{i}.jsonl`` for every ``i`` not recorded."""

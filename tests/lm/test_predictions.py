@@ -253,11 +253,13 @@ def test_a_failed_write_leaves_the_previous_file_and_results_json(run, tmp_path,
     out = tmp_path / "run"
     with pytest.raises(ResultsWriteError, match=r"stage_1\.jsonl.*No space left"):
         run_fit(out, [FailStageWrite(monkeypatch)])
-    # no partial file, no temporary left, results.json holds stage 0 only
+    # no partial file, no temporary left; results.json (rebuilt as the fit raised) records
+    # stage 1 with no file named for it (null), stage 0's file whole
     assert not (out / "predictions" / "stage_1.jsonl").exists()
     assert not list((out / "predictions").glob(".*.tmp"))
     results = ContinualResults.load(out)
-    assert results.stages_completed == 1 and len(results.predictions.stages) == 1
+    assert results.stages_completed == 2 and results.predictions.stages[1] is None
+    assert json.loads((out / "results.json").read_text())["predictions"]["stages"][1] is None
     assert results.predictions.file(0).read(out)  # the stage-0 file is whole and recorded
 
     # a file rewritten in place (the section's own write): the failed write keeps the old one

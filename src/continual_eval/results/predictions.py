@@ -9,7 +9,8 @@ stage ``i``), one file per evaluation, written atomically by rank 0 before the
 
 (``"held_out": "<name>"`` instead of ``"task"`` for a held-out set). ``item`` is the item's index
 in its loader's dataset (``loader.dataset[item]``; a batch's ``"index"`` entry when it has one),
-the same with any number of processes; lines are ordered by cell (the tasks, then the
+the same with any number of processes; an evaluation whose file could not be written (a full
+disk: the run stops there) has a ``null`` entry; lines are ordered by cell (the tasks, then the
 held-out sets), scorer and item, at most ``max_items`` per cell and scorer (those of the lowest
 indices); ``score`` is ``null`` where it was not finite. The section records each file's line
 count and SHA-256, so a reader can tell a file that changed since.
@@ -73,13 +74,13 @@ class PredictionFiles:
         max_items: most items per cell and scorer.
         scorers: the generation scorers whose predictions the files hold.
         baseline: the untrained model's file (``None`` before it was written).
-        stages: one file per recorded stage.
+        stages: one file per recorded stage (``None``: its write failed, the run stopped).
     """
 
     max_items: int
     scorers: tuple[str, ...]
     baseline: PredictionFile | None
-    stages: tuple[PredictionFile, ...]
+    stages: tuple[PredictionFile | None, ...]
 
     def file(self, stage: int | None) -> PredictionFile | None:
         """Stage ``stage``'s file (``None``: the baseline's); ``None`` when not recorded."""
@@ -92,7 +93,7 @@ class PredictionFiles:
             max_items=self.max_items,
             scorers=list(self.scorers),
             baseline=None if self.baseline is None else self.baseline.to_section(),
-            stages=[f.to_section() for f in self.stages],
+            stages=[None if f is None else f.to_section() for f in self.stages],
         )
 
     @classmethod
@@ -103,7 +104,9 @@ class PredictionFiles:
             baseline=None
             if section.baseline is None
             else PredictionFile.from_section(section.baseline),
-            stages=tuple(PredictionFile.from_section(f) for f in section.stages),
+            stages=tuple(
+                None if f is None else PredictionFile.from_section(f) for f in section.stages
+            ),
         )
 
     @staticmethod

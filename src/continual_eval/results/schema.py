@@ -382,12 +382,13 @@ class PredictionsSection(Struct, kw_only=True):
     (``ContinualEvalCallback(predictions=max_items)``): one JSON-lines file for the baseline
     and one per stage (``predictions/stage_{i}.jsonl``), each line one item of one cell
     (``task`` or ``held_out``, ``scorer``, ``item``, ``prediction``, ``reference``, ``score``),
-    at most ``max_items`` per cell and scorer."""
+    at most ``max_items`` per cell and scorer; ``null`` for an evaluation whose file could not be
+    written (the run stopped there)."""
 
     max_items: Annotated[int, Meta(ge=1, le=MAX_PREDICTION_ITEMS)]
     scorers: Annotated[list[Name], Meta(min_length=1, max_length=MAX_MATRICES)]
     baseline: PredictionFileSection | None = None
-    stages: Annotated[list[PredictionFileSection], Meta(max_length=MAX_TASKS)]
+    stages: Annotated[list[PredictionFileSection | None], Meta(max_length=MAX_TASKS)]
 
 
 # ---------------------------------------------------------------------- online
