@@ -92,12 +92,15 @@ class Scored:
             scorers without details are absent.
         task_ids: the tasks scored, in the order of the details' rows.
         held_out: matrix name -> the held-out sets' row ``[H]`` (empty without held-out sets).
+        items: matrix name -> task id -> its per-item values ``[n_j]`` in test-set order (the
+            matrices with per-item records; empty without).
     """
 
     rows: Mapping[str, Tensor]
     details: Mapping[str, Any] = field(default_factory=dict)
     task_ids: tuple[int, ...] = ()
     held_out: Mapping[str, Tensor] = field(default_factory=dict)
+    items: Mapping[str, Mapping[int, Tensor]] = field(default_factory=dict)
 
     @classmethod
     def from_evaluation(
@@ -123,7 +126,12 @@ class Scored:
             if value is not None
         }
         task_ids = tuple(int(j) for j in ids[tasks])
-        return cls(rows, details, task_ids, held_out)
+        items = {
+            name: {j: v for j, v in zip(evaluation.task_ids, values, strict=True) if j < num_tasks}
+            for name, values in zip(names, evaluation.items_by_scorer, strict=False)
+            if values is not None
+        }
+        return cls(rows, details, task_ids, held_out, items)
 
 
 class RecordSection(Protocol):
