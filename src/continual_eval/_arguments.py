@@ -38,13 +38,13 @@ __all__ = [
     "check_flags",
     "check_held_out",
     "check_item_records",
-    "item_matrices",
     "check_lca_beta",
     "check_loader_count",
     "check_metadata",
     "check_same_run",
     "check_task_names",
     "class_incremental_scorers",
+    "item_matrices",
     "resolve_scorers",
     "run_record",
     "step_settings",
@@ -328,7 +328,9 @@ def check_item_records(value: object, scorers: Mapping[str, Scorer]) -> ItemSett
     names = options.pop("scorers", None)
     if names is not None:
         if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or not names:
-            raise ValueError(f"item_records scorers must be a non-empty list of names, got {names!r}")
+            raise ValueError(
+                f"item_records scorers must be a non-empty list of names, got {names!r}"
+            )
         for name in names:
             if name not in scorers:
                 raise ValueError(
@@ -346,8 +348,10 @@ def check_item_records(value: object, scorers: Mapping[str, Scorer]) -> ItemSett
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError(f"item_records max_bytes must be a positive int, got {max_bytes!r}")
     confidence = options.get("confidence", DEFAULT_CONFIDENCE)
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not (
-        0 < confidence < 1
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, (int, float))
+        or not (0 < confidence < 1)
     ):
         raise ValueError(f"item_records confidence must be in (0, 1), got {confidence!r}")
     resamples, seed = options.get("resamples", DEFAULT_RESAMPLES), options.get("seed", 0)

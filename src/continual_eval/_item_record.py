@@ -284,7 +284,7 @@ class ItemRecord:
     def _per_task_items(self, name: str, s: int) -> tuple[list[Tensor], list[Tensor]]:
         """The leading ``s`` tasks' items ``[s, n_j]`` (their first ``s`` stages) and baseline
         ``[n_j]``, what the functional layer reads (unevaluated cells: zeros, never read)."""
-        values, _, task = self._dense(name, s)
+        values, _, _ = self._dense(name, s)
         assert self.num_items is not None
         parts = torch.split(values, self.num_items, dim=1)[:s]
         return [p[1:] for p in parts], [p[0] for p in parts]

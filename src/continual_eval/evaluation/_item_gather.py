@@ -53,7 +53,7 @@ def gather_items(
     if not local or not K:
         return [[] for _ in local]
     lengths = torch.tensor([len(v) for v in local[0]], dtype=torch.int64)
-    for s, values in enumerate(local[1:], start=1):
+    for values in local[1:]:
         other = torch.tensor([len(v) for v in values], dtype=torch.int64)
         if not torch.equal(other, lengths):
             k = int((other != lengths).int().argmax())

@@ -936,7 +936,10 @@ def _check_intervals(
             _check_ordered(check, f"{field}.{low_key}", low, high, high_key)
         for key, interval in m.metrics.items():
             _check_ordered(
-                check, key_path(f"{field}.metrics", key) + ".low", interval.low, interval.high,
+                check,
+                key_path(f"{field}.metrics", key) + ".low",
+                interval.low,
+                interval.high,
                 "high",
             )
 
