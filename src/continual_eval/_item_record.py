@@ -204,6 +204,12 @@ class ItemRecord:
         self._cache = None
         return []
 
+    def values(self, name: str, stage: int | None = None) -> dict[int, Tensor]:
+        """Matrix ``name``'s items of every task the evaluation scored (``stage=None``: the
+        baseline), task id -> ``[n_j]`` (bool for 0/1 items, else float64), test-set order."""
+        evaluation = self.baseline if stage is None else self.stages[stage]
+        return {j: _values(stored) for j, stored in evaluation.get(name, {}).items()}
+
     # ------------------------------------------------------------------ state
     @staticmethod
     def _plain(evaluation: Mapping[str, Mapping[int, Stored]]) -> dict[str, dict[int, Tensor]]:
