@@ -325,3 +325,36 @@ def test_ddp_items_equal_a_plain_loop(tmp_path):
             "intervals"
         ]
     assert math.isfinite(saved["intervals"]["acc"]["bwt"][1])
+
+
+def test_logs_carry_lo_and_hi_beside_the_scalars(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    tasks = make_tasks()
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks),
+        scorers={"acc": "accuracy", "loss": "cross_entropy"},
+        dirpath=tmp_path / "out",
+        verbose=False,
+        item_records={"resamples": RESAMPLES},
+    )
+    logger = CSVLogger(tmp_path, name="csv")
+    trainer = pl.Trainer(
+        callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1, logger=logger)
+    )
+    fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks))
+    import csv
+
+    rows = list(csv.DictReader(open(f"{logger.log_dir}/metrics.csv")))
+    last = [r for r in rows if r.get("continual/acc/lo")][-1]
+    document = cb.results()
+    acc = document["intervals"]["matrices"]["acc"]
+    assert float(last["continual/acc/lo"]) == pytest.approx(acc["metrics"]["acc"]["low"])
+    assert float(last["continual/bwt/hi"]) == pytest.approx(acc["metrics"]["bwt"]["high"])
+    assert float(last["continual/loss/bwt/lo"]) == pytest.approx(
+        document["intervals"]["matrices"]["loss"]["metrics"]["bwt"]["low"]
+    )
+    assert float(last["continual/accuracy/task_0/lo"]) == pytest.approx(acc["low"][2][0])
+    assert float(last["continual/acc"]) == pytest.approx(document["metrics"]["acc"])
+    lo, hi = float(last["continual/acc/lo"]), float(last["continual/acc/hi"])
+    assert lo <= float(last["continual/acc"]) <= hi
