@@ -358,3 +358,17 @@ def test_logs_carry_lo_and_hi_beside_the_scalars(tmp_path):
     assert float(last["continual/acc"]) == pytest.approx(document["metrics"]["acc"])
     lo, hi = float(last["continual/acc/lo"]), float(last["continual/acc/hi"])
     assert lo <= float(last["continual/acc"]) <= hi
+
+
+def test_report_shows_intervals_and_transitions(run, tmp_path):
+    from continual_eval.report import main
+
+    _, _, _, root = run
+    assert main([str(root / "out"), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "### Intervals from the test items" in text
+    assert f"({RESAMPLES} resamples, double_or_nothing weights, seed 3;" in text
+    assert "| bwt |" in text
+    pictures = sorted(p.name for p in (tmp_path / "report").glob("*_transitions*.png"))
+    assert len(pictures) == 2  # acc and top2 (0/1 items); the loss has none
+    assert "fraction of each task's items forgotten at least once" in text
