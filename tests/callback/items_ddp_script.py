@@ -76,9 +76,7 @@ def main(out: Path) -> None:
     fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks)[:3])
     record = cb.record.sections["items"]
     saved = {
-        name: [
-            [record.values(name, stage)[j] for j in range(4)] for stage in (None, 0, 1, 2)
-        ]
+        name: [[record.values(name, stage)[j] for j in range(4)] for stage in (None, 0, 1, 2)]
         for name in ("acc", "loss")
     }
     intervals = cb.results()["intervals"]["matrices"]

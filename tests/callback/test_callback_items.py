@@ -23,7 +23,6 @@ from cl_helpers import (
     train_loaders,
     trainer_kwargs,
 )
-from script_runner import run_script
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,6 +32,7 @@ from continual_eval.functional import (
     paired_bootstrap,
 )
 from continual_eval.results import ContinualResults, InvalidResultsError
+from script_runner import run_script
 
 RESAMPLES = 500
 
@@ -98,7 +98,7 @@ def test_items_equal_a_plain_loop(run):
 
 
 def test_intervals_equal_the_functional_layer_on_plain_items(run):
-    cb, snapshots, tasks, root = run
+    _, snapshots, tasks, root = run
     document = json.loads((root / "out" / "results.json").read_text())
     items = [plain_items(w, tasks) for w in snapshots.weights]  # [row][kind][task]
     section = document["intervals"]
@@ -272,8 +272,12 @@ def test_state_round_trip_and_resume_equals_uninterrupted(tmp_path):
             return pl.Trainer(callbacks=[cb], **trainer_kwargs(root, max_epochs=1))
 
         fit_tasks(
-            factory, Classifier(make_net()), loaders, checkpoint_dir=root / "ckpt",
-            ckpt_path=ckpt_path, seed=7,
+            factory,
+            Classifier(make_net()),
+            loaders,
+            checkpoint_dir=root / "ckpt",
+            ckpt_path=ckpt_path,
+            seed=7,
         )
         return cb
 
@@ -321,9 +325,9 @@ def test_ddp_items_equal_a_plain_loop(tmp_path):
             for j in range(len(tasks)):
                 assert torch.equal(saved["acc"][row][j], right[j]), (rank, row, j)
                 torch.testing.assert_close(saved["loss"][row][j], losses[j], rtol=0, atol=1e-5)
-        assert saved["intervals"] == torch.load(tmp_path / "rank0.pt", weights_only=True)[
-            "intervals"
-        ]
+        assert (
+            saved["intervals"] == torch.load(tmp_path / "rank0.pt", weights_only=True)["intervals"]
+        )
     assert math.isfinite(saved["intervals"]["acc"]["bwt"][1])
 
 
@@ -339,13 +343,12 @@ def test_logs_carry_lo_and_hi_beside_the_scalars(tmp_path):
         item_records={"resamples": RESAMPLES},
     )
     logger = CSVLogger(tmp_path, name="csv")
-    trainer = pl.Trainer(
-        callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1, logger=logger)
-    )
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1, logger=logger))
     fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks))
     import csv
 
-    rows = list(csv.DictReader(open(f"{logger.log_dir}/metrics.csv")))
+    with open(f"{logger.log_dir}/metrics.csv") as file:
+        rows = list(csv.DictReader(file))
     last = [r for r in rows if r.get("continual/acc/lo")][-1]
     document = cb.results()
     acc = document["intervals"]["matrices"]["acc"]
