@@ -285,7 +285,8 @@ def test_state_round_trip_and_resume_equals_uninterrupted(tmp_path):
     full = run(tmp_path / "full", loaders)
     first = run(tmp_path / "cut", loaders[:2])
     state = torch.load(tmp_path / "cut" / "ckpt" / "task_1.ckpt", weights_only=True)
-    assert any("items" in str(k) for k in state["callbacks"].values()) or state["callbacks"]
+    held = state["callbacks"][first.state_key]["record"]["sections"]["items"]
+    assert len(held["stages"]) == 2 and held["baseline"]["acc"][0].dtype == torch.uint8
     resumed = run(tmp_path / "cut", loaders, ckpt_path=tmp_path / "cut" / "ckpt" / "task_1.ckpt")
     assert first.stages_completed == 2 and resumed.stages_completed == 3
     a, b = resumed.results(), full.results()
@@ -375,3 +376,48 @@ def test_report_shows_intervals_and_transitions(run, tmp_path):
     pictures = sorted(p.name for p in (tmp_path / "report").glob("*_transitions*.png"))
     assert len(pictures) == 2  # acc and top2 (0/1 items); the loss has none
     assert "fraction of each task's items forgotten at least once" in text
+
+
+def test_evaluate_needed_leaves_unevaluated_cells_without_intervals(tmp_path):
+    tasks = make_tasks()
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks),
+        evaluate="needed",
+        dirpath=tmp_path / "out",
+        verbose=False,
+        item_records={"resamples": 200},
+    )
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
+    fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks))
+    document = cb.results()
+    low = document["intervals"]["matrices"]["acc"]["low"]
+    assert low[0][2] is None and low[0][1] is not None and low[1][2] is not None
+    assert document["scores"][0][2] is None
+    metrics = document["intervals"]["matrices"]["acc"]["metrics"]
+    for key in ("acc", "bwt", "fwt", "forgetting"):
+        assert metrics[key]["estimate"] == pytest.approx(document["metrics"][key], abs=1e-12)
+        assert metrics[key]["low"] <= metrics[key]["estimate"] <= metrics[key]["high"]
+
+
+def test_evaluate_tasks_refuses_what_it_cannot_record():
+    from torchmetrics.classification import MulticlassF1Score
+
+    from continual_eval.evaluation import EvaluationError, evaluate_tasks
+
+    net = nn.Linear(4, 3)
+    loader = DataLoader(TensorDataset(torch.randn(10, 4), torch.randint(0, 3, (10,))), batch_size=4)
+    with pytest.raises(TypeError, match="'MulticlassF1Score' keeps no per-item values"):
+        evaluate_tasks(
+            net, [loader], [0], scorers=[MulticlassF1Score(num_classes=3)], item_scorers=[0]
+        )
+    # several labels per sample: no per-item value
+    seq = DataLoader(TensorDataset(torch.randn(6, 3, 2), torch.randint(0, 3, (6, 2))), batch_size=3)
+    with pytest.raises(EvaluationError, match="need one label per sample"):
+        evaluate_tasks(nn.Identity(), [seq], [0], scorers=["accuracy"], item_scorers=[0])
+    # a batch-mean loss: no per-sample values
+    mean_loss = nn.CrossEntropyLoss()
+    with pytest.raises(EvaluationError, match=r"need one loss per sample \[N\] = \[4\]"):
+        evaluate_tasks(net, [loader], [0], scorers=[mean_loss], item_scorers=[0])
+    # without item_scorers nothing is kept (and a scorer used with items before keeps none)
+    plain = evaluate_tasks(net, [loader], [0], scorers=["accuracy"])
+    assert plain.items_by_scorer == ()

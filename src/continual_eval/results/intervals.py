@@ -123,7 +123,7 @@ class IntervalResults:
 @dataclass(frozen=True)
 class Transitions:
     """One 0/1 matrix's item transitions per stage and task, float64 ``[s, T]`` counts (NaN:
-    undefined; see [`ItemTransitions`][continual_eval.functional.ItemTransitions])."""
+    undefined; see `continual_eval.functional.ItemTransitions`)."""
 
     right_to_wrong: Tensor
     wrong_to_right: Tensor
