@@ -93,16 +93,18 @@ def gather_items(
     m = torch.arange(int(lengths.sum())) - first[task]
     positions = (offsets[task] + start[task] + m * step[task]).to(device)
     total = int(n.sum())
-    buffer = torch.zeros(len(local), total, dtype=torch.float64, device=device)
+    # float64 (float32 on MPS, which has none: 0/1 items stay exact)
+    dtype = torch.float32 if torch.device(device).type == "mps" else torch.float64
+    buffer = torch.zeros(len(local), total, dtype=dtype, device=device)
     for s, values in enumerate(local):  # one write per scorer (a few scorers)
         if positions.numel():
-            buffer[s, positions] = torch.cat([v.to(device, torch.float64) for v in values])
+            buffer[s, positions] = torch.cat([v.to(device, dtype) for v in values])
     if all_reduce is not None and world_size > 1:
         buffer = all_reduce(buffer)
     buffer = buffer.cpu()
     sizes = n.tolist()
     out = []
     for s, is_binary in enumerate(binary):
-        row = buffer[s] != 0 if is_binary else buffer[s]
+        row = buffer[s] != 0 if is_binary else buffer[s].double()
         out.append(list(torch.split(row, sizes)))
     return out
