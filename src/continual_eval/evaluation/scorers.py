@@ -115,6 +115,11 @@ class Scorer(Protocol):
     ``details(reduced_counts)``: what it reports besides the scores from the same ``[tasks, K]``
     counts (e.g. confusion counts), returned in `TaskEvaluation.details_by_scorer`.
 
+    Per-item records (``evaluate_tasks(item_scorers=...)``, optional): a scorer whose score is a
+    mean over its samples' values defines ``items_binary`` (a bool: 0/1 values) and
+    ``local_items()``, the values of the samples fed since ``start`` in the order fed (one per
+    sample), kept while the loop has set its ``keep_items`` to ``True`` (see `item_support`).
+
     Scorers of the raw batch (decoding, e.g.
     `GenerationScorer`) set ``needs_batch = True``:
     instead of ``update(preds, target)`` the loop calls ``update_batch(module, batch,
