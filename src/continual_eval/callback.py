@@ -135,7 +135,8 @@ class ContinualEvalCallback(Callback):
         item_records: keep every test item's value at the baseline and after every stage (1 bit
             per 0/1 item, 64 bits per other item and evaluation), gathered across ranks by the
             item's position in its test set, for the matrices whose score is a mean over items
-            (accuracy, top-k, losses; the others are skipped, named in the ``items`` section):
+            (accuracy, top-k, losses, generation scores; the others are skipped, named in the
+            ``items`` section):
             ``True``, a list of matrix names, or a mapping ``{"scorers", "max_bytes" (default
             256 MiB: refused at the baseline past it), "confidence" (0.95), "resamples"
             (10,000), "seed" (0)}``. Adds the ``intervals`` (Wilson / t per cell, paired
