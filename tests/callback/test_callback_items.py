@@ -362,6 +362,15 @@ def test_logs_carry_lo_and_hi_beside_the_scalars(tmp_path):
     assert float(last["continual/acc"]) == pytest.approx(document["metrics"]["acc"])
     lo, hi = float(last["continual/acc/lo"]), float(last["continual/acc/hi"])
     assert lo <= float(last["continual/acc"]) <= hi
+    moves = document["items"]["transitions"]["acc"]
+    assert float(last["continual/items/right_to_wrong"]) == sum(
+        v for v in moves["right_to_wrong"][2] if v is not None
+    )
+    assert float(last["continual/items/forgotten_once/task_0"]) == pytest.approx(
+        moves["forgotten_once"][2][0] / moves["num_items"][0]
+    )
+    stage_0 = next(r for r in rows if r.get("continual/items/wrong_to_right"))
+    assert float(stage_0["continual/items/wrong_to_right"]) == moves["wrong_to_right"][0][0]
 
 
 def test_report_shows_intervals_and_transitions(run, tmp_path):
