@@ -152,6 +152,17 @@ class ItemRecord:
                 f"{self.settings.max_bytes}; raise max_bytes or record fewer matrices"
             )
 
+    def summary_line(self) -> str:
+        """What is recorded, its bound over the run, and what is skipped and why (one line)."""
+        kinds = ", ".join(f"{n} ({1 if b else 64} bit/item)" for n, b in self.binary.items())
+        line = f"[continual-eval] per-item records: {kinds}"
+        if self.num_items is not None:
+            most = (self.num_tasks + 1) * self.evaluation_bytes(self.num_items)
+            line += f", at most {most / 2**20:.2f} MiB ({most} bytes) over the run"
+        if self.skipped:
+            line += "; not recorded: " + "; ".join(f"{n} ({w})" for n, w in self.skipped.items())
+        return line
+
     # ------------------------------------------------------------------ recording
     def _checked(self, scored: Scored, what: str, tasks: Sequence[int]) -> dict[str, dict]:
         """Each recorded matrix's items of ``tasks``, checked against the test-set sizes."""

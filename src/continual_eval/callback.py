@@ -484,6 +484,9 @@ class ContinualEvalCallback(Callback):
         tasks = range(record.num_tasks)
         scored = self._scoring.score(trainer, pl_module, record, tasks, stage=-1, held_out=True)
         as_callback_error(record.record_baseline, scored)
+        items = record.sections.get("items")
+        if items is not None and self.verbose and trainer.is_global_zero:
+            rank_zero_info(items.summary_line())  # type: ignore[attr-defined]
         if trainer.is_global_zero:
             log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
 
