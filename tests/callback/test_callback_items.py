@@ -430,3 +430,28 @@ def test_evaluate_tasks_refuses_what_it_cannot_record():
     # without item_scorers nothing is kept (and a scorer used with items before keeps none)
     plain = evaluate_tasks(net, [loader], [0], scorers=["accuracy"])
     assert plain.items_by_scorer == ()
+
+
+@pytest.mark.slow
+def test_lockstep_fsdp2_items_equal_a_plain_loop(tmp_path):
+    """FSDP2 on 2 gloo processes (lockstep forwards), test sets of 1, 5 and 7 samples in batches
+    of 2 and an iterable one: every rank's records equal a plain loop's over the full weights."""
+    from sharded_script import TRAINED_TASKS, make_data
+    from sharded_script import make_net as sharded_net
+
+    here = __import__("pathlib").Path(__file__).parent
+    proc = run_script(here / "items_sharded_script.py", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tasks = make_data()
+    for row in range(TRAINED_TASKS + 1):
+        net = sharded_net()
+        net.load_state_dict(torch.load(tmp_path / f"weights_{row}.pt", weights_only=True))
+        net.eval()
+        with torch.no_grad():
+            outputs = [(net(x), y) for _, (x, y) in tasks]
+        for rank in (0, 1):
+            saved = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+            for j, (logits, y) in enumerate(outputs):
+                assert torch.equal(saved["acc"][row][j], logits.argmax(1) == y), (rank, row, j)
+                losses = nn.functional.cross_entropy(logits, y, reduction="none").double()
+                torch.testing.assert_close(saved["loss"][row][j], losses, rtol=1e-5, atol=1e-6)
