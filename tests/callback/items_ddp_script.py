@@ -1,9 +1,10 @@
 """Standalone DDP run for test_callback_items.py: 2 CPU processes (gloo), per-item records.
 
 Usage: python items_ddp_script.py OUT_DIR. Test sets of 37, 29 and 41 items (odd shards), a
-1-item task (rank 1 holds no sample of it) and an iterable test set (not shardable: rank 0
-scores it alone). Rank 0 saves the weights at the baseline and after every stage and the tasks;
-every rank saves the items it recorded and its intervals.
+1-item task (rank 1 holds no sample of it), an iterable test set (not shardable: rank 0
+scores it alone) and one read through a shuffling, padding DistributedSampler. Rank 0 saves the
+weights at the baseline and after every stage and the tasks; every rank saves the items it
+recorded and its intervals.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,6 +55,10 @@ def main(out: Path) -> None:
     loaders = eval_loaders(tasks)
     x, y = tasks[2][1]
     loaders[2] = DataLoader(Stream(x, y), batch_size=8)
+    # a loader built for trainer.test: a shuffling DistributedSampler that pads 29 to 30
+    test_set = TensorDataset(*tasks[1][1])
+    padded = DistributedSampler(test_set, num_replicas=2, rank=0, shuffle=True, seed=3)
+    loaders[1] = DataLoader(test_set, batch_size=8, sampler=padded)
     cb = ContinualEvalCallback(
         loaders,
         scorers={"acc": "accuracy", "loss": "cross_entropy"},

@@ -312,7 +312,8 @@ def test_state_round_trip_and_resume_equals_uninterrupted(tmp_path):
 @pytest.mark.slow
 def test_ddp_items_equal_a_plain_loop(tmp_path):
     """2 gloo processes, odd test sets (37, 29, 41), a 1-item task (rank 1 holds no sample of
-    it) and an iterable test set (rank 0 alone): every rank's records equal the plain loop's."""
+    it), an iterable test set (rank 0 alone) and a shuffling DistributedSampler that pads: every
+    rank's records equal the plain loop's, in dataset order."""
     proc = run_script(
         __import__("pathlib").Path(__file__).parent / "items_ddp_script.py", tmp_path, timeout=240
     )
