@@ -25,7 +25,8 @@ evaluated or undefined):
   cells); with per-step evaluation ``curves`` (``N`` evaluations; its ``accuracy`` rows and the
   top-level ``stability`` repeat the primary matrix's ``step_scores`` and ``stability``);
   optional ``cost``, ``reference``, ``class_incremental``, ``held_out`` (sets never trained:
-  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``coverage``
+  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``), ``intervals``
+  and ``items`` (per-item records: `IntervalsSection`, `ItemsSection`); ``coverage``
   when the run ended with fewer tasks trained than it has test loaders (`CoverageSection`);
   ``online`` ([`OnlineSection`][continual_eval.results.schema.OnlineSection], what
   [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] recorded over the stream);
