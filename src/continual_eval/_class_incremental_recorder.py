@@ -216,3 +216,36 @@ class ClassIncrementalRecord:
             for stage, m in state["confusion"].items()
         }
         self._encoded = {}
+
+    # ------------------------------------------------------------------ journal
+    def journal_settings(self) -> dict[str, Any]:
+        return {"task_classes": [list(c) for c in self.task_classes]}
+
+    @classmethod
+    def from_journal(
+        cls, settings: Mapping[str, Any], task_names: Sequence[str]
+    ) -> ClassIncrementalRecord:
+        check_class_id_bounds(settings["task_classes"])
+        return cls(TaskAgnosticAccuracyScorer(settings["task_classes"]), task_names)
+
+    def journal_part(self, stage: int | None) -> list[list[int]] | None:
+        """The stage's nonzero confusion cells as ``[true, predicted, count]`` (the baseline:
+        nothing)."""
+        if stage is None:
+            return None
+        counts = self._confusion[stage]
+        cells = counts.nonzero()
+        return torch.cat([cells, counts[cells[:, 0], cells[:, 1]].unsqueeze(1)], 1).tolist()
+
+    def replay_part(self, stage: int | None, part: Any) -> None:
+        if stage is None:
+            return
+        cells = torch.tensor(part, dtype=torch.int64).reshape(-1, 3)
+        if len(cells) and (cells[:, :2].min() < 0 or cells[:, :2].max() >= self.num_classes):
+            raise ValueError(
+                f"stage {stage}: a confusion cell outside the {self.num_classes} classes"
+            )
+        confusion = torch.zeros(self.num_classes, self.num_classes, dtype=torch.int64)
+        confusion[cells[:, 0], cells[:, 1]] = cells[:, 2]
+        self._confusion[stage] = confusion
+        self._encoded.pop(stage, None)

@@ -8,6 +8,7 @@ Lightning there), which builds the results.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import uuid
@@ -507,7 +508,7 @@ class ContinualEvalCallback(Callback):
             if replaced is None:  # the whole-test-set point of every curve, under the full keys
                 self._log_step(trainer, record.curves.last(), record.steps_trained)
         if trainer.is_global_zero:
-            results = self._write(trainer)
+            results = self._write(trainer, stage)
             log_stage(
                 trainer.loggers,
                 results,
@@ -515,6 +516,7 @@ class ContinualEvalCallback(Callback):
                 prefix=self.prefix,
                 log_images=self.log_images,
                 results_dir=self._directory.path,
+                whole_matrices=self._directory.rebuilt,
             )
             if self.verbose:
                 rank_zero_info(stage_line(results, stage))
@@ -524,12 +526,16 @@ class ContinualEvalCallback(Callback):
         if note is not None and trainer.is_global_zero:
             warn_once(self.run_id, kind, note, stacklevel=3)
 
-    def _write(self, trainer: Trainer | None = None) -> ContinualResults:
-        """Build the results, write their files (rank 0, once the directory is known) and, in a
-        spawned process, hand the state to the creating one; returns the results."""
+    def _write(self, trainer: Trainer | None = None, stage: int | None = None) -> ContinualResults:
+        """Build the results and commit them (rank 0, once the directory is known): stage
+        ``stage``'s journal line, ``results.json`` when due (`RunDirectory.write`); in a spawned
+        process, hand the state to the creating one when ``results.json`` was rewritten. Returns
+        the results."""
+        record = self._record
+        assert record is not None
         results = self.continual_results()
-        self._directory.write(results)
-        if trainer is not None:
+        rebuilt = self._directory.write(record, results, stage=stage)
+        if trainer is not None and (rebuilt or stage is None):
             self._publish_to_owner(trainer)
         return results
 
@@ -542,6 +548,14 @@ class ContinualEvalCallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._record is not None:
             self._publish_to_owner(trainer)
+
+    @override
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        if trainer.is_global_zero and self._record is not None and self._record.baseline_done:
+            with contextlib.suppress(OSError):  # the fit's own error is the one to see
+                self._directory.flush(self._record, self.continual_results())
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

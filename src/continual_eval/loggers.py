@@ -538,12 +538,16 @@ def log_stage(
     prefix: str = "continual/",
     log_images: bool = True,
     results_dir: str | Path | None = None,
+    whole_matrices: bool = True,
 ) -> None:
     """Log stage ``stage`` (scalars, a heatmap, a step-curves figure and a table per matrix) to
     every logger, then ``save()`` each one.
 
     ``results_dir`` is where the CSV files already live (the step-curves pictures are written
-    there too); a CSVLogger elsewhere gets its own copy of the CSV files.
+    there too); a CSVLogger elsewhere gets its own copy of the CSV files. ``whole_matrices=False``
+    logs the stage's scalars only: the outputs whose size grows with the stages recorded
+    (heatmaps, curve figures, matrix tables, copies of ``results.json`` and the CSV files) are
+    left to the stages where the callback rebuilds ``results.json``.
     """
     results = _as_results(results)
     scalars = stage_scalars(results, stage, prefix=prefix)
@@ -552,7 +556,8 @@ def log_stage(
         isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
     )
     figures: dict[str, Any] = {}
-    if log_images and (image_loggers or (results.steps is not None and results_dir is not None)):
+    wanted = image_loggers or (results.steps is not None and results_dir is not None)
+    if log_images and whole_matrices and wanted:
         try:
             figures = _stage_figures(results, stage, prefix, results_dir, image_loggers)
         except ModuleNotFoundError as err:
@@ -561,17 +566,22 @@ def log_stage(
     document = functools.cache(results.to_dict)  # built once, for the loggers that store it
     try:
         for logger in loggers:
-            _log_stage_to(
-                logger,
-                results,
-                stage,
-                scalars,
-                tags,
-                figures,
-                document,
-                prefix=prefix,
-                results_dir=results_dir,
-            )
+            if whole_matrices:
+                _log_stage_to(
+                    logger,
+                    results,
+                    stage,
+                    scalars,
+                    tags,
+                    figures,
+                    document,
+                    prefix=prefix,
+                    results_dir=results_dir,
+                )
+            elif isinstance(logger, WandbLogger):
+                _log_wandb_stage_row(logger, scalars, stage, prefix)
+            else:
+                logger.log_metrics(scalars, step=stage)
             logger.save()
     finally:
         for figure in figures.values():

@@ -32,7 +32,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import torch
@@ -1093,14 +1093,32 @@ class ContinualResults:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ContinualResults:
-        """Read and validate a ``results.json`` (or the directory holding one).
+        """Read and validate a ``results.json`` (or the directory holding one). When the run's
+        stage journal beside it (``stages.jsonl``, see
+        [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]) holds stages the file
+        does not yet (``results.json`` is rebuilt at spaced stages, and a run killed between two
+        rebuilds leaves it behind): the results of every journaled stage.
 
         Raises:
-            FileNotFoundError: no ``results.json`` there.
+            FileNotFoundError: no ``results.json`` (nor journal) there.
             InvalidResultsError: (a ``ValueError``) the file is not a valid results document; the
                 message names the file and the field (e.g. ``scores[2][1]``).
         """
-        return cls.from_document(files.read_document(path))
+        path = Path(path)
+        directory = path if path.is_dir() else path.parent
+        document: schema.Document | None = None
+        try:
+            document = files.read_document(path)
+        except FileNotFoundError:
+            if path.is_file() or not (directory / files.JOURNAL_FILE).is_file():
+                raise
+        if path.is_dir() or path.name == files.RESULTS_FILE:
+            newer = files.replay_newer_journal(directory, document)
+            if newer is not None:
+                return cast(ContinualResults, newer)
+        if document is None:
+            raise FileNotFoundError(f"no {files.RESULTS_FILE} at {directory}")
+        return cls.from_document(document)
 
     # ------------------------------------------------------------------ output
     def to_document(self) -> schema.Document:
