@@ -262,6 +262,76 @@ class ItemRecord:
         self.stages = [restored(stage) for stage in state["stages"]]
         self._cache = None
 
+    # ------------------------------------------------------------------ journal
+    def journal_settings(self) -> dict[str, Any]:
+        return {
+            "matrices": {name: bool(b) for name, b in self.binary.items()},
+            "skipped": dict(self.skipped),
+            "num_tasks": self.num_tasks,
+            "settings": self.settings.to_dict(),
+            "forgetting": self.forgetting,
+        }
+
+    @classmethod
+    def from_journal(
+        cls, settings: Mapping[str, Any], specs: Mapping[str, MatrixSpec]
+    ) -> ItemRecord:
+        given = dict(settings["settings"])
+        matrices = given.pop("matrices")
+        options = ItemSettings(None if matrices is None else tuple(matrices), **given)
+        return cls(
+            specs,
+            {str(k): bool(v) for k, v in settings["matrices"].items()},
+            {str(k): str(v) for k, v in settings["skipped"].items()},
+            int(settings["num_tasks"]),
+            options,
+            forgetting=str(settings["forgetting"]),
+        )
+
+    def journal_part(self, stage: int | None) -> dict[str, Any]:
+        """The items of the baseline (with the test-set sizes) or of ``stage``: per matrix and
+        task, 0/1 items as the hex of their packed bytes, other items by `tensor_to_json`."""
+        from continual_eval.record import tensor_to_json
+
+        evaluation = self.baseline if stage is None else self.stages[stage]
+        part: dict[str, Any] = {
+            "items": {
+                name: {
+                    str(j): v.bits.numpy().tobytes().hex()
+                    if isinstance(v, PackedBits)
+                    else tensor_to_json(v)
+                    for j, v in tasks.items()
+                }
+                for name, tasks in evaluation.items()
+            }
+        }
+        if stage is None:
+            part["num_items"] = None if self.num_items is None else list(self.num_items)
+        return part
+
+    def replay_part(self, stage: int | None, part: Mapping[str, Any]) -> None:
+        from continual_eval.record import tensor_from_json
+
+        if stage is None:
+            self.num_items = [int(n) for n in part["num_items"]]
+        assert self.num_items is not None
+        sizes = self.num_items
+        evaluation: dict[str, dict[int, Stored]] = {}
+        for name, tasks in part["items"].items():
+            evaluation[name] = {}
+            for key, value in tasks.items():
+                j = int(key)
+                if self.binary[name]:
+                    raw = torch.frombuffer(bytearray(bytes.fromhex(value)), dtype=torch.uint8)
+                    evaluation[name][j] = PackedBits(raw.clone(), sizes[j])
+                else:
+                    evaluation[name][j] = tensor_from_json(value).double()
+        if stage is None:
+            self.baseline, self.stages = evaluation, []
+        else:
+            self.stages = [*self.stages[:stage], evaluation]
+        self._cache = None
+
     # ------------------------------------------------------------------ results
     def _dense(self, name: str, s: int) -> tuple[Tensor, Tensor, Tensor]:
         """``(values [s + 1, N], evaluated [s + 1, T], task [N])``: row 0 the baseline, row

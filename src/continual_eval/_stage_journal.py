@@ -43,6 +43,7 @@ import msgspec
 
 from continual_eval._class_incremental_recorder import ClassIncrementalRecord
 from continual_eval._held_out_record import HeldOutRecord
+from continual_eval._item_record import ItemRecord
 from continual_eval.record import RecordSection, RunRecord
 from continual_eval.results import ContinualResults, InvalidResultsError
 from continual_eval.results.files import (
@@ -75,6 +76,7 @@ _SECTIONS: dict[str, Callable[[Mapping[str, Any], RunRecord], RecordSection]] = 
         settings, empty.task_names
     ),
     HeldOutRecord.key: lambda settings, empty: HeldOutRecord.from_journal(settings, empty.specs),
+    ItemRecord.key: lambda settings, empty: ItemRecord.from_journal(settings, empty.specs),
 }
 
 

@@ -456,3 +456,21 @@ def test_lockstep_fsdp2_items_equal_a_plain_loop(tmp_path):
                 assert torch.equal(saved["acc"][row][j], logits.argmax(1) == y), (rank, row, j)
                 losses = nn.functional.cross_entropy(logits, y, reduction="none").double()
                 torch.testing.assert_close(saved["loss"][row][j], losses, rtol=1e-5, atol=1e-6)
+
+
+def test_the_stage_journal_replays_the_items(run):
+    """The journal's lines hold each evaluation's items (bits as hex, losses as floats); its
+    replay gives the same records, intervals and transitions as the live record."""
+    from continual_eval._stage_journal import replay
+    from continual_eval.results.files import JOURNAL_FILE
+
+    cb, _, _, root = run
+    replayed = replay(root / "out" / JOURNAL_FILE)
+    section, live = replayed.sections["items"], cb.record.sections["items"]
+    for name in ("acc", "loss", "top2"):
+        for stage in (None, 0, 1, 2):
+            for j, values in live.values(name, stage).items():
+                assert torch.equal(section.values(name, stage)[j], values), (name, stage, j)
+    a, b = replayed.continual_results().to_dict(), cb.results()
+    assert a["intervals"] == b["intervals"] and a["items"] == b["items"]
+    assert ContinualResults.load(root / "out").to_dict()["intervals"] == b["intervals"]
