@@ -474,3 +474,25 @@ def test_the_stage_journal_replays_the_items(run):
     a, b = replayed.continual_results().to_dict(), cb.results()
     assert a["intervals"] == b["intervals"] and a["items"] == b["items"]
     assert ContinualResults.load(root / "out").to_dict()["intervals"] == b["intervals"]
+
+
+def test_per_step_evaluations_keep_no_items(tmp_path):
+    """Evaluations inside a stage (on a fixed subset) record nothing; the stage ends do."""
+    from continual_eval import StepEvaluation
+
+    tasks = make_tasks()
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks),
+        eval_every_n_steps=StepEvaluation(1, subset=5),
+        dirpath=tmp_path / "out",
+        verbose=False,
+        item_records={"resamples": 100},
+    )
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
+    fit_tasks(trainer, Classifier(make_net()), train_loaders(tasks))
+    record = cb.record.sections["items"]
+    assert len(record.stages) == 3
+    sizes = [len(te[1]) for _, te in tasks]
+    for stage in (None, 0, 1, 2):
+        assert [v.numel() for v in record.values("acc", stage).values()] == sizes
+    assert len(cb.results()["curves"]["step"]) > 3
