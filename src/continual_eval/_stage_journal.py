@@ -43,6 +43,7 @@ import msgspec
 
 from continual_eval._class_incremental_recorder import ClassIncrementalRecord
 from continual_eval._held_out_record import HeldOutRecord
+from continual_eval._item_record import ItemRecord
 from continual_eval._stage_budget import StageBudgetRecord
 from continual_eval.record import RecordSection, RunRecord
 from continual_eval.results import ContinualResults, InvalidResultsError
@@ -79,6 +80,7 @@ _SECTIONS: dict[str, Callable[[Mapping[str, Any], RunRecord], RecordSection]] = 
     StageBudgetRecord.key: lambda settings, empty: StageBudgetRecord.from_journal(
         settings, empty.num_tasks
     ),
+    ItemRecord.key: lambda settings, empty: ItemRecord.from_journal(settings, empty.specs),
 }
 
 

@@ -32,6 +32,8 @@ class TrainerScoring:
     task_loaders: TaskLoaders
     inference_mode: bool
     verbose: bool = True
+    #: the scorers (positions) whose per-item values the baseline and stage-end evaluations keep
+    item_scorers: tuple[int, ...] = ()
 
     def score(
         self,
@@ -63,6 +65,7 @@ class TrainerScoring:
                 stage=stage,
                 progress=progress,
                 verbose=self.verbose,
+                item_scorers=self.item_scorers if stage_end or stage == -1 else (),
             )
         return Scored.from_evaluation(list(self.scorers), evaluation, T, H)
 

@@ -152,6 +152,15 @@ class ContinualEvalCallback(Callback):
             of that task, AIA, the curves at that stage); ACC, BWT, FWT, learning accuracy and
             intransigence read only the diagonal, the superdiagonal and the final row. ``None``
             (default): every stage.
+        item_records: keep every test item's value at the baseline and after every stage (1 bit
+            per 0/1 item, 64 bits per other item and evaluation), gathered across ranks by the
+            item's position in its test set, for the matrices whose score is a mean over items
+            (accuracy, top-k, losses, generation scores; the others are skipped, named in the
+            ``items`` section):
+            ``True``, a list of matrix names, or a mapping ``{"scorers", "max_bytes" (default
+            256 MiB: refused at the baseline past it), "confidence" (0.95), "resamples"
+            (10,000), "seed" (0)}``. Adds the ``intervals`` (Wilson / t per cell, paired
+            bootstrap of the metrics) and ``items`` (item transitions) sections.
     """
 
     def __init__(
@@ -182,6 +191,7 @@ class ContinualEvalCallback(Callback):
         stage_eval_subset: int | None = None,
         stage_eval_seed: int = 0,
         eval_old_tasks_every: int | None = None,
+        item_records: bool | Sequence[str] | Mapping[str, Any] = False,
     ) -> None:
         args.check_choice("evaluate", evaluate, ("all", "needed"))
         args.check_choice("forgetting", forgetting, FORGETTING_CONVENTIONS)
@@ -212,6 +222,15 @@ class ContinualEvalCallback(Callback):
         if task_classes is not None:  # the two class-incremental matrices, after the user's
             self.scorers.update(args.class_incremental_scorers(task_classes, self.scorers))
         self.primary = next(iter(self.scorers))
+        #: ``item_records=`` resolved (``None``: off)
+        self.item_settings = args.check_item_records(item_records, self.scorers)
+        if self.item_settings is not None:
+            recorded, skipped = args.item_matrices(self.scorers, self.item_settings)
+            if not recorded:
+                raise ValueError(
+                    "item_records: no matrix of this run is a mean over items the callback can "
+                    "record: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
+                )
         self.scorer: Scorer = self.scorers[self.primary]
         #: the ``reference=`` argument resolved (checked against the primary scorer)
         self.reference = resolve_reference(reference, self.scorer)
@@ -334,6 +353,7 @@ class ContinualEvalCallback(Callback):
         settings.update(reference=self.reference, lca_beta=self.lca_beta, run_id=self.run_id)
         held_out, steps = list(self.held_out_dataloaders), self.step_evaluation
         settings["budget"] = self.stage_budget
+        settings["items"] = self.item_settings
         return args.run_record(self.scorers, task_names, steps=steps, held_out=held_out, **settings)
 
     def _set_loaders(self, loaders: list[Any]) -> None:
@@ -359,7 +379,9 @@ class ContinualEvalCallback(Callback):
         if self._loaders is None:
             self._set_loaders(module_test_loaders(trainer, pl_module))
         assert self._task_loaders is not None
-        unsharded = self._task_loaders.shard(trainer.global_rank, trainer.world_size)
+        unsharded = self._task_loaders.shard(
+            trainer.global_rank, trainer.world_size, in_order=self.item_settings is not None
+        )
         if unsharded:
             self._warn(trainer, "unsharded", unsharded_loaders(unsharded))
         self._directory.choose(trainer, self.run_id, self.dirpath)
@@ -452,7 +474,21 @@ class ContinualEvalCallback(Callback):
     @property
     def _scoring(self) -> TrainerScoring:
         assert self._task_loaders is not None
-        return TrainerScoring(self.scorers, self._task_loaders, self.inference_mode, self.verbose)
+        return TrainerScoring(
+            self.scorers,
+            self._task_loaders,
+            self.inference_mode,
+            self.verbose,
+            item_scorers=self._item_scorers(),
+        )
+
+    def _item_scorers(self) -> tuple[int, ...]:
+        """The positions of the scorers whose items the record keeps."""
+        section = None if self._record is None else self._record.sections.get("items")
+        if section is None:
+            return ()
+        recorded = section.binary  # type: ignore[attr-defined]
+        return tuple(k for k, name in enumerate(self.scorers) if name in recorded)
 
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
@@ -482,6 +518,9 @@ class ContinualEvalCallback(Callback):
         tasks = range(record.num_tasks)
         scored = self._scoring.score(trainer, pl_module, record, tasks, stage=-1, held_out=True)
         as_callback_error(record.record_baseline, scored)
+        items = record.sections.get("items")
+        if items is not None and self.verbose and trainer.is_global_zero:
+            rank_zero_info(items.summary_line())  # type: ignore[attr-defined]
         if trainer.is_global_zero:
             log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
 
@@ -526,7 +565,9 @@ class ContinualEvalCallback(Callback):
         the results."""
         record = self._record
         assert record is not None
-        results = self.continual_results()
+        # a run in progress: its sections' cheap part (no bootstrap of the item intervals)
+        final = stage is None or record.num_stages == record.num_tasks
+        results = record.continual_results(light=not final)
         rebuilt = self._directory.write(record, results, stage=stage)
         if trainer is not None and (rebuilt or stage is None):
             self._publish_to_owner(trainer)

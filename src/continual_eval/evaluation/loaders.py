@@ -183,6 +183,7 @@ def shard_dataloader(
     *,
     task: int | None = None,
     task_name: str | None = None,
+    in_order: bool = False,
 ) -> tuple[Any, bool]:
     """Return ``(loader for this rank, sharded)``.
 
@@ -200,7 +201,9 @@ def shard_dataloader(
     Loaders that cannot be re-built over the same samples (iterable datasets, custom samplers or
     batch samplers, non-DataLoader iterables) come back unchanged with ``sharded=False``: the
     caller then counts them on rank 0 only. With ``world_size <= 1`` every loader except one over a
-    ``DistributedSampler`` comes back unchanged, after the same check as on several ranks.
+    ``DistributedSampler`` comes back unchanged, after the same check as on several ranks;
+    with ``in_order`` (per-item records: item ``k`` is the ``k``-th sample read) a shuffling
+    loader is re-built to read its samples in index order in one process too.
 
     Raises:
         EvaluationError: the samples are not the same on every pass, so they can be reproduced
@@ -215,7 +218,8 @@ def shard_dataloader(
         indices = _sampled_indices(loader)
     except _UnreproducibleError as err:
         raise EvaluationError(f"{_loader_label(loader, task, task_name)}: {err}") from None
-    if world_size <= 1 and not distributed:
+    shuffled = in_order and type(getattr(loader, "sampler", None)) is not SequentialSampler
+    if world_size <= 1 and not distributed and not (shuffled and indices is not None):
         return loader, True
     if indices is None:
         return loader, False

@@ -140,12 +140,15 @@ class TaskLoaders:
     def __len__(self) -> int:
         return len(self.loaders)
 
-    def shard(self, rank: int, world_size: int) -> frozenset[int]:
+    def shard(self, rank: int, world_size: int, *, in_order: bool = False) -> frozenset[int]:
         """This rank's unpadded shards of every loader and subset (and, with several ranks, the
         spare loaders); returns the tasks whose loader cannot be sharded (only rank 0 counts
-        them)."""
+        them). ``in_order`` (per-item records): shuffling loaders read in index order in one
+        process too."""
         sharded = [
-            shard_dataloader(loader, rank, world_size, task=j, task_name=self.task_names[j])
+            shard_dataloader(
+                loader, rank, world_size, task=j, task_name=self.task_names[j], in_order=in_order
+            )
             for j, loader in enumerate(self.loaders)
         ]
         self.rank_loaders = [loader for loader, _ in sharded]
