@@ -528,3 +528,8 @@ def test_item_records_with_a_stage_subset_and_old_tasks_every_two_stages(tmp_pat
     assert (intervals.low[evaluated] <= scores[evaluated]).all()
     assert (scores[evaluated] <= intervals.high[evaluated]).all()
     assert results.primary.metrics["acc"] == results.primary.metrics["acc"]  # final row present
+    # the metrics' paired bootstrap is in the results of the finished run (the per-stage results
+    # of a run in progress leave it out: cb.record.continual_results(light=True))
+    assert intervals.metrics
+    light = cb.record.continual_results(light=True).intervals
+    assert light is not None and not light.matrices["acc"].metrics
