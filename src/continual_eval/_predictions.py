@@ -1,15 +1,16 @@
 """Per-cell predictions (``ContinualEvalCallback(predictions=N)``): the items each generation
-scorer kept at the baseline and at every stage end, gathered from every rank by dataset index,
+scorer kept at the baseline and at every stage end, gathered from every rank by test-set position,
 bounded, written by rank 0 as JSON lines and named in the ``predictions`` section of
 ``results.json`` (the file format: `continual_eval.results.predictions`).
 
 Gathering (every rank, two sum-reductions per evaluation, whatever its items, also none): each
 rank's items are encoded as JSON bytes; one reduction spreads every rank's byte count, a second
-the bytes, each rank's at its own offset of a zero buffer. An item's index is its dataset index
-(the rank loader's `item_order`, our unpadded shards: ``indices[rank::world]``), or the batch's
-``"index"`` entry; each rank keeps its first ``N`` items of a cell, and of their union the ``N``
-lowest indices are kept, which are the first ``N`` of one process (the strided shards hold every
-index below ``N * world`` among their first ``N``).
+the bytes, each rank's at its own offset of a zero buffer. An item's index is its position in
+the test set (the ``k``-th sample the loader's sampler reads, in index order: rank ``r`` of ``W``
+reads positions ``r, r + W, ...`` of its unpadded shard; an unshardable loader is read whole by
+rank 0), or the batch's ``"index"`` entry; each rank keeps its first ``N`` items of a cell, and
+of their union the ``N`` lowest indices are kept, which are the first ``N`` of one process (the
+strided shards hold every position below ``N * W`` among their first ``N``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ __all__ = [
 
 class PredictionItem(NamedTuple):
     """One kept item: its loader (task ``j`` or held-out set ``T + h``), the scorer's position
-    among the generation scorers, its dataset index, the texts and the score."""
+    among the generation scorers, the item's position in the test set, the texts and the
+    score."""
 
     loader: int
     scorer: int
@@ -97,18 +99,21 @@ def keep_items(scorers: Mapping[str, GenerationScorer], bound: int) -> None:
 def _local_items(
     scorers: Sequence[GenerationScorer],
     loader_ids: Sequence[int],
-    orders: Sequence[Sequence[int] | None],
+    unsharded: frozenset[int],
+    rank: int,
+    world_size: int,
     bound: int,
 ) -> list[list[Any]]:
-    """This rank's first ``bound`` items of each cell and scorer, with their dataset indices."""
+    """This rank's first ``bound`` items of each cell and scorer, with their test-set positions
+    (local item ``k`` of a sharded loader is position ``rank + k * world_size``)."""
     items: list[list[Any]] = []
     for k, scorer in enumerate(scorers):
         for j in loader_ids:
-            order = orders[j] if j < len(orders) else None
+            strided = world_size > 1 and j not in unsharded
             for record in scorer.records_by_task.get(j, [])[:bound]:
                 index = record.index
-                if not record.batch_index and order is not None:
-                    index = int(order[index])
+                if not record.batch_index and strided:
+                    index = rank + index * world_size
                 score = record.score if math.isfinite(record.score) else None
                 items.append([j, k, index, record.prediction, record.reference, score])
     return items
@@ -153,9 +158,9 @@ def gather_predictions(
     device: torch.device,
 ) -> tuple[PredictionItem, ...]:
     """The items the scorers kept of ``loader_ids`` at the evaluation just run, from every rank:
-    ordered by loader, scorer and dataset index, at most ``bound`` per loader and scorer (the
-    lowest indices). The same on every rank."""
-    local = _local_items(scorers, loader_ids, task_loaders.item_orders, bound)
+    ordered by loader, scorer and test-set position, at most ``bound`` per loader and scorer (the
+    lowest positions). The same on every rank."""
+    local = _local_items(scorers, loader_ids, task_loaders.unsharded, rank, world_size, bound)
     chunks = _all_bytes(json.dumps(local).encode("utf-8"), all_reduce, rank, world_size, device)
     gathered = [PredictionItem(*row) for chunk in chunks if chunk for row in json.loads(chunk)]
     gathered.sort(key=lambda p: (p.loader, p.scorer, p.item))

@@ -44,6 +44,7 @@ import msgspec
 
 from continual_eval._class_incremental_recorder import ClassIncrementalRecord
 from continual_eval._held_out_record import HeldOutRecord
+from continual_eval._item_record import ItemRecord
 from continual_eval._predictions import PredictionsRecord
 from continual_eval._stage_budget import StageBudgetRecord
 from continual_eval.record import RecordSection, RunRecord
@@ -84,6 +85,7 @@ _SECTIONS: dict[str, Callable[[Mapping[str, Any], RunRecord], RecordSection]] = 
     PredictionsRecord.key: lambda settings, empty: PredictionsRecord.from_journal(
         settings, empty.task_names
     ),
+    ItemRecord.key: lambda settings, empty: ItemRecord.from_journal(settings, empty.specs),
 }
 
 

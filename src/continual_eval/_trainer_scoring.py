@@ -38,6 +38,8 @@ class TrainerScoring:
     inference_mode: bool
     verbose: bool = True
     predictions: int | None = None
+    #: the scorers (positions) whose per-item values the baseline and stage-end evaluations keep
+    item_scorers: tuple[int, ...] = ()
 
     def score(
         self,
@@ -71,6 +73,7 @@ class TrainerScoring:
                 stage=stage,
                 progress=progress,
                 verbose=self.verbose,
+                item_scorers=self.item_scorers if stage_end or stage == -1 else (),
             )
         scored = Scored.from_evaluation(list(self.scorers), evaluation, T, H)
         if not predictions or self.predictions is None:

@@ -143,7 +143,7 @@ class ContinualEvalCallback(Callback):
             stage, as task id ``T + h``, into the ``held_out`` section; never part of ``R``.
         predictions: ``N``: write every generation scorer's
             (`continual_eval.evaluation.generation.GenerationScorer`)
-            predictions of the first ``N`` items (by dataset index) of every task and held-out
+            predictions of the first ``N`` items (by test-set position) of every task and held-out
             set, at the baseline and after every stage, to ``predictions/baseline.jsonl`` and
             ``predictions/stage_{i}.jsonl`` in the results directory (JSON lines: the cell, the
             scorer, ``item``, ``prediction``, ``reference``, ``score``; the format:
@@ -168,6 +168,15 @@ class ContinualEvalCallback(Callback):
             of that task, AIA, the curves at that stage); ACC, BWT, FWT, learning accuracy and
             intransigence read only the diagonal, the superdiagonal and the final row. ``None``
             (default): every stage.
+        item_records: keep every test item's value at the baseline and after every stage (1 bit
+            per 0/1 item, 64 bits per other item and evaluation), gathered across ranks by the
+            item's position in its test set, for the matrices whose score is a mean over items
+            (accuracy, top-k, losses, generation scores; the others are skipped, named in the
+            ``items`` section):
+            ``True``, a list of matrix names, or a mapping ``{"scorers", "max_bytes" (default
+            256 MiB: refused at the baseline past it), "confidence" (0.95), "resamples"
+            (10,000), "seed" (0)}``. Adds the ``intervals`` (Wilson / t per cell, paired
+            bootstrap of the metrics) and ``items`` (item transitions) sections.
     """
 
     def __init__(
@@ -199,6 +208,7 @@ class ContinualEvalCallback(Callback):
         stage_eval_subset: int | None = None,
         stage_eval_seed: int = 0,
         eval_old_tasks_every: int | None = None,
+        item_records: bool | Sequence[str] | Mapping[str, Any] = False,
     ) -> None:
         args.check_choice("evaluate", evaluate, ("all", "needed"))
         args.check_choice("forgetting", forgetting, FORGETTING_CONVENTIONS)
@@ -232,6 +242,15 @@ class ContinualEvalCallback(Callback):
         if self.predictions is not None:
             keep_items(generation_scorers(self.scorers), self.predictions)
         self.primary = next(iter(self.scorers))
+        #: ``item_records=`` resolved (``None``: off)
+        self.item_settings = args.check_item_records(item_records, self.scorers)
+        if self.item_settings is not None:
+            recorded, skipped = args.item_matrices(self.scorers, self.item_settings)
+            if not recorded:
+                raise ValueError(
+                    "item_records: no matrix of this run is a mean over items the callback can "
+                    "record: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
+                )
         self.scorer: Scorer = self.scorers[self.primary]
         #: the ``reference=`` argument resolved (checked against the primary scorer)
         self.reference = resolve_reference(reference, self.scorer)
@@ -355,6 +374,7 @@ class ContinualEvalCallback(Callback):
         held_out, steps = list(self.held_out_dataloaders), self.step_evaluation
         settings["predictions"] = self.predictions
         settings["budget"] = self.stage_budget
+        settings["items"] = self.item_settings
         return args.run_record(self.scorers, task_names, steps=steps, held_out=held_out, **settings)
 
     def _set_loaders(self, loaders: list[Any]) -> None:
@@ -380,9 +400,9 @@ class ContinualEvalCallback(Callback):
         if self._loaders is None:
             self._set_loaders(module_test_loaders(trainer, pl_module))
         assert self._task_loaders is not None
-        ordered = self.predictions is not None  # items known by dataset index
+        in_order = self.item_settings is not None or self.predictions is not None
         unsharded = self._task_loaders.shard(
-            trainer.global_rank, trainer.world_size, ordered=ordered
+            trainer.global_rank, trainer.world_size, in_order=in_order
         )
         if unsharded:
             self._warn(trainer, "unsharded", unsharded_loaders(unsharded))
@@ -486,8 +506,22 @@ class ContinualEvalCallback(Callback):
     @property
     def _scoring(self) -> TrainerScoring:
         assert self._task_loaders is not None
-        loaders, predictions = self._task_loaders, self.predictions
-        return TrainerScoring(self.scorers, loaders, self.inference_mode, self.verbose, predictions)
+        return TrainerScoring(
+            self.scorers,
+            self._task_loaders,
+            self.inference_mode,
+            self.verbose,
+            self.predictions,
+            item_scorers=self._item_scorers(),
+        )
+
+    def _item_scorers(self) -> tuple[int, ...]:
+        """The positions of the scorers whose items the record keeps."""
+        section = None if self._record is None else self._record.sections.get("items")
+        if section is None:
+            return ()
+        recorded = section.binary  # type: ignore[attr-defined]
+        return tuple(k for k, name in enumerate(self.scorers) if name in recorded)
 
     def _current_step(self, trainer: Trainer) -> int:
         return self._fit_steps_before + trainer.global_step - self._fit_step_base
@@ -520,6 +554,9 @@ class ContinualEvalCallback(Callback):
         )
         as_callback_error(record.record_baseline, scored)
         write_pending(record, self._directory.path if trainer.is_global_zero else None)
+        items = record.sections.get("items")
+        if items is not None and self.verbose and trainer.is_global_zero:
+            rank_zero_info(items.summary_line())  # type: ignore[attr-defined]
         if trainer.is_global_zero:
             log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
 
@@ -565,7 +602,9 @@ class ContinualEvalCallback(Callback):
         the results."""
         record = self._record
         assert record is not None
-        results = self.continual_results()
+        # a run in progress: its sections' cheap part (no bootstrap of the item intervals)
+        final = stage is None or record.num_stages == record.num_tasks
+        results = record.continual_results(light=not final)
         rebuilt = self._directory.write(record, results, stage=stage)
         if trainer is not None and (rebuilt or stage is None):
             self._publish_to_owner(trainer)

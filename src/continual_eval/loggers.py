@@ -77,6 +77,7 @@ from continual_eval.functional.family import METRIC_KEYS
 from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
 from continual_eval.results.files import scores_csv_name, write_scores_csv
+from continual_eval.results.intervals import MatrixIntervals, Transitions
 
 __all__ = [
     "CURVES_PNG",
@@ -218,15 +219,24 @@ def stage_scalars(
     results = _as_results(results)
     scalars: dict[str, float] = {}
     names = results.task_names
+    intervals = results.intervals
     for name, matrix in results.matrices.items():
         primary = name == results.primary_name
         base = _metric_base(results, name, prefix)
-        scalars |= {f"{base}{m}": v for m, v in matrix.metrics_at(stage).items() if _finite(v)}
+        logged = {m: v for m, v in matrix.metrics_at(stage).items() if _finite(v)}
+        scalars |= {f"{base}{m}": v for m, v in logged.items()}
         tasks = f"{prefix}{matrix.score}/" if primary else f"{prefix}{name}/"
         if stage < matrix.num_stages:
             for task, value in zip(names, matrix.scores[stage].tolist(), strict=True):
                 if _finite(value):
                     scalars[f"{tasks}{task}"] = value
+        # the intervals of the stages recorded (item_records): beside the last stage's scalars
+        held = None if intervals is None else intervals.matrices.get(name)
+        if held is not None and stage == matrix.num_stages - 1:
+            scalars |= _interval_scalars(held, logged, base, tasks, names, stage)
+        moves = None if results.items is None else results.items.transitions.get(name)
+        if moves is not None and stage < moves.right_to_wrong.shape[0]:
+            scalars |= _transition_scalars(moves, base, names, stage)
         stability = matrix.stability
         if stability is None:
             continue
@@ -482,6 +492,43 @@ def _tags(results: ContinualResults, prefix: str, kind: str) -> dict[str, str]:
         else f"{prefix}{name}_{kind}"
         for name, matrix in results.matrices.items()
     }
+
+
+def _interval_scalars(
+    held: MatrixIntervals,
+    logged: Mapping[str, float],
+    base: str,
+    tasks: str,
+    names: Sequence[str],
+    stage: int,
+) -> dict[str, float]:
+    """``{key}/lo`` and ``{key}/hi`` of every logged metric and score of row ``stage`` that has
+    an interval (the paired bootstrap's, the cell's)."""
+    out: dict[str, float] = {}
+    for metric in logged:
+        if metric in held.metrics:
+            _, low, high = held.metrics[metric]
+            out |= {f"{base}{metric}/lo": low, f"{base}{metric}/hi": high}
+    rows = zip(names, held.low[stage].tolist(), held.high[stage].tolist(), strict=True)
+    for task, low, high in rows:
+        out |= {f"{tasks}{task}/lo": low, f"{tasks}{task}/hi": high}
+    return {key: value for key, value in out.items() if _finite(value)}
+
+
+def _transition_scalars(
+    moves: Transitions, base: str, names: Sequence[str], stage: int
+) -> dict[str, float]:
+    """Row ``stage`` of the item transitions: ``{base}items/right_to_wrong`` and
+    ``.../wrong_to_right`` (the tasks trained so far, against the previous evaluation) and
+    ``{base}items/forgotten_once/{task}`` (the fraction of its items forgotten at least once)."""
+    out = {
+        f"{base}items/right_to_wrong": float(moves.right_to_wrong[stage].nan_to_num(0.0).sum()),
+        f"{base}items/wrong_to_right": float(moves.wrong_to_right[stage].nan_to_num(0.0).sum()),
+    }
+    fraction = moves.forgotten_once_fraction[stage].tolist()
+    for task, value in zip(names, fraction, strict=True):
+        out[f"{base}items/forgotten_once/{task}"] = value
+    return {key: value for key, value in out.items() if _finite(value)}
 
 
 def log_stage(

@@ -95,12 +95,15 @@ class Scored:
         held_out: matrix name -> the held-out sets' row ``[H]`` (empty without held-out sets).
         predictions: the generation scorers' kept items, gathered from every rank
             (`continual_eval._predictions.PredictionItem`; ``None`` when not kept).
+        items: matrix name -> task id -> its per-item values ``[n_j]`` in test-set order (the
+            matrices with per-item records; empty without).
     """
 
     rows: Mapping[str, Tensor]
     details: Mapping[str, Any] = field(default_factory=dict)
     task_ids: tuple[int, ...] = ()
     held_out: Mapping[str, Tensor] = field(default_factory=dict)
+    items: Mapping[str, Mapping[int, Tensor]] = field(default_factory=dict)
     predictions: tuple[Any, ...] | None = None
 
     @classmethod
@@ -127,7 +130,12 @@ class Scored:
             if value is not None
         }
         task_ids = tuple(int(j) for j in ids[tasks])
-        return cls(rows, details, task_ids, held_out)
+        items = {
+            name: {j: v for j, v in zip(evaluation.task_ids, values, strict=True) if j < num_tasks}
+            for name, values in zip(names, evaluation.items_by_scorer, strict=False)
+            if values is not None
+        }
+        return cls(rows, details, task_ids, held_out, items)
 
 
 class RecordSection(Protocol):
@@ -377,10 +385,11 @@ class RunRecord:
             subset=self.step_subset,
         )
 
-    def continual_results(self) -> ContinualResults:
+    def continual_results(self, *, light: bool = False) -> ContinualResults:
         """The typed results of the stages so far: per matrix its rows, baseline, metric family,
         per-task values and (with step curves) stability and plasticity; the costs; the
-        reference metrics; then each section's part."""
+        reference metrics; then each section's part (``light``: the cheaper part of a section
+        that has one, ``light_add_to``, for the results of a run in progress)."""
         steps = self.step_evaluations()
         results = ContinualResults.from_tensors(
             {
@@ -406,7 +415,8 @@ class RunRecord:
             coverage=self.coverage,
         )
         for section in self.sections.values():
-            results = section.add_to(results)
+            light_add_to = getattr(section, "light_add_to", None) if light else None
+            results = section.add_to(results) if light_add_to is None else light_add_to(results)
         return results
 
     # ------------------------------------------------------------------ state

@@ -72,6 +72,7 @@ from continual_eval._class_incremental_report import (
 )
 from continual_eval._csv import csv_text
 from continual_eval._held_out_report import held_out_run_lines
+from continual_eval._items_report import items_run_lines
 from continual_eval._latex_table import SPREADS, LatexColumn, latex_table
 from continual_eval._markdown import escape_markdown
 from continual_eval._online_report import online_run_lines, online_summary_lines
@@ -626,12 +627,15 @@ def _plot_run(run: Run, out_dir: Path) -> list[RunPictures]:
         fig.savefig(matrix_path, dpi=120)
         plt.close(fig)
         traj_path = out_dir / f"{run.label}_trajectories{suffix}.png"
+        held = None if run.results.intervals is None else run.results.intervals.matrices.get(key)
         fig, _ = plot_task_trajectories(
             matrix.scores,
             task_names=names,
-            title=f"Per-task {score} ({shown}): {title}",
+            title=f"Per-task {score} ({shown}): {title}"
+            + ("" if held is None else f" ({held.cell_method} intervals)"),
             ylabel=score,
             value_range=value_range,
+            intervals=None if held is None else (held.low, held.high),
         )
         fig.savefig(traj_path, dpi=120)
         plt.close(fig)
@@ -962,6 +966,7 @@ def _run_lines(run: Run, out: Path) -> list[str]:
         ]
     lines += held_out_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
     lines += forgotten_lines(run.results, run.path)
+    lines += items_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
     lines += class_incremental_run_lines(run, out, _plain_for_plot)
     return lines + online_run_lines(run, out, _plain_title, _run_title(run))
 

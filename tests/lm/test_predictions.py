@@ -81,7 +81,7 @@ class Snapshots(pl.Callback):
 
 def run_fit(out: Path, extra_callbacks=()) -> tuple[ContinualEvalCallback, Snapshots]:
     data = stream()
-    # the held-out set's loader shuffles: its items are still written by dataset index
+    # the held-out loader shuffles: its items are still written by position (= dataset index)
     general = DataLoader(general_set(), batch_size=4, shuffle=True, collate_fn=_test_collate)
     callback = ContinualEvalCallback(
         data.test_dataloader(),
@@ -158,7 +158,7 @@ def test_prediction_files_equal_a_plain_greedy_loop_at_the_baseline_and_every_st
         assert got == want, name
 
 
-def test_each_cell_keeps_the_first_n_items_of_its_set_by_dataset_index(run):
+def test_each_cell_keeps_the_first_n_items_of_its_set_by_position(run):
     _, _, out = run
     lines = read_lines(out / "predictions" / "stage_1.jsonl")
     for cell in ({"task": 0}, {"task": 1}, {"held_out": "general"}):

@@ -183,7 +183,7 @@ def shard_dataloader(
     *,
     task: int | None = None,
     task_name: str | None = None,
-    ordered: bool = False,
+    in_order: bool = False,
 ) -> tuple[Any, bool]:
     """Return ``(loader for this rank, sharded)``.
 
@@ -202,8 +202,8 @@ def shard_dataloader(
     batch samplers, non-DataLoader iterables) come back unchanged with ``sharded=False``: the
     caller then counts them on rank 0 only. With ``world_size <= 1`` every loader except one over a
     ``DistributedSampler`` comes back unchanged, after the same check as on several ranks;
-    with ``ordered`` also a shuffling one (random or subset-random sampler) is re-built, to read
-    its samples in index order (`item_order` then knows each item's dataset index).
+    with ``in_order`` (per-item records: item ``k`` is the ``k``-th sample read) a shuffling
+    loader is re-built to read its samples in index order in one process too.
 
     Raises:
         EvaluationError: the samples are not the same on every pass, so they can be reproduced
@@ -218,29 +218,14 @@ def shard_dataloader(
         indices = _sampled_indices(loader)
     except _UnreproducibleError as err:
         raise EvaluationError(f"{_loader_label(loader, task, task_name)}: {err}") from None
-    shuffles = type(getattr(loader, "sampler", None)) in (RandomSampler, SubsetRandomSampler)
-    if world_size <= 1 and not distributed and not (ordered and shuffles and indices is not None):
+    shuffled = in_order and type(getattr(loader, "sampler", None)) is not SequentialSampler
+    if world_size <= 1 and not distributed and not (shuffled and indices is not None):
         return loader, True
     if indices is None:
         return loader, False
     shard = _ShardSampler(indices, rank, max(world_size, 1))
     rebuilt = _rebuild_loader(loader, loader.dataset, sampler=shard, generator=loader.generator)
     return rebuilt, True
-
-
-def item_order(loader: Any) -> Sequence[int] | None:
-    """The dataset index of each sample ``loader`` yields, in the order it yields them, when it
-    is known (a sequential sampler, one of our shards), else ``None`` (a shuffling, custom or
-    iterable loader: its order is its own)."""
-    sampler = getattr(loader, "sampler", None)
-    if type(sampler) is _ShardSampler:
-        return sampler.indices
-    if type(sampler) is SequentialSampler:
-        try:
-            return _sampled_indices(loader)
-        except _UnreproducibleError:  # pragma: no cover - a sequential sampler never raises
-            return None
-    return None
 
 
 def spare_dataloader(loader: Any) -> DataLoader[Any] | None:

@@ -11,7 +11,6 @@ import torch
 
 from continual_eval.evaluation.cache import BatchCache, cache_safety
 from continual_eval.evaluation.loaders import (
-    item_order,
     shard_dataloader,
     spare_dataloader,
     stage_subset_dataloader,
@@ -104,9 +103,6 @@ class TaskLoaders:
         #: per task, a loader of one sample of its test set (``None``: none can be built), what a
         #: rank without a batch of the task runs the model on in a lockstep evaluation
         self.spare_loaders: list[Any] = [None] * len(self.loaders)
-        #: per loader, the dataset index of each item this rank's loader yields, in order
-        #: (``None``: unknown, the items are counted in the order read; see `shard`)
-        self.item_orders: list[Sequence[int] | None] = [None] * len(self.loaders)
         self._cache_reported = False
 
     @classmethod
@@ -144,19 +140,18 @@ class TaskLoaders:
     def __len__(self) -> int:
         return len(self.loaders)
 
-    def shard(self, rank: int, world_size: int, *, ordered: bool = False) -> frozenset[int]:
+    def shard(self, rank: int, world_size: int, *, in_order: bool = False) -> frozenset[int]:
         """This rank's unpadded shards of every loader and subset (and, with several ranks, the
         spare loaders); returns the tasks whose loader cannot be sharded (only rank 0 counts
-        them). ``ordered``: a shuffling loader is read in index order in one process too, and
-        `item_orders` holds each rank loader's dataset indices (per-item records)."""
+        them). ``in_order`` (per-item records): shuffling loaders read in index order in one
+        process too."""
         sharded = [
             shard_dataloader(
-                loader, rank, world_size, task=j, task_name=self.task_names[j], ordered=ordered
+                loader, rank, world_size, task=j, task_name=self.task_names[j], in_order=in_order
             )
             for j, loader in enumerate(self.loaders)
         ]
         self.rank_loaders = [loader for loader, _ in sharded]
-        self.item_orders = [item_order(loader) for loader in self.rank_loaders]
         self.unsharded = frozenset(j for j, (_, ok) in enumerate(sharded) if not ok)
         self.rank_subsets = [
             shard_dataloader(loader, rank, world_size)[0] for loader in self.subsets or []

@@ -57,6 +57,7 @@ from continual_eval.functional.stability import min_accuracy, stability_gap, wor
 from continual_eval.results._convert import cells, matrix, present, vector
 from continual_eval.results.class_incremental import ClassIncrementalResults
 from continual_eval.results.held_out import HeldOutResults
+from continual_eval.results.intervals import IntervalResults, ItemResults
 from continual_eval.results.online import OnlineResults
 from continual_eval.results.predictions import PredictionFiles
 from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
@@ -854,6 +855,11 @@ class ContinualResults:
     #: the generation scorers' per-cell prediction files
     #: (``ContinualEvalCallback(predictions=N)``: the ``predictions`` section); ``None`` without
     predictions: PredictionFiles | None = None
+    #: confidence intervals from the per-item records (``ContinualEvalCallback(item_records=...)``:
+    #: the ``intervals`` section); ``None`` without them
+    intervals: IntervalResults | None = None
+    #: the per-item records' memory and item transitions (the ``items`` section)
+    items: ItemResults | None = None
     #: the run ended with fewer tasks trained than test loaders (the ``coverage`` section);
     #: ``None`` otherwise (every task trained, or the run may go on)
     coverage: Coverage | None = None
@@ -1076,6 +1082,10 @@ class ContinualResults:
             predictions=None
             if document.predictions is None
             else PredictionFiles.from_section(document.predictions),
+            intervals=None
+            if document.intervals is None
+            else IntervalResults.from_section(document.intervals, T),
+            items=None if document.items is None else ItemResults.from_section(document.items, T),
             coverage=None
             if document.coverage is None
             else Coverage.from_section(document.coverage),
@@ -1176,6 +1186,8 @@ class ContinualResults:
             else self.class_incremental.to_section(),
             held_out=None if self.held_out is None else self.held_out.to_section(),
             predictions=None if self.predictions is None else self.predictions.to_section(),
+            intervals=None if self.intervals is None else self.intervals.to_section(),
+            items=None if self.items is None else self.items.to_section(),
             coverage=None if self.coverage is None else self.coverage.to_section(),
             online=None if self.online is None else self.online.to_section(),
             stage_evaluation=self.stage_evaluation,

@@ -7,9 +7,11 @@ stage ``i``), one file per evaluation, written atomically by rank 0 before the
 
     {"task": 0, "scorer": "em", "item": 3, "prediction": "cba", "reference": "cba", "score": 1.0}
 
-(``"held_out": "<name>"`` instead of ``"task"`` for a held-out set). ``item`` is the item's index
-in its loader's dataset (``loader.dataset[item]``; a batch's ``"index"`` entry when it has one),
-the same with any number of processes; an evaluation whose file could not be written (a full
+(``"held_out": "<name>"`` instead of ``"task"`` for a held-out set). ``item`` is the item's
+position in its test set, the same with any number of processes: the ``item``-th sample the
+loader's sampler reads in index order (``loader.dataset[item]`` for a loader over its whole
+dataset; a batch's ``"index"`` entry when it has one); the same positions as the per-item
+records' (``item_records=``); an evaluation whose file could not be written (a full
 disk: the run stops there) has a ``null`` entry; lines are ordered by cell (the tasks, then the
 held-out sets), scorer and item, at most ``max_items`` per cell and scorer (those of the lowest
 indices); ``score`` is ``null`` where it was not finite. The section records each file's line
