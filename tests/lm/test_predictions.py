@@ -549,3 +549,46 @@ def test_the_journal_names_each_stage_file_and_load_replays_them(tmp_path):
         "reference": "r",
         "score": 1.0,
     }
+
+
+def test_predictions_and_item_records_index_the_same_items(tmp_path):
+    """With ``item_records`` on too, the per-item values the item records keep at every
+    evaluation are the scores of the prediction files' lines at the same positions (tasks
+    only: held-out sets have no item records), task 0's test loader shuffling."""
+    data = stream()
+    loaders = data.test_dataloader()
+    loaders[0] = DataLoader(data.test_sets[0], batch_size=4, shuffle=True, collate_fn=_test_collate)
+    callback = ContinualEvalCallback(
+        loaders,
+        task_names=data.task_names,
+        scorers=scorers(),
+        held_out_dataloaders={
+            "general": DataLoader(general_set(), batch_size=4, collate_fn=_test_collate)
+        },
+        predictions=N,
+        item_records=["em", "edit"],
+        dirpath=tmp_path / "run",
+        verbose=False,
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+    )
+    fit_tasks(trainer, model(), [data.task_train_dataloader(j) for j in range(len(TASKS))])
+    items = callback.record.sections["items"]
+    for stage, name in [(None, "baseline.jsonl"), (0, "stage_0.jsonl"), (1, "stage_1.jsonl")]:
+        lines = read_lines(tmp_path / "run" / "predictions" / name)
+        for scorer in ("em", "edit"):
+            values = items.values(scorer, stage)
+            for j in range(len(TASKS)):
+                cell = [x for x in lines if x.get("task") == j and x["scorer"] == scorer]
+                scores = [x["score"] for x in cell]
+                assert scores == values[j][:N].double().tolist(), (stage, j, scorer)
+    assert len({x["score"] for x in lines if x["scorer"] == "edit"}) > 2  # varied scores
