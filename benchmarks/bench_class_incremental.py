@@ -121,7 +121,7 @@ def main() -> None:
                 f"{statistics.median(a / b for a, b in pairs):.3f}"
             )
             buffer = io.BytesIO()
-            torch.save(class_il._class_il.state_dict(), buffer)
+            torch.save(class_il._record.sections["class_incremental"].state_dict(), buffer)
             state_bytes = buffer.getbuffer().nbytes
             sizes = []
             for cb in (plain, class_il):
