@@ -66,10 +66,11 @@ SEEDS = range(6)
 def test_functional_measures_of_sparse_counts_equal_the_dense_ones(seed):
     _, class_task, dense = random_counts(seed)
     sparse = dense.to_sparse()
-    uncoalesced = torch.sparse_coo_tensor(  # every cell split in two entries, shuffled
+    uncoalesced = torch.sparse_coo_tensor(  # every cell split in two entries
         torch.cat([sparse.indices(), sparse.indices()], 1),
         torch.cat([sparse.values() // 2, sparse.values() - sparse.values() // 2]),
         dense.shape,
+        check_invariants=True,
     )
     for confs in (sparse, uncoalesced):
         same(F.per_class_accuracy(confs), F.per_class_accuracy(dense))
@@ -249,20 +250,18 @@ T_BIG, K = 1000, 2
 BIG_CLASSES = [[2 * t, 2 * t + 1] for t in range(T_BIG)]
 
 
-def blocks_of(stage: int, labels: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """The task-agnostic scorer's reduced ``[T, K, C]`` blocks of one stage: each task's test
-    samples (rows ``labels [T, n]``) predicted among the seen classes at random."""
+def blocks_of(stage: int, labels: torch.Tensor, g: torch.Generator, out: torch.Tensor) -> None:
+    """The task-agnostic scorer's reduced ``[T, K, C]`` blocks of one stage, written into ``out``:
+    each task's test samples (rows ``labels [T, n]``) predicted among the seen classes at
+    random."""
     T, n = labels.shape
-    C = 2 * T
-    blocks = torch.zeros(T, K, C, dtype=torch.int64)
     pred = torch.randint(0, 2 * min(stage + 1, T), (T, n), generator=g)
     task = torch.arange(T)[:, None].expand(T, n)
-    blocks.index_put_(
+    out.zero_().index_put_(
         (task.reshape(-1), labels.reshape(-1), pred.reshape(-1)),
         torch.ones(T * n, dtype=torch.int64),
         accumulate=True,
     )
-    return blocks
 
 
 def new_record(task_classes=BIG_CLASSES) -> ClassIncrementalRecord:
@@ -270,6 +269,7 @@ def new_record(task_classes=BIG_CLASSES) -> ClassIncrementalRecord:
     return ClassIncrementalRecord(scorer, [f"t{j}" for j in range(len(task_classes))])
 
 
+@pytest.mark.slow
 def test_a_thousand_tasks_of_two_classes_recorded_sparsely_and_round_tripped():
     """T = 1000 tasks x 2 classes (C = 2000; dense per-stage matrices would take 32 GB): the
     record keeps each stage's nonzero cells (at most one per seen test sample), its state goes
@@ -279,13 +279,14 @@ def test_a_thousand_tasks_of_two_classes_recorded_sparsely_and_round_tripped():
     labels = torch.randint(0, K, (T_BIG, 2), generator=g)  # 2 test samples per task
     record = new_record()
     kept = {}
+    blocks = torch.zeros(T_BIG, K, 2 * T_BIG, dtype=torch.int64)
     for stage in range(T_BIG):
-        blocks = blocks_of(stage, labels, g)
+        blocks_of(stage, labels, g, blocks)
         scored = Scored({}, {"acc_task_agnostic": blocks}, tuple(range(T_BIG)))
         record.check_stage(stage, scored)
         record.record_stage(stage, scored)
         if stage in (0, 1, 499, 999):
-            kept[stage] = blocks
+            kept[stage] = blocks.clone()
     assert record.stored_cells <= 2 * sum(range(1, T_BIG + 1))  # <= one per seen test sample
     for stage, blocks in kept.items():  # a plain loop over the seen tasks' nonzero entries
         cells: dict[tuple[int, int], int] = {}

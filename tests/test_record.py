@@ -170,7 +170,7 @@ def test_class_incremental_confusion_of_the_seen_tasks_from_the_details():
         # one stage's counts on their own: the nonzero cells, row-major
         cells = [[t, p, int(expected[t, p])] for t in range(6) for p in range(6) if expected[t, p]]
         assert section.stage_counts(stage).tolist() == cells, stage
-        assert section.stage_text(stage) == " ".join("%d:%d:%d" % tuple(c) for c in cells)
+        assert section.stage_text(stage) == " ".join(f"{t}:{p}:{n}" for t, p, n in cells)
     assert section.stored_cells == sum(len(section.stage_counts(i)) for i in range(T))
     results = record.continual_results()
     assert results.class_incremental is not None

@@ -681,6 +681,45 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_thousand_tasks_of_two_classes_run_with_bounded_memory(tmp_path):
+    """T = 1000 tasks x 2 classes (C = 2000) is accepted (the old stages x C**2 cap refused
+    anything above about 203 such tasks) and a real Trainer run records its stages with the
+    counts stored sparsely: peak RSS of the whole process (torch, Lightning, the 1000 test
+    loaders) under 1.5 GiB (dense per-stage [C, C] int64 matrices alone would take 32 MB per
+    stage, 32 GB for the 1000 stages); every stage's cells equal a plain count of the
+    task-agnostic matrix's correct samples and of the test labels; results.json and the
+    checkpoint state (weights_only) give the same section."""
+    proc = run_script(HERE / "class_incremental_scale_script.py", tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["num_stages"] == 3 and out["num_classes"] == 2000
+    assert out["peak_rss_mib"] < 1536, out["peak_rss_mib"]
+    labels = out["labels"]
+    samples = [0] * 2000  # the classes seen (tasks 0 .. 2); the others were never counted
+    for ys in labels[:3]:
+        for y in ys:
+            samples[y] += 1
+    assert out["test_samples"] == samples
+    for stage, cells in enumerate(out["cells"]):
+        # row sums: the seen tasks' test labels; diagonal: the task-agnostic correct counts
+        rows, correct = {}, {}
+        for t, p, n in cells:
+            assert n >= 1 and t // 2 <= stage
+            rows[t] = rows.get(t, 0) + n
+            correct[t // 2] = correct.get(t // 2, 0) + (n if t == p else 0)
+        expected = {}
+        for j in range(stage + 1):
+            for y in labels[j]:
+                expected[y] = expected.get(y, 0) + 1
+        assert rows == expected, stage
+        for j in range(stage + 1):
+            assert correct.get(j, 0) / len(labels[j]) == out["agnostic"][stage][j], (stage, j)
+        assert cells == sorted(cells)  # row-major
+    assert out["stored_cells"] == sum(len(c) for c in out["cells"]) <= 2 * (1 + 2 + 3)
+    assert out["file_equal"] and out["checkpoint_equal"]
+
+
+@pytest.mark.slow
 def test_ddp_two_processes_exact(tmp_path):
     from class_incremental_ddp_script import TASK_CLASSES as GAUSS_CLASSES
     from class_incremental_ddp_script import TEST_SIZES, make_net, make_problem

@@ -936,6 +936,8 @@ def confusion_in_arrival_order(
         confs = confs.coalesce()
         indices = confs.indices().clone()
         indices[-2:] = rank[indices[-2:]]
-        moved = torch.sparse_coo_tensor(indices, confs.values(), confs.shape)
+        moved = torch.sparse_coo_tensor(
+            indices, confs.values(), confs.shape, check_invariants=False
+        )
         return moved.coalesce(), task_classes.boundaries
     return confs.index_select(-2, order).index_select(-1, order), task_classes.boundaries
