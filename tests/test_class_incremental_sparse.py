@@ -370,3 +370,17 @@ def test_an_older_dense_state_loads_and_a_bad_one_is_refused():
     with pytest.raises(ValueError, match=r"the cell \[0, 1\] is given twice"):
         record.load_state_dict({"task_classes": [[0, 1], [2]], "cells": {0: twice}})
     assert record.stage_counts(0).tolist() == [[0, 0, 2], [0, 1, 1], [1, 1, 3]]  # unchanged
+
+
+def test_a_sparse_stage_is_plotted_as_its_dense_matrix():
+    import matplotlib.pyplot as plt
+
+    from continual_eval import plot_confusion_matrix
+
+    counts = torch.tensor([[5, 2, 0, 1], [0, 4, 0, 0], [0, 0, 0, 0], [1, 0, 2, 2]])
+    images = []
+    for matrix in (counts, counts.to_sparse()):
+        fig, ax = plot_confusion_matrix(matrix, [[2, 0], [1, 3]])
+        images.append(ax.images[0].get_array().filled(-1).tolist())
+        plt.close(fig)
+    assert images[0] == images[1]
