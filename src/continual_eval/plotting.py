@@ -323,7 +323,8 @@ def plot_confusion_matrix(
     annotate: bool | None = None,
 ) -> tuple[Any, Any]:
     """Heatmap of a ``[C, C]`` confusion matrix (dense or sparse COO; rows: true class, columns:
-    predicted class, in class-id order), with the classes in order of arrival and each task's block outlined.
+    predicted class, in class-id order), with the classes in order of arrival and each task's
+    block outlined.
 
     ``task_classes`` (one list of class ids per task) gives the order: task 0's classes as
     listed, then task 1's, ..., then the classes of no task; lines separate the tasks, whose
