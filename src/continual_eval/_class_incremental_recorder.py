@@ -183,9 +183,13 @@ class ClassIncrementalRecord:
         true = self._row_class[task, row]
         keep = (task <= stage) & (true >= 0)
         true, pred, count = true[keep], pred[keep], count[keep]
-        # a class is in one task: (true, pred) is distinct across the blocks; sort row-major
-        order = torch.argsort(true * self.num_classes + pred)
-        return torch.stack([true[order], pred[order], count[order]], 1)
+        # a class is in one task: (true, pred) is distinct across the blocks; row-major order
+        # (already so when the tasks' class ids increase in the order they are listed)
+        key = true * self.num_classes + pred
+        if not bool((key[1:] > key[:-1]).all()):
+            order = torch.argsort(key)
+            true, pred, count = true[order], pred[order], count[order]
+        return torch.stack([true, pred, count], 1)
 
     def record_stage(self, stage: int, scored: Scored) -> list[str]:
         """Record the stage's confusion counts (the cells `check_stage` made for the same
