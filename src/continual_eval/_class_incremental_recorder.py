@@ -108,8 +108,8 @@ class ClassIncrementalRecord:
     ``[nnz, 3]`` int64 ``(true, predicted, count)`` cells (row-major, counts >= 1; 24 bytes per
     cell, at most one cell per test sample of the seen tasks), `stage_text` their
     ``results.json`` string. Recording a stage costs ``O(T * K * C)`` (one scan of the scorer's
-    reduced blocks, ``K`` the most classes of a task) plus ``O(nnz log nnz)`` for its cells,
-    whatever the stage index; nothing of earlier stages is touched. The stored cells of all
+    reduced blocks, ``K`` the most classes of a task) plus ``O(nnz)`` for its cells (a sort
+    when the task classes are not listed in increasing id order), whatever the stage index; nothing of earlier stages is touched. The stored cells of all
     stages together are capped at `MAX_CONFUSION_CELLS`: a stage that
     would pass it is refused (`check_stage`) before anything of it is recorded.
 
