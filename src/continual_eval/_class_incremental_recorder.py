@@ -109,9 +109,10 @@ class ClassIncrementalRecord:
     cell, at most one cell per test sample of the seen tasks), `stage_text` their
     ``results.json`` string. Recording a stage costs ``O(T * K * C)`` (one scan of the scorer's
     reduced blocks, ``K`` the most classes of a task) plus ``O(nnz)`` for its cells (a sort
-    when the task classes are not listed in increasing id order), whatever the stage index; nothing of earlier stages is touched. The stored cells of all
-    stages together are capped at `MAX_CONFUSION_CELLS`: a stage that
-    would pass it is refused (`check_stage`) before anything of it is recorded.
+    when the task classes are not listed in increasing id order), whatever the stage index;
+    nothing of earlier stages is touched. The stored cells of all stages together are capped at
+    `MAX_CONFUSION_CELLS`: a stage that would pass it is refused (`check_stage`) before anything
+    of it is recorded.
 
     Args:
         scorer: the run's task-agnostic scorer (its task classes and class count).
