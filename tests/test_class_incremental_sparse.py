@@ -237,6 +237,12 @@ def test_stored_cells_are_capped_when_read(monkeypatch):
     assert f"at most {first} nonzero confusion cells" in str(err.value)
     monkeypatch.setattr(schema, "MAX_CONFUSION_CELLS", nnz)
     check_section(document, 4)
+    C = document.num_classes  # the per-class tables: stages x classes
+    monkeypatch.setattr(schema, "MAX_CLASS_TABLE_CELLS", 4 * C - 1)
+    with pytest.raises(InvalidResultsError, match="expected stages \\* num_classes <= "):
+        check_section(document, 4)
+    monkeypatch.setattr(schema, "MAX_CLASS_TABLE_CELLS", 4 * C)
+    check_section(document, 4)
 
 
 def check_section(section: ClassIncrementalSection, s: int) -> None:
