@@ -390,3 +390,45 @@ def test_a_sparse_stage_is_plotted_as_its_dense_matrix():
         images.append(ax.images[0].get_array().filled(-1).tolist())
         plt.close(fig)
     assert images[0] == images[1]
+
+
+def test_the_journal_part_replays_to_the_same_record():
+    """A stage's journal line holds its cells (through JSON); replaying them gives the record the
+    same counts and section; a bad cell is refused naming the stage and the cell."""
+    import json
+
+    from continual_eval.results import ContinualResults, ScoreMatrix
+
+    record = new_record([[0, 1], [2]])
+    parts = []
+    for stage, counts in enumerate(
+        [
+            [[[2, 1, 0], [0, 3, 0]], [[0, 0, 4], [0, 0, 0]]],
+            [[[1, 1, 1], [0, 3, 0]], [[0, 1, 3], [0, 0, 0]]],
+        ]
+    ):
+        scored = small_scored(stage, counts)
+        record.check_stage(stage, scored)
+        record.record_stage(stage, scored)
+        parts.append(json.loads(json.dumps(record.journal_part(stage))))
+    assert record.journal_part(None) is None
+    again = ClassIncrementalRecord.from_journal(
+        json.loads(json.dumps(record.journal_settings())), ["t0", "t1"]
+    )
+    for stage, part in enumerate(parts):
+        again.replay_part(stage, part)
+    assert again.stored_cells == record.stored_cells == 9
+    for stage in range(2):
+        assert torch.equal(again.stage_counts(stage), record.stage_counts(stage))
+    scores = torch.tensor([[0.5, 0.25], [0.5, 0.75]], dtype=torch.float64)
+    matrix = ScoreMatrix("accuracy", scores, torch.tensor([0.5, 0.5], dtype=torch.float64))
+    base = ContinualResults.from_tensors({"acc": matrix}, task_names=["t0", "t1"])
+    assert (
+        again.add_to(base).class_incremental.to_section()
+        == record.add_to(base).class_incremental.to_section()
+    )
+    with pytest.raises(
+        ValueError, match=r"journal's confusion cells of stage 1: cell 0 = \[3, 0, 1\]"
+    ):
+        again.replay_part(1, [[3, 0, 1]])
+    assert torch.equal(again.stage_counts(1), record.stage_counts(1))  # unchanged

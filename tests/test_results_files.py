@@ -27,6 +27,7 @@ from continual_eval.results.files import (
     SCORES_FILE,
     ResultsWriteError,
     claim_results_dir,
+    read_run_id,
 )
 from script_runner import SRC, run_script
 
@@ -301,4 +302,7 @@ def test_full_disk_during_a_run(tmp_path: Path, monkeypatch) -> None:
         fit_tasks(trainer, model, loaders)
     monkeypatch.undo()
     assert str(tmp_path / "out" / RESULTS_FILE) in str(info.value)
-    assert ContinualResults.load(tmp_path / "out").stages_completed == 1
+    # the stage is durable in the journal, which load replays; results.json stays as it was
+    assert "stages.jsonl holds 2 stage(s)" in str(info.value)
+    assert read_run_id(tmp_path / "out")[2] == 1
+    assert ContinualResults.load(tmp_path / "out").stages_completed == 2

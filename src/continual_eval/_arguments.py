@@ -16,9 +16,19 @@ from continual_eval._class_incremental_recorder import (
     class_incremental_scorers,
 )
 from continual_eval._held_out_record import HeldOutRecord
+from continual_eval._item_record import DEFAULT_MAX_BYTES, ItemRecord, ItemSettings
 from continual_eval._loader_list import as_loader_list
+from continual_eval._stage_budget import StageBudget, StageBudgetRecord
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
-from continual_eval.evaluation.scorers import AccuracyScorer, MetricScorer, Scorer, make_scorer
+from continual_eval.evaluation.scorers import (
+    AccuracyScorer,
+    MetricScorer,
+    Scorer,
+    item_support,
+    make_scorer,
+)
+from continual_eval.evaluation.task_loaders import TaskLoaders
+from continual_eval.functional.intervals import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 from continual_eval.options import StepEvaluation
 from continual_eval.record import MatrixSpec, RecordSection, RunRecord
 from continual_eval.results.schema import MAX_NAME_LENGTH, MAX_TASKS
@@ -29,12 +39,14 @@ __all__ = [
     "check_epochs_per_task",
     "check_flags",
     "check_held_out",
+    "check_item_records",
     "check_lca_beta",
     "check_loader_count",
     "check_metadata",
     "check_same_run",
     "check_task_names",
     "class_incremental_scorers",
+    "item_matrices",
     "resolve_scorers",
     "run_record",
     "step_settings",
@@ -289,12 +301,92 @@ def check_held_out(held_out: object, task_classes: object) -> dict[str, Any]:
     return dict(held_out)
 
 
+_ITEM_KEYS = ("scorers", "max_bytes", "confidence", "resamples", "seed")
+
+
+def check_item_records(value: object, scorers: Mapping[str, Scorer]) -> ItemSettings | None:
+    """``item_records=``: ``False``/``None`` (off), ``True`` (every matrix that is a mean over
+    items), a list of matrix names (each must be one), or a mapping with the keys
+    ``scorers`` (``None`` or names), ``max_bytes``, ``confidence``, ``resamples``, ``seed``."""
+    if value is None or value is False:
+        return None
+    options: dict[str, Any] = {}
+    if value is True:
+        pass
+    elif isinstance(value, Mapping):
+        unknown = [k for k in value if k not in _ITEM_KEYS]
+        if unknown:
+            raise ValueError(
+                f"item_records: unknown key {unknown[0]!r}; known keys: {', '.join(_ITEM_KEYS)}"
+            )
+        options = dict(value)
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        options = {"scorers": value}
+    else:
+        raise ValueError(
+            "item_records must be True, False, a list of matrix names or a mapping "
+            f"({', '.join(_ITEM_KEYS)}), got {value!r}"
+        )
+    names = options.pop("scorers", None)
+    if names is not None:
+        if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or not names:
+            raise ValueError(
+                f"item_records scorers must be a non-empty list of names, got {names!r}"
+            )
+        for name in names:
+            if name not in scorers:
+                raise ValueError(
+                    f"item_records names {name!r}, which is no matrix of this run "
+                    f"({', '.join(scorers)})"
+                )
+            problem = item_support(scorers[name])
+            if problem is not None:
+                raise ValueError(
+                    f"item_records names {name!r}, whose score is not a mean over items the "
+                    f"callback can record: {problem}"
+                )
+        names = tuple(dict.fromkeys(names))
+    max_bytes = options.get("max_bytes", DEFAULT_MAX_BYTES)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"item_records max_bytes must be a positive int, got {max_bytes!r}")
+    confidence = options.get("confidence", DEFAULT_CONFIDENCE)
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, (int, float))
+        or not (0 < confidence < 1)
+    ):
+        raise ValueError(f"item_records confidence must be in (0, 1), got {confidence!r}")
+    resamples, seed = options.get("resamples", DEFAULT_RESAMPLES), options.get("seed", 0)
+    for key, number, low in (("resamples", resamples, 1), ("seed", seed, 0)):
+        if isinstance(number, bool) or not isinstance(number, int) or number < low:
+            raise ValueError(f"item_records {key} must be an int >= {low}, got {number!r}")
+    return ItemSettings(names, max_bytes, float(confidence), resamples, seed)
+
+
+def item_matrices(
+    scorers: Mapping[str, Scorer], settings: ItemSettings
+) -> tuple[dict[str, bool], dict[str, str]]:
+    """``(recorded matrix -> 0/1 items, skipped matrix -> why)``."""
+    recorded, skipped = {}, {}
+    for name, scorer in scorers.items():
+        problem = item_support(scorer)
+        if settings.matrices is not None and name not in settings.matrices:
+            skipped[name] = "not named in item_records"
+        elif problem is not None:
+            skipped[name] = problem
+        else:
+            recorded[name] = bool(scorer.items_binary)  # type: ignore[attr-defined]
+    return recorded, skipped
+
+
 def run_record(
     scorers: Mapping[str, Scorer],
     task_names: Sequence[str],
     *,
     steps: StepEvaluation | None,
     held_out: Sequence[str] = (),
+    budget: StageBudget | None = None,
+    items: ItemSettings | None = None,
     **settings: Any,
 ) -> RunRecord:
     """The run record of the callback's scorers (a matrix each, the primary first) and settings
@@ -308,6 +400,15 @@ def run_record(
         sections.append(ClassIncrementalRecord(agnostic, task_names))
     if held_out:
         sections.append(HeldOutRecord(held_out, specs))
+    if budget is not None and budget.active:
+        sections.append(StageBudgetRecord(budget, len(task_names)))
+    if items is not None:
+        recorded, skipped = item_matrices(scorers, items)
+        if recorded:
+            forgetting = settings.get("forgetting", "peak")
+            sections.append(
+                ItemRecord(specs, recorded, skipped, len(task_names), items, forgetting=forgetting)
+            )
     return RunRecord(
         specs,
         task_names,
@@ -329,3 +430,10 @@ def subset_description(
         "samples_per_task": list(samples_per_task),
         "rule": "task j: sorted(randperm(len_j, generator=manual_seed(seed + j))[:size])",
     }
+
+
+def describe_stage_subsets(record: RunRecord, loaders: TaskLoaders) -> None:
+    """Give the record's ``stage_evaluation`` section each task's subset size and rule."""
+    section = record.sections.get(StageBudgetRecord.key)
+    if isinstance(section, StageBudgetRecord):
+        section.set_subsets([len(i) for i in loaders.stage_indices], loaders.stage_rules)

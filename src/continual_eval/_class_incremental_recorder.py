@@ -176,7 +176,9 @@ class ClassIncrementalRecord:
         """The ``[nnz, 3]`` ``(true, predicted, count)`` cells of the seen tasks' blocks, summed
         into one ``[C, C]`` matrix (row = true class id), row-major: from the nonzero entries of
         the blocks, never a dense ``[C, C]``."""
-        blocks = scored.details[AGNOSTIC_NAME]  # [tasks, K, C] int64
+        blocks = scored.details[AGNOSTIC_NAME]  # [tasks, K, C] int64 (or one [K, C] per task)
+        if not isinstance(blocks, Tensor):
+            blocks = torch.stack([torch.as_tensor(b) for b in blocks])
         tasks = torch.tensor(scored.task_ids, dtype=torch.long)
         position, row, pred = blocks.nonzero(as_tuple=True)
         count = blocks[position, row, pred]
@@ -300,23 +302,52 @@ class ClassIncrementalRecord:
         self._encoded = {}
         self._pending = None
 
+    # ------------------------------------------------------------------ journal
+    def journal_settings(self) -> dict[str, Any]:
+        return {"task_classes": [list(c) for c in self.task_classes]}
 
-def _checked_cells(stage: Any, given: Any, C: int) -> Tensor:
-    """A state's ``[nnz, 3]`` cells of one stage as int64, sorted row-major; refused unless class
-    ids are below ``C``, counts >= 1 and each cell given once."""
+    @classmethod
+    def from_journal(
+        cls, settings: Mapping[str, Any], task_names: Sequence[str]
+    ) -> ClassIncrementalRecord:
+        check_class_id_bounds(settings["task_classes"])
+        return cls(TaskAgnosticAccuracyScorer(settings["task_classes"]), task_names)
+
+    def journal_part(self, stage: int | None) -> list[list[int]] | None:
+        """The stage's nonzero confusion cells as ``[true, predicted, count]`` rows, row-major
+        (`stage_counts`; the baseline: nothing)."""
+        if stage is None:
+            return None
+        cells: list[list[int]] = self.stage_counts(stage).tolist()
+        return cells
+
+    def replay_part(self, stage: int | None, part: Any) -> None:
+        """Record a journal line's cells of ``stage`` (refused, naming the stage and the cell,
+        unless class ids are below ``C``, counts >= 1 and each cell given once)."""
+        if stage is None:
+            return
+        cells = _checked_cells(stage, part, self.num_classes, "the journal's")
+        self._stored += len(cells) - len(self._cells.get(stage, ()))
+        self._cells[stage] = cells
+        self._encoded.pop(stage, None)
+
+
+def _checked_cells(stage: Any, given: Any, C: int, source: str = "the state's") -> Tensor:
+    """A state's (or journal line's) ``[nnz, 3]`` cells of one stage as int64, sorted row-major;
+    refused unless class ids are below ``C``, counts >= 1 and each cell given once."""
     cells = torch.as_tensor(given).to("cpu", torch.int64).reshape(-1, 3).clone()
     bad = (cells[:, :2] < 0).any(1) | (cells[:, :2] >= C).any(1) | (cells[:, 2] < 1)
     if bool(bad.any()):
         n = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"the state's confusion cells of stage {stage}: cell {n} = {cells[n].tolist()} is not "
+            f"{source} confusion cells of stage {stage}: cell {n} = {cells[n].tolist()} is not "
             f"(true, predicted, count) with class ids below {C} and a count >= 1"
         )
     key, order = torch.sort(cells[:, 0] * C + cells[:, 1])
     repeated = (torch.diff(key) == 0).nonzero()
     if len(repeated):
         raise ValueError(
-            f"the state's confusion cells of stage {stage}: the cell "
+            f"{source} confusion cells of stage {stage}: the cell "
             f"{cells[order[int(repeated[0, 0])], :2].tolist()} is given twice"
         )
     return cells[order]

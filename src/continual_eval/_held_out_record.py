@@ -85,6 +85,29 @@ class HeldOutRecord:
         self.baseline = {name: row.double() for name, row in state["baseline"].items()}
         self.rows = {name: [row.double() for row in rows] for name, rows in state["rows"].items()}
 
+    # ------------------------------------------------------------------ journal
+    def journal_settings(self) -> dict[str, Any]:
+        return {"names": list(self.names)}
+
+    @classmethod
+    def from_journal(
+        cls, settings: Mapping[str, Any], specs: Mapping[str, MatrixSpec]
+    ) -> HeldOutRecord:
+        return cls([str(name) for name in settings["names"]], specs)
+
+    def journal_part(self, stage: int | None) -> dict[str, list[float]]:
+        """Each matrix's held-out row of the baseline or of ``stage``."""
+        rows = self.baseline if stage is None else {n: r[stage] for n, r in self.rows.items()}
+        return {name: row.tolist() for name, row in rows.items()}
+
+    def replay_part(self, stage: int | None, part: Mapping[str, Any]) -> None:
+        rows = {name: torch.tensor(part[name], dtype=torch.float64) for name in self.specs}
+        if stage is None:
+            self.baseline = rows
+        else:
+            for name, row in rows.items():
+                self.rows[name] = [*self.rows[name][:stage], row]
+
     def add_to(self, results: ContinualResults) -> ContinualResults:
         """``results`` with the ``held_out`` section of its stages."""
         H, s = len(self.names), results.primary.num_stages

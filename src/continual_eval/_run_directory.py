@@ -1,8 +1,9 @@
 """The results directory of one [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] run,
 as the callback sees it: chosen on rank 0 at the first fit, claimed on every rank before anything is
-trained or written, written after every stage. The file rules (atomic writes, the claim, the
-commit record) are `continual_eval.results.files`; this holds what one run knows about
-its directory across fits, checkpoints and the ``ddp_spawn`` hand-over.
+trained or written, its stage journal appended after every stage and ``results.json`` rebuilt when
+due (`continual_eval._stage_journal`). The file rules (atomic writes, the claim, the commit
+record) are `continual_eval.results.files`; this holds what one run knows about its directory
+across fits, checkpoints and the ``ddp_spawn`` hand-over.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from continual_eval._stage_journal import StageJournal, rebuild_due
 from continual_eval.results.files import choose_results_dir, claim_or_refuse
 
 if TYPE_CHECKING:
+    from continual_eval.record import RunRecord
     from continual_eval.results import ContinualResults
 
 __all__ = ["RunDirectory"]
@@ -30,6 +33,10 @@ class RunDirectory:
         self.path: Path | None = None  # set on rank 0 at the first fit
         self.recorded: str | None = None  # the directory a restored checkpoint names
         self.claimed = False  # claimed (or refused) before this run trained anything
+        self._journal: StageJournal | None = None  # this process's writer of the journal
+        self._built: int | None = None  # stages in the results.json this process last wrote
+        #: whether the last `write` rebuilt results.json
+        self.rebuilt = False
 
     def choose(self, trainer: Any, run_id: str, dirpath: str | os.PathLike[str] | None) -> None:
         """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
@@ -52,7 +59,35 @@ class RunDirectory:
                 f"[continual-eval] run {run_id}: results.json and scores.csv go to {self.path}"
             )
 
-    def write(self, results: ContinualResults) -> None:
-        """Commit ``results`` (rank 0, once the directory is known; elsewhere nothing)."""
-        if self.path is not None:
+    def __getstate__(self) -> dict[str, Any]:  # a pickled copy (ddp_spawn) writes afresh
+        return {**self.__dict__, "_journal": None, "_built": None}
+
+    def write(
+        self, record: RunRecord, results: ContinualResults, *, stage: int | None = None
+    ) -> bool:
+        """Commit ``record`` (rank 0, once the directory is known; elsewhere nothing): stage
+        ``stage``'s line appended to the journal (``None``: the journal rewritten from the
+        record, for the baseline, a resume or the end of a run), then ``results`` (the record's)
+        written as ``results.json`` and CSV files when `rebuild_due` (always with ``stage=None``).
+        Returns whether ``results.json`` was rewritten."""
+        if self.path is None:
+            self.rebuilt = True  # nothing written: every logger output is up to date anyway
+            return False
+        if self._journal is None or self._journal.path.parent != self.path:
+            self._journal = StageJournal(self.path)
+        completed = record.num_stages
+        self.rebuilt = stage is None or rebuild_due(completed, self._built, record.num_tasks)
+        if stage is None:
+            self._journal.rewrite(record)
+        else:  # one fsync a stage: the journal's, or the rebuilt results.json's
+            self._journal.append(record, stage, durable=not self.rebuilt)
+        if self.rebuilt:
             results.write(self.path)
+            self._built = completed
+        return self.rebuilt
+
+    def flush(self, record: RunRecord, results: ContinualResults) -> None:
+        """Rebuild ``results.json`` if it is behind the journal (a fit that raised)."""
+        if self.path is not None and self._built is not None and self._built != record.num_stages:
+            results.write(self.path)
+            self._built = record.num_stages

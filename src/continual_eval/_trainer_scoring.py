@@ -32,6 +32,8 @@ class TrainerScoring:
     task_loaders: TaskLoaders
     inference_mode: bool
     verbose: bool = True
+    #: the scorers (positions) whose per-item values the baseline and stage-end evaluations keep
+    item_scorers: tuple[int, ...] = ()
 
     def score(
         self,
@@ -63,6 +65,7 @@ class TrainerScoring:
                 stage=stage,
                 progress=progress,
                 verbose=self.verbose,
+                item_scorers=self.item_scorers if stage_end or stage == -1 else (),
             )
         return Scored.from_evaluation(list(self.scorers), evaluation, T, H)
 
@@ -73,20 +76,18 @@ class TrainerScoring:
         record: RunRecord,
         meter: StageCostRecorder,
         stage: int,
-        *,
-        evaluate: str,
+        tasks: Sequence[int],
     ) -> tuple[Scored, StageCost]:
-        """Stage ``stage``'s rows (every task, or ``evaluate="needed"``: ``j <= stage + 1``) and
-        its cost: the training clock stops before the evaluation starts; the samples are summed
-        over the ranks; the replay-memory hook is read last (it may raise). Nothing recorded."""
+        """Stage ``stage``'s rows of ``tasks`` (the callback's ``evaluate`` and
+        ``eval_old_tasks_every`` choose them) and its cost: the training clock stops before the
+        evaluation starts; the samples are summed over the ranks; the replay-memory hook is read
+        last (it may raise). Nothing recorded."""
         train_seconds = meter.train_seconds()
         samples = meter.samples
         if trainer.world_size > 1:  # one reduce at the stage end, outside any training step
             local = torch.tensor(samples, dtype=torch.int64, device=trainer.strategy.root_device)
             samples = int(trainer.strategy.reduce(local, reduce_op="sum").item())
         start = time.perf_counter()
-        T = record.num_tasks
-        tasks = range(T) if evaluate == "all" else range(min(stage + 2, T))
         scored = self.score(
             trainer, pl_module, record, tasks, stage=stage, held_out=True, stage_end=True
         )

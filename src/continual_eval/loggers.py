@@ -77,6 +77,7 @@ from continual_eval.functional.family import METRIC_KEYS
 from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
 from continual_eval.results.files import scores_csv_name, write_scores_csv
+from continual_eval.results.intervals import MatrixIntervals, Transitions
 
 __all__ = [
     "CURVES_PNG",
@@ -164,7 +165,8 @@ def _format_one_table(
     rows = [["baseline", *(_fmt(v) for v in matrix.baseline.tolist())]]
     rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(matrix.scores.tolist())]
     metrics = matrix.metrics
-    summary = "  ".join(f"{k}={_fmt(metrics.get(k))}" for k in METRIC_KEYS if k in metrics)
+    # an absent metric (a cell it reads was not evaluated) prints "--", never an empty value
+    summary = "  ".join(f"{k}={_fmt(metrics.get(k)) or '--'}" for k in METRIC_KEYS if k in metrics)
     score = matrix.score
     if named:
         direction = "" if matrix.higher_is_better else ", lower is better"
@@ -217,15 +219,24 @@ def stage_scalars(
     results = _as_results(results)
     scalars: dict[str, float] = {}
     names = results.task_names
+    intervals = results.intervals
     for name, matrix in results.matrices.items():
         primary = name == results.primary_name
         base = _metric_base(results, name, prefix)
-        scalars |= {f"{base}{m}": v for m, v in matrix.metrics_at(stage).items() if _finite(v)}
+        logged = {m: v for m, v in matrix.metrics_at(stage).items() if _finite(v)}
+        scalars |= {f"{base}{m}": v for m, v in logged.items()}
         tasks = f"{prefix}{matrix.score}/" if primary else f"{prefix}{name}/"
         if stage < matrix.num_stages:
             for task, value in zip(names, matrix.scores[stage].tolist(), strict=True):
                 if _finite(value):
                     scalars[f"{tasks}{task}"] = value
+        # the intervals of the stages recorded (item_records): beside the last stage's scalars
+        held = None if intervals is None else intervals.matrices.get(name)
+        if held is not None and stage == matrix.num_stages - 1:
+            scalars |= _interval_scalars(held, logged, base, tasks, names, stage)
+        moves = None if results.items is None else results.items.transitions.get(name)
+        if moves is not None and stage < moves.right_to_wrong.shape[0]:
+            scalars |= _transition_scalars(moves, base, names, stage)
         stability = matrix.stability
         if stability is None:
             continue
@@ -483,6 +494,43 @@ def _tags(results: ContinualResults, prefix: str, kind: str) -> dict[str, str]:
     }
 
 
+def _interval_scalars(
+    held: MatrixIntervals,
+    logged: Mapping[str, float],
+    base: str,
+    tasks: str,
+    names: Sequence[str],
+    stage: int,
+) -> dict[str, float]:
+    """``{key}/lo`` and ``{key}/hi`` of every logged metric and score of row ``stage`` that has
+    an interval (the paired bootstrap's, the cell's)."""
+    out: dict[str, float] = {}
+    for metric in logged:
+        if metric in held.metrics:
+            _, low, high = held.metrics[metric]
+            out |= {f"{base}{metric}/lo": low, f"{base}{metric}/hi": high}
+    rows = zip(names, held.low[stage].tolist(), held.high[stage].tolist(), strict=True)
+    for task, low, high in rows:
+        out |= {f"{tasks}{task}/lo": low, f"{tasks}{task}/hi": high}
+    return {key: value for key, value in out.items() if _finite(value)}
+
+
+def _transition_scalars(
+    moves: Transitions, base: str, names: Sequence[str], stage: int
+) -> dict[str, float]:
+    """Row ``stage`` of the item transitions: ``{base}items/right_to_wrong`` and
+    ``.../wrong_to_right`` (the tasks trained so far, against the previous evaluation) and
+    ``{base}items/forgotten_once/{task}`` (the fraction of its items forgotten at least once)."""
+    out = {
+        f"{base}items/right_to_wrong": float(moves.right_to_wrong[stage].nan_to_num(0.0).sum()),
+        f"{base}items/wrong_to_right": float(moves.wrong_to_right[stage].nan_to_num(0.0).sum()),
+    }
+    fraction = moves.forgotten_once_fraction[stage].tolist()
+    for task, value in zip(names, fraction, strict=True):
+        out[f"{base}items/forgotten_once/{task}"] = value
+    return {key: value for key, value in out.items() if _finite(value)}
+
+
 def log_stage(
     loggers: Sequence[Logger],
     results: ContinualResults | Mapping[str, Any],
@@ -491,12 +539,16 @@ def log_stage(
     prefix: str = "continual/",
     log_images: bool = True,
     results_dir: str | Path | None = None,
+    whole_matrices: bool = True,
 ) -> None:
     """Log stage ``stage`` (scalars, a heatmap, a step-curves figure and a table per matrix) to
     every logger, then ``save()`` each one.
 
     ``results_dir`` is where the CSV files already live (the step-curves pictures are written
-    there too); a CSVLogger elsewhere gets its own copy of the CSV files.
+    there too); a CSVLogger elsewhere gets its own copy of the CSV files. ``whole_matrices=False``
+    logs the stage's scalars only: the outputs whose size grows with the stages recorded
+    (heatmaps, curve figures, matrix tables, copies of ``results.json`` and the CSV files) are
+    left to the stages where the callback rebuilds ``results.json``.
     """
     results = _as_results(results)
     scalars = stage_scalars(results, stage, prefix=prefix)
@@ -505,7 +557,8 @@ def log_stage(
         isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
     )
     figures: dict[str, Any] = {}
-    if log_images and (image_loggers or (results.steps is not None and results_dir is not None)):
+    wanted = image_loggers or (results.steps is not None and results_dir is not None)
+    if log_images and whole_matrices and wanted:
         try:
             figures = _stage_figures(results, stage, prefix, results_dir, image_loggers)
         except ModuleNotFoundError as err:
@@ -514,17 +567,22 @@ def log_stage(
     document = functools.cache(results.to_dict)  # built once, for the loggers that store it
     try:
         for logger in loggers:
-            _log_stage_to(
-                logger,
-                results,
-                stage,
-                scalars,
-                tags,
-                figures,
-                document,
-                prefix=prefix,
-                results_dir=results_dir,
-            )
+            if whole_matrices:
+                _log_stage_to(
+                    logger,
+                    results,
+                    stage,
+                    scalars,
+                    tags,
+                    figures,
+                    document,
+                    prefix=prefix,
+                    results_dir=results_dir,
+                )
+            elif isinstance(logger, WandbLogger):
+                _log_wandb_stage_row(logger, scalars, stage, prefix)
+            else:
+                logger.log_metrics(scalars, step=stage)
             logger.save()
     finally:
         for figure in figures.values():

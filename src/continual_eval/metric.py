@@ -49,7 +49,9 @@ class ContinualMetrics(Metric):
     Call [`update_baseline`][continual_eval.metric.ContinualMetrics.update_baseline] once with the
     untrained model's per-task accuracies, then
     [`update`][continual_eval.metric.ContinualMetrics.update] after each stage with that stage's row
-    ``R[s, :]`` (length ``num_tasks``; NaN is allowed in cells no metric reads, ``j > s + 1``).
+    ``R[s, :]`` (length ``num_tasks``; NaN is allowed in cells no metric reads, ``j > s + 1``,
+    and, as an absent cell, in the old tasks ``j < s`` of a stage before the last: the metrics
+    that read an absent cell are NaN).
     [`compute`][continual_eval.metric.ContinualMetrics.compute] returns
     [`continual_metrics`][continual_eval.continual_metrics] of the stages so far, ``R[:s, :s]`` and
     ``b[:s]``. Calling the metric, ``metric(row)`` (torchmetrics' ``forward``), is
@@ -214,8 +216,11 @@ class ContinualMetrics(Metric):
             )
         row = self._as_row(f"row of stage {stage}", row)
         if self.validate:
-            mask = triangle_masks(self.num_tasks, row.device).used[stage]
-            self._check("scores", row, mask, "used cells (j <= i + 1)", (stage,))
+            masks = triangle_masks(self.num_tasks, row.device)
+            required = masks.required[stage]
+            self._check("scores", row, required, "used cells (j <= i + 1)", (stage,))
+            present = masks.used[stage] & ~required & ~torch.isnan(row)  # absent: NaN allowed
+            self._check("scores", row, present, "used cells (j <= i + 1)", (stage,))
         return row
 
     def update(self, row: Tensor) -> None:
@@ -308,9 +313,12 @@ class ContinualMetrics(Metric):
             )
         if self.validate and int(value) > 0:
             scores = state_dict[prefix + "scores_state"].detach()[: int(value)]
-            mask = triangle_masks(T, scores.device).used[: int(value)]
+            masks = triangle_masks(T, scores.device)
+            required = masks.required[: int(value)]
+            present = masks.used[: int(value)] & ~required & ~torch.isnan(scores)
             try:
-                check_cells("scores", scores, mask, "used cells (j <= i + 1)", self.bounds)
+                for mask in (required, present):
+                    check_cells("scores", scores, mask, "used cells (j <= i + 1)", self.bounds)
             except ValueError as err:
                 return f"{head}: in {prefix}scores_state, {err}"
         return None

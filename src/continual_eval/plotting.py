@@ -222,13 +222,15 @@ def plot_task_trajectories(
     title: str | None = "Per-task accuracy after each training stage",
     ylabel: str = "accuracy",
     value_range: tuple[float, float] | None = (0.0, 1.0),
+    intervals: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Any, Any]:
     """One line per task: its accuracy ``R[i, j]`` against the training stage ``i``, from the stage
     it was trained on (``i >= j``); unevaluated cells leave gaps. ``value_range`` fixes the y axis
     (``None``: fitted to the values, e.g. for a loss). Each task has its own open marker
     (``TRAJECTORY_MARKERS``), larger for earlier tasks,
-    so points that coincide show as nested outlines instead of hiding each other. Returns ``(fig,
-    ax)``."""
+    so points that coincide show as nested outlines instead of hiding each other.
+    ``intervals``: ``(low, high)`` ``[s, T]`` per cell (e.g. the ``intervals`` section's
+    Wilson intervals), drawn as error bars. Returns ``(fig, ax)``."""
     R = _as_matrix(scores)
     num_stages, num_tasks = R.shape
     labels = _task_labels(num_tasks, task_names)
@@ -238,7 +240,7 @@ def plot_task_trajectories(
     trained = torch.arange(num_stages)[:, None] >= torch.arange(num_tasks)[None, :]
     shown = torch.where(trained, R, math.nan)
     for j in range(drawn):
-        ax.plot(
+        (line,) = ax.plot(
             stages,
             shown[:, j].tolist(),
             marker=TRAJECTORY_MARKERS[j % len(TRAJECTORY_MARKERS)],
@@ -248,6 +250,20 @@ def plot_task_trajectories(
             linewidth=1.2,
             label=labels[j],
         )
+        if intervals is not None:
+            low, high = (torch.as_tensor(t, dtype=torch.float64)[:, j] for t in intervals)
+            below = (shown[:, j] - low).clamp(min=0).nan_to_num(0.0)
+            above = (high - shown[:, j]).clamp(min=0).nan_to_num(0.0)
+            ax.errorbar(
+                stages,
+                shown[:, j].tolist(),
+                yerr=[below.tolist(), above.tolist()],
+                fmt="none",
+                ecolor=line.get_color(),
+                elinewidth=0.9,
+                capsize=2.5,
+                alpha=0.7,
+            )
     ticks = _ticks(num_stages)
     ax.set_xticks(
         ticks, [f"after {labels[i]}" for i in ticks], rotation=30 if num_stages > 4 else 0

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -37,6 +38,7 @@ from continual_eval.metric import ContinualMetrics
 from continual_eval.results import (
     ContinualResults,
     Coverage,
+    ReferenceScores,
     RunCost,
     ScoreMatrix,
     StepEvaluations,
@@ -47,7 +49,6 @@ from continual_eval.step_curves import StepCurves
 
 if TYPE_CHECKING:  # pragma: no cover
     from continual_eval.evaluation.loop import TaskEvaluation
-    from continual_eval.results import ReferenceScores
 
 __all__ = ["STEP_COUNTER", "MatrixSpec", "RecordSection", "RunRecord", "Scored"]
 
@@ -92,12 +93,15 @@ class Scored:
             scorers without details are absent.
         task_ids: the tasks scored, in the order of the details' rows.
         held_out: matrix name -> the held-out sets' row ``[H]`` (empty without held-out sets).
+        items: matrix name -> task id -> its per-item values ``[n_j]`` in test-set order (the
+            matrices with per-item records; empty without).
     """
 
     rows: Mapping[str, Tensor]
     details: Mapping[str, Any] = field(default_factory=dict)
     task_ids: tuple[int, ...] = ()
     held_out: Mapping[str, Tensor] = field(default_factory=dict)
+    items: Mapping[str, Mapping[int, Tensor]] = field(default_factory=dict)
 
     @classmethod
     def from_evaluation(
@@ -123,7 +127,12 @@ class Scored:
             if value is not None
         }
         task_ids = tuple(int(j) for j in ids[tasks])
-        return cls(rows, details, task_ids, held_out)
+        items = {
+            name: {j: v for j, v in zip(evaluation.task_ids, values, strict=True) if j < num_tasks}
+            for name, values in zip(names, evaluation.items_by_scorer, strict=False)
+            if values is not None
+        }
+        return cls(rows, details, task_ids, held_out, items)
 
 
 class RecordSection(Protocol):
@@ -151,6 +160,50 @@ class RecordSection(Protocol):
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None: ...
 
     def add_to(self, results: ContinualResults) -> ContinualResults: ...
+
+    # the stage journal (`continual_eval._stage_journal`): JSON values, tensors through
+    # `tensor_to_json`
+    def journal_settings(self) -> dict[str, Any]:
+        """What the section's ``from_journal`` needs to make an empty section like this one."""
+        ...
+
+    def journal_part(self, stage: int | None) -> Any:
+        """What the baseline (``stage=None``) or stage ``stage`` added, as JSON values."""
+        ...
+
+    def replay_part(self, stage: int | None, part: Any) -> None:
+        """Record ``part`` (`journal_part`'s) again, as `record_baseline` / `record_stage` did."""
+        ...
+
+
+def tensor_to_json(t: Tensor) -> dict[str, Any]:
+    """A tensor as JSON values (``dtype``, ``shape``, the flat ``data``; a float NaN is ``null``,
+    each float written in its shortest round-trip form, so `tensor_from_json` gives it back bit
+    for bit). Non-finite floats other than NaN are not kept (every recorded cell is finite)."""
+    t = t.detach().cpu()
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "data": t.reshape(-1).tolist(),
+    }
+
+
+def tensor_from_json(value: Mapping[str, Any]) -> Tensor:
+    """The tensor `tensor_to_json` wrote (``null`` -> NaN)."""
+    dtype = getattr(torch, str(value["dtype"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {value['dtype']!r}")
+    shape = [int(n) for n in value["shape"]]
+    if dtype.is_floating_point:
+        data = torch.from_numpy(np.array(value["data"], dtype=np.float64)).to(dtype)
+    else:
+        data = torch.tensor(list(value["data"]), dtype=dtype)
+    return data.reshape(shape)
+
+
+def _row(values: Sequence[Any]) -> Tensor:
+    """A journal row (``null`` -> NaN) as ``[n]`` float64."""
+    return torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1))
 
 
 class RunRecord:
@@ -281,6 +334,16 @@ class RunRecord:
             )
         problem = f"stage {stage} produced {{name}} scores the metrics cannot use"
         self._check_rows(scored, "check_row", problem)
+        ids = torch.tensor(scored.task_ids, dtype=torch.long)
+        ids = ids[ids <= stage + 1]  # the scored cells the metrics read
+        for name, row in scored.rows.items():  # an old task's NaN is absent only if unscored
+            scored_nan = ids[torch.isnan(row[ids])]
+            if scored_nan.numel():
+                j = int(scored_nan[0])
+                raise ValueError(
+                    f"{problem.format(name=repr(name))}: scores[{stage}, {j}] is nan although "
+                    f"task {j} was evaluated (only a task that was not evaluated may be absent)"
+                )
         for section in self.sections.values():
             section.check_stage(stage, scored)
         for name, metric in self.matrices.items():
@@ -319,10 +382,11 @@ class RunRecord:
             subset=self.step_subset,
         )
 
-    def continual_results(self) -> ContinualResults:
+    def continual_results(self, *, light: bool = False) -> ContinualResults:
         """The typed results of the stages so far: per matrix its rows, baseline, metric family,
         per-task values and (with step curves) stability and plasticity; the costs; the
-        reference metrics; then each section's part."""
+        reference metrics; then each section's part (``light``: the cheaper part of a section
+        that has one, ``light_add_to``, for the results of a run in progress)."""
         steps = self.step_evaluations()
         results = ContinualResults.from_tensors(
             {
@@ -348,7 +412,8 @@ class RunRecord:
             coverage=self.coverage,
         )
         for section in self.sections.values():
-            results = section.add_to(results)
+            light_add_to = getattr(section, "light_add_to", None) if light else None
+            results = section.add_to(results) if light_add_to is None else light_add_to(results)
         return results
 
     # ------------------------------------------------------------------ state
@@ -432,3 +497,135 @@ class RunRecord:
             self.step_subset = dict(state["step_subset"])
         if not keep_task_names:
             self.task_names = list(state["task_names"])
+
+    # ------------------------------------------------------------------ journal
+    def journal_header(self) -> dict[str, Any]:
+        """The journal's first line (`continual_eval._stage_journal`): the settings an empty
+        record like this one is made from (`from_journal`), its sections' included."""
+        reference = self.reference
+        return {
+            "run_id": self.run_id,
+            "task_names": list(self.task_names),
+            "forgetting": self.forgetting,
+            "metadata": self.metadata,
+            "matrices": {
+                name: {
+                    "score": spec.score,
+                    "higher_is_better": spec.higher_is_better,
+                    "bounds": None if spec.bounds is None else list(spec.bounds),
+                    "scoring": spec.scoring,
+                }
+                for name, spec in self.specs.items()
+            },
+            "reference": None
+            if reference is None
+            else {
+                "kind": reference.kind,
+                "scores": reference.scores.tolist(),
+                "auc": None if reference.auc is None else reference.auc.tolist(),
+                "source": reference.source,
+            },
+            "lca_beta": self.lca_beta,
+            "step_curves": self.step_curves,
+            "step_subset": self.step_subset,
+            "sections": {key: s.journal_settings() for key, s in self.sections.items()},
+        }
+
+    def journal_baseline(self) -> dict[str, Any]:
+        """The journal line of the baseline (every matrix's ``b``, the sections' parts)."""
+        return {
+            "baseline": {name: m.baseline.tolist() for name, m in self.matrices.items()},
+            "sections": {key: s.journal_part(None) for key, s in self.sections.items()},
+        }
+
+    def journal_stage(self, stage: int) -> dict[str, Any]:
+        """The journal line of recorded stage ``stage``: its rows, its cost, the step curves'
+        evaluations inside it, the run's step counter and coverage, the sections' parts (what
+        the stage added: the line's size does not grow with the stage index)."""
+        points = [k for k, s in enumerate(self.curves.stages) if s == stage]
+        cost = next((c.to_dict() for c in self.costs if c.stage == stage), None)
+        return {
+            "stage": stage,
+            "rows": {name: m.scores[stage].tolist() for name, m in self.matrices.items()},
+            "cost": cost,
+            "steps_trained": self.steps_trained,
+            "step_subset": self.step_subset,
+            "curves": {
+                "step": [self.curves.steps[k] for k in points],
+                "full": [self.curves.full[k] for k in points],
+                "rows": {
+                    name: [rows[k].tolist() for k in points]
+                    for name, rows in self.curves.rows.items()
+                },
+            },
+            "ended_early": self.ended_early,
+            "sections": {key: s.journal_part(stage) for key, s in self.sections.items()},
+        }
+
+    @classmethod
+    def from_journal(
+        cls, header: Mapping[str, Any], sections: Sequence[RecordSection]
+    ) -> RunRecord:
+        """An empty record of a journal's header (`journal_header`), with ``sections`` made
+        from the header's section settings."""
+        reference = header["reference"]
+        record = cls(
+            {
+                name: MatrixSpec(
+                    str(spec["score"]),
+                    bool(spec["higher_is_better"]),
+                    None
+                    if spec["bounds"] is None
+                    else (float(spec["bounds"][0]), float(spec["bounds"][1])),
+                    spec["scoring"],
+                )
+                for name, spec in header["matrices"].items()
+            },
+            [str(name) for name in header["task_names"]],
+            forgetting=str(header["forgetting"]),
+            metadata=header["metadata"],
+            run_id=str(header["run_id"]),
+            reference=None
+            if reference is None
+            else ReferenceScores(
+                kind=reference["kind"],
+                scores=_row(reference["scores"]),
+                auc=None if reference["auc"] is None else _row(reference["auc"]),
+                source=str(reference["source"]),
+            ),
+            lca_beta=header["lca_beta"],
+            step_curves=bool(header["step_curves"]),
+            step_subset=header["step_subset"],
+            sections=sections,
+        )
+        return record
+
+    def replay_baseline(self, line: Mapping[str, Any]) -> None:
+        """Record a journal's baseline line (`journal_baseline`) again."""
+        for key, section in self.sections.items():
+            section.replay_part(None, line["sections"][key])
+        for name, metric in self.matrices.items():
+            metric.update_baseline(_row(line["baseline"][name]))
+        self.baseline_done = True
+
+    def replay_stage(self, line: Mapping[str, Any]) -> None:
+        """Record a journal's stage line (`journal_stage`) again: the next stage."""
+        stage = int(line["stage"])
+        if stage != self.num_stages:
+            raise ValueError(f"stage {stage} after {self.num_stages} stages")
+        for name, metric in self.matrices.items():
+            metric.update(_row(line["rows"][name]))
+        for key, section in self.sections.items():
+            section.replay_part(stage, line["sections"][key])
+        if line["cost"] is not None:
+            self.costs.append(StageCost.from_dict(line["cost"]))
+        curves = line["curves"]
+        for k, step in enumerate(curves["step"]):
+            self.curves.steps.append(int(step))
+            self.curves.stages.append(stage)
+            self.curves.full.append(bool(curves["full"][k]))
+            for name, rows in self.curves.rows.items():
+                rows.append(_row(curves["rows"][name][k]))
+        self.steps_trained = int(line["steps_trained"])
+        self.step_subset = line["step_subset"]
+        self.ended_early = bool(line["ended_early"])

@@ -29,6 +29,14 @@ Budgets (``E`` = the Trainer's ``max_epochs``, the continual run's epochs *per t
   ``n_epochs``, and GEM's protocol gives every learner a single pass over all the data.
   ``ref[j]`` is its score on task ``j``. (Chaudhry et al. define the reference of task ``k`` on
   the tasks ``0..k``; one model on all ``T`` tasks is the usual simplification.)
+* ``"cumulative"``: Chaudhry et al.'s own reference for intransigence (RWalk, ECCV 2018: a
+  model trained with access to the data of all tasks up to ``k``): ``T`` copies of the
+  untrained model, copy ``k`` trained on the union of the tasks ``0..k`` for the same ``E``
+  epochs over that union as the joint copy gets over its union (every example seen ``E``
+  times), from the same initial weights, with a fresh optimiser. ``ref[k]`` is copy ``k``'s
+  score on task ``k``. Copy ``0`` trains on task 0 alone: the isolated copy 0. ``T`` fits of
+  growing size: about ``(T + 1) / 2`` times the joint reference's optimizer steps for
+  equal-sized tasks.
 
 Copies: ``model.reference_model()`` when the model defines it, else ``copy.deepcopy(model)``;
 with ``model_factory``, ``model_factory()`` loaded with ``model``'s full state dict (the way to
@@ -84,9 +92,13 @@ __all__ = [
 ]
 
 #: the kinds of reference [`train_reference`][continual_eval.train_reference] trains
-REFERENCE_KINDS = ("isolated", "joint")
+REFERENCE_KINDS = ("isolated", "joint", "cumulative")
 #: the sub-directory of a run that ``continual-eval fit`` gives each kind's results
-REFERENCE_DIRS = {"isolated": "isolated_reference", "joint": "joint_reference"}
+REFERENCE_DIRS = {
+    "isolated": "isolated_reference",
+    "joint": "joint_reference",
+    "cumulative": "cumulative_reference",
+}
 #: [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] arguments that
 #: [`train_reference`][continual_eval.train_reference] sets itself
 _SET_HERE = (
@@ -114,7 +126,7 @@ def check_reference_kind(kind: object) -> str:
     return kind
 
 
-def union_dataloader(train_dataloaders: Sequence[Any]) -> DataLoader[Any]:
+def union_dataloader(train_dataloaders: Sequence[Any], what: str = "joint") -> DataLoader[Any]:
     """A loader over the union of the tasks' training data, built like ``train_dataloaders[0]``.
 
     Every loader must be a torch ``DataLoader`` over a map-style dataset with the default batch
@@ -129,7 +141,7 @@ def union_dataloader(train_dataloaders: Sequence[Any]) -> DataLoader[Any]:
         problem = _union_problem(loader, first)
         if problem is not None:
             raise ValueError(
-                f"joint reference: cannot build the union of the training loaders: "
+                f"{what} reference: cannot build the union of the training loaders: "
                 f"train_dataloaders[{j}] {problem}; pass joint_dataloader= (one loader over every "
                 "task's training data)"
             )
@@ -395,14 +407,18 @@ def train_reference(
         train_dataloaders: one training loader per task, as the continual run uses them.
         test_dataloaders: one test loader per task (index = task id), as the continual run's
             [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] scores them.
-        kind: ``"isolated"`` (copy ``j`` trained on task ``j`` alone) or ``"joint"`` (one copy
-            trained on the union of every task's training data).
+        kind: ``"isolated"`` (copy ``j`` trained on task ``j`` alone), ``"joint"`` (one copy
+            trained on the union of every task's training data) or ``"cumulative"`` (copy ``k``
+            trained on the union of tasks ``0..k``, scored on task ``k``; Chaudhry et al.,
+            2018).
         trainer_factory: ``() -> Trainer``, called once per reference model: a new Trainer with
             the continual run's training settings and ``max_epochs`` = its epochs per task
             (typically without logger or checkpoints). The scoring callback is appended to its
             callbacks; it must not hold a ContinualEvalCallback of its own.
-        joint_dataloader: ``"joint"`` only: the loader over every task's training data; default
-            `union_dataloader` of ``train_dataloaders``.
+        joint_dataloader: ``"joint"``: the loader over every task's training data; default
+            `union_dataloader` of ``train_dataloaders``. ``"cumulative"``: ``T`` loaders, loader
+            ``k`` over the training data of tasks ``0..k``; default `union_dataloader` of
+            ``train_dataloaders[:k + 1]``.
         task_names: one name per task (default ``task_0``, ...).
         eval_every_n_steps: ``"isolated"`` only: also score copy ``j`` on task ``j`` every ``k``
             optimizer steps (an int ``k``, or a [`StepEvaluation`][continual_eval.StepEvaluation]
@@ -416,11 +432,13 @@ def train_reference(
             dirpath, metadata, ``evaluate="all"``, ``verbose=False``, ``log_images=False``,
             ``eval_every_n_steps``, ``reference``, ``lca_beta``) are ignored; ``epochs_per_task`` is
             refused.
-        seed: ``seed_everything(seed + j)`` before copy ``j`` (isolated), ``seed_everything(seed)``
+        seed: ``seed_everything(seed + j)`` before copy ``j`` (isolated, cumulative),
+            ``seed_everything(seed)``
             before the joint copy; ``None``: every reference fit starts from the caller's random
             state. The caller's random state is restored afterwards in both cases.
-        dirpath: where the reference runs write ``results.json``: ``dirpath/task_j`` (isolated,
-            a one-task run), ``dirpath`` (joint, one stage of a ``T``-task run); their metadata
+        dirpath: where the reference runs write ``results.json``: ``dirpath/task_j`` (isolated
+            and cumulative, a one-task run), ``dirpath`` (joint, one stage of a ``T``-task run);
+            their metadata
             is ``{"reference_run": kind, "tasks": [names]}``. ``None``: a temporary directory,
             removed afterwards.
         copy_model: ``model -> fresh copy`` (default: ``model.reference_model()`` when defined,
@@ -453,7 +471,10 @@ def train_reference(
     options = _scoring_options(callback_kwargs)
     copier = _copier(model, model_factory, copy_model)  # the sharded gather: every rank, once
     with contextlib.ExitStack() as stack:
-        loaders = [*train_dataloaders, *([] if joint_dataloader is None else [joint_dataloader])]
+        extra = [] if joint_dataloader is None else [joint_dataloader]
+        if kind == "cumulative" and joint_dataloader is not None:
+            extra = list(joint_dataloader)
+        loaders = [*train_dataloaders, *extra]
         rewind = stack.enter_context(_caller_rng(loader_generators(loaders)))
         root = Path(dirpath) if dirpath is not None else Path(stack.enter_context(_temporary()))
         fits = _ReferenceFits(
@@ -471,6 +492,14 @@ def train_reference(
             if union is None:
                 union = union_dataloader(train_dataloaders)
             fits.fit(list(range(len(names))), union, root, seed)
+        elif kind == "cumulative":
+            for k in range(len(names)):
+                union = (
+                    union_dataloader(train_dataloaders[: k + 1], "cumulative")
+                    if joint_dataloader is None
+                    else joint_dataloader[k]
+                )
+                fits.fit([k], union, root / f"task_{k}", None if seed is None else seed + k)
         else:
             for j, loader in enumerate(train_dataloaders):
                 fits.fit([j], loader, root / f"task_{j}", None if seed is None else seed + j)
@@ -503,8 +532,19 @@ def _check_reference_arguments(
             "eval_every_n_steps: per-step reference curves are defined for kind='isolated' "
             "(copy j's curve on task j); the joint reference has no such curve"
         )
-    if joint_dataloader is not None and kind != "joint":
-        raise ValueError("joint_dataloader is for kind='joint'")
+    if joint_dataloader is not None and kind == "isolated":
+        raise ValueError("joint_dataloader is for kind='joint' or kind='cumulative'")
+    if joint_dataloader is not None and kind == "cumulative":
+        if isinstance(joint_dataloader, (str, bytes)) or not isinstance(joint_dataloader, Sequence):
+            raise ValueError(
+                "kind='cumulative': joint_dataloader must be a sequence of T loaders (loader k "
+                f"over the training data of tasks 0..k), got {type(joint_dataloader).__name__}"
+            )
+        if len(joint_dataloader) != num_tasks:
+            raise ValueError(
+                f"kind='cumulative': joint_dataloader has {len(joint_dataloader)} loaders for "
+                f"{num_tasks} tasks (loader k over the training data of tasks 0..k)"
+            )
     return names
 
 
@@ -575,7 +615,7 @@ class _ReferenceFits:
 
     def reference(self, *, keep_dirs: bool) -> Reference:
         """What the fits measured: the joint copy's scores on every task, or copy ``j``'s on
-        task ``j`` (with per-step evaluations, its curve)."""
+        task ``j`` (isolated, cumulative; with per-step evaluations, its curve)."""
         callbacks = [callback for callback, _ in self.runs]
         if self.kind == "joint":
             scores, baseline = callbacks[0].scores[0], callbacks[0].baseline

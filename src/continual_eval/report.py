@@ -72,6 +72,7 @@ from continual_eval._class_incremental_report import (
 )
 from continual_eval._csv import csv_text
 from continual_eval._held_out_report import held_out_run_lines
+from continual_eval._items_report import items_run_lines
 from continual_eval._latex_table import SPREADS, LatexColumn, latex_table
 from continual_eval._markdown import escape_markdown
 from continual_eval._online_report import online_run_lines, online_summary_lines
@@ -131,7 +132,11 @@ reference."""
 _HIGHER_IS_BETTER = frozenset({"bwt", "fwt", "fwt_isolated"})
 #: metrics where lower is better whatever the score's direction (a drop, a gap)
 _LOWER_IS_BETTER = frozenset({"forgetting", "intransigence"})
-REFERENCE_DIR_NAMES: tuple[str, ...] = ("isolated_reference", "joint_reference")
+REFERENCE_DIR_NAMES: tuple[str, ...] = (
+    "isolated_reference",
+    "joint_reference",
+    "cumulative_reference",
+)
 """The sub-directories ``continual-eval fit`` gives a run's reference models, skipped when
 searching for runs (``continual_eval.references.REFERENCE_DIRS``; not imported from
 there: that module loads Lightning)."""
@@ -140,6 +145,7 @@ JOINT_REFERENCE_DIR = "joint_reference"
 _REFERENCE_NAMES = {
     "joint": "joint-training reference",
     "isolated": "isolated-training reference (each task trained alone)",
+    "cumulative": "cumulative reference (task k: trained on tasks 0..k; Chaudhry et al., 2018)",
     "given": "given reference",
 }
 BOOTSTRAP_RESAMPLES = DEFAULT_RESAMPLES
@@ -620,12 +626,15 @@ def _plot_run(run: Run, out_dir: Path) -> list[RunPictures]:
         fig.savefig(matrix_path, dpi=120)
         plt.close(fig)
         traj_path = out_dir / f"{run.label}_trajectories{suffix}.png"
+        held = None if run.results.intervals is None else run.results.intervals.matrices.get(key)
         fig, _ = plot_task_trajectories(
             matrix.scores,
             task_names=names,
-            title=f"Per-task {score} ({shown}): {title}",
+            title=f"Per-task {score} ({shown}): {title}"
+            + ("" if held is None else f" ({held.cell_method} intervals)"),
             ylabel=score,
             value_range=value_range,
+            intervals=None if held is None else (held.low, held.high),
         )
         fig.savefig(traj_path, dpi=120)
         plt.close(fig)
@@ -954,6 +963,7 @@ def _run_lines(run: Run, out: Path) -> list[str]:
             "",
         ]
     lines += held_out_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
+    lines += items_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
     lines += class_incremental_run_lines(run, out, _plain_for_plot)
     return lines + online_run_lines(run, out, _plain_title, _run_title(run))
 

@@ -194,6 +194,63 @@ def test_joint_reference_equals_plain_training(model_and_initial) -> None:
     assert ref.to_list() == expected
 
 
+def test_cumulative_reference_equals_plain_training(model_and_initial, tmp_path) -> None:
+    """Copy k: the same initial weights, trained on the union of tasks 0..k for EPOCHS epochs
+    over that union (after seed + k), scored on task k; copy 0 is the isolated copy 0 and, with
+    the same seed, copy T-1 the joint copy (the same data, epochs and shuffling)."""
+    model, initial = model_and_initial
+    ref = reference(model, "cumulative", tmp_path)
+    expected = []
+    for k in range(T):
+        net, _ = plain_training(initial, ConcatDataset(TRAIN[: k + 1]), EPOCHS, seed=SEED + k)
+        expected.append(accuracy(net, TEST[k]))
+    assert ref.kind == "cumulative" and ref.scores.tolist() == expected
+    assert ref.epochs == EPOCHS and ref.steps_trained == (6, 12, 18)  # 3 batches per task-epoch
+    untrained = nn.Linear(4, 2)
+    untrained.load_state_dict(initial)
+    assert ref.baseline.tolist() == [accuracy(untrained, TEST[k]) for k in range(T)]
+    assert ref.scores[0] == reference(model, "isolated").scores[0]
+    joint = train_reference(
+        model,
+        train_loaders(),
+        eval_loaders(),
+        kind="joint",
+        trainer_factory=new_trainer,
+        seed=SEED + T - 1,
+    )
+    assert ref.scores[-1] == joint.scores[-1]
+    # the budget: not the joint reference's union for every copy (copy 1 on all tasks differs)
+    on_all, _ = plain_training(initial, ConcatDataset(TRAIN), EPOCHS, seed=SEED + 1)
+    assert accuracy(on_all, TEST[1]) != expected[1]
+    written = json.loads((tmp_path / "task_2" / "results.json").read_text())
+    assert written["metadata"] == {"reference_run": "cumulative", "tasks": ["task_2"]}
+    assert written["scores"] == [[expected[2]]]
+    # given to a callback (the object, or the directory the copies wrote): intransigence
+    # against it, no FWT against isolated training
+    from continual_eval.results.reference import resolve_reference
+
+    for given in (ref, tmp_path):
+        resolved = resolve_reference(given, ContinualEvalCallback(eval_loaders()).scorer)
+        assert resolved is not None and resolved.kind == "cumulative"
+        assert resolved.scores.tolist() == expected
+
+
+def test_cumulative_reference_takes_its_loaders(model_and_initial) -> None:
+    """``joint_dataloader`` for the cumulative kind: T loaders, loader k over tasks 0..k."""
+    model, _ = model_and_initial
+    unions = [
+        DataLoader(ConcatDataset(TRAIN[: k + 1]), batch_size=BATCH, shuffle=True) for k in range(T)
+    ]
+    ref = reference(model, "cumulative", joint_dataloader=unions)
+    assert ref.scores.tolist() == reference(model, "cumulative").scores.tolist()
+    with pytest.raises(ValueError, match="joint_dataloader has 2 loaders for 3 tasks"):
+        reference(model, "cumulative", joint_dataloader=unions[:2])
+    with pytest.raises(ValueError, match="must be a sequence of T loaders"):
+        reference(model, "cumulative", joint_dataloader=unions[0])
+    with pytest.raises(ValueError, match="per-step reference curves are defined for kind='isol"):
+        reference(model, "cumulative", eval_every_n_steps=2)
+
+
 def test_union_dataloader_copies_the_first_loader() -> None:
     union = union_dataloader(train_loaders())
     assert isinstance(union.dataset, ConcatDataset) and len(union.dataset) == 3 * 48
@@ -291,7 +348,7 @@ def test_the_loaders_own_generators_are_restored(model_and_initial, kind: str) -
 
 def test_bad_arguments_are_refused(model_and_initial) -> None:
     model, _ = model_and_initial
-    with pytest.raises(ValueError, match=r"one of 'isolated', 'joint', got 'both'"):
+    with pytest.raises(ValueError, match=r"one of 'isolated', 'joint', 'cumulative', got 'both'"):
         reference(model, "both")
     with pytest.raises(ValueError, match="per-step reference curves are defined for kind='isol"):
         reference(model, "joint", eval_every_n_steps=2)
@@ -400,6 +457,33 @@ def test_fit_joint_reference(tmp_path, capfd, caplog, monkeypatch) -> None:
     assert results["reference"]["fwt_isolated"] is None
     assert "intransigence=-0.5333 (joint reference; ref[j] - R[j, j] per task: -1.0000" in text
     assert "fwt_isolated" not in text  # FWT is against isolated training only
+
+
+def test_fit_cumulative_reference(tmp_path, capfd, caplog, monkeypatch) -> None:
+    """``stream.reference: cumulative``: copy k on tasks 0..k. Copy 0 is the isolated copy 0
+    (task 0 alone: learned perfectly, 1.0) and copy 2 the joint copy (all three tasks: 0.8 on
+    task 2, test_fit_joint_reference); the copies' runs in cumulative_reference/task_k."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.chdir(tmp_path)
+    code, text = _fit(capfd, caplog, "--stream.reference=cumulative")
+    assert code == 0, text
+    run = tmp_path / "runs/logistic/version_0"
+    results = json.loads((run / "results.json").read_text())
+    ref = results["metadata"]["reference"]
+    assert ref[0] == 1.0 and ref[2] == pytest.approx(0.8, abs=1e-12) and 0.0 <= ref[1] <= 1.0
+    assert results["metadata"]["reference_kind"] == "cumulative"
+    section = results["reference"]
+    assert section["kind"] == "cumulative" and section["fwt_isolated"] is None
+    R = results["scores"]
+    assert section["intransigence_per_task"] == pytest.approx(
+        [ref[j] - R[j][j] for j in range(3)], abs=1e-12
+    )
+    assert "cumulative reference: training 3 fresh copies, copy k on tasks 0..k" in text
+    assert sorted(p.parent.name for p in (run / "cumulative_reference").glob("*/results.json")) == [
+        "task_0",
+        "task_1",
+        "task_2",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -296,6 +296,8 @@ class GenerationScorer:
     #: what results.json records of how the score was produced
     scoring = "free-running"
     target_problems = (_NOT_FINITE_SCORE,)
+    #: per-item records (``evaluate_tasks(item_scorers=...)``): set by the loop
+    keep_items = False
 
     def __init__(
         self,
@@ -352,6 +354,8 @@ class GenerationScorer:
             )
         self.decode = decode
         self.metric_name = metric_name
+        #: exact match scores each item 0 or 1 (recorded as bits); the other metrics as floats
+        self.items_binary = metric_name == "exact_match" and isinstance(metric, str)
         self.name = name if name is not None else metric_name
         if bounds == "auto":
             bounds = (0.0, 1.0) if isinstance(metric, str) else None
@@ -402,6 +406,7 @@ class GenerationScorer:
         self._sums: list[Tensor] = []
         self._nonfinite: list[Tensor] = []
         self._items = 0
+        self._item_scores: list[Tensor] = []
         self._records = []
         self._replay: dict[str, Tensor] | None = None
         self._generator: torch.Generator | None = None
@@ -482,6 +487,8 @@ class GenerationScorer:
         predictions = self._texts(ids, rows)
         scores = self._score(predictions, references)
         self._sums.append(scores.sum())
+        if self.keep_items:
+            self._item_scores.append(scores)
         self._nonfinite.append((~torch.isfinite(scores)).sum())
         self._keep(batch, predictions, references, scores)
         self._items += rows
@@ -570,6 +577,16 @@ class GenerationScorer:
             self._records.append(
                 GenerationRecord(indices[k], predictions[k], references[k], values[k])
             )
+
+    def local_items(self) -> Tensor:
+        """Each decoded item's score on this rank since `start`, in the order decoded (bool for
+        exact match, else float64)."""
+        values = (
+            torch.cat(self._item_scores)
+            if self._item_scores
+            else torch.zeros(0, dtype=torch.float64)
+        )
+        return values != 0 if self.items_binary else values
 
     def local_counts(self) -> Tensor:
         """``[score_sum, items, non_finite_scores]`` (float64)."""

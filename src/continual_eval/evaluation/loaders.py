@@ -183,6 +183,7 @@ def shard_dataloader(
     *,
     task: int | None = None,
     task_name: str | None = None,
+    in_order: bool = False,
 ) -> tuple[Any, bool]:
     """Return ``(loader for this rank, sharded)``.
 
@@ -200,7 +201,9 @@ def shard_dataloader(
     Loaders that cannot be re-built over the same samples (iterable datasets, custom samplers or
     batch samplers, non-DataLoader iterables) come back unchanged with ``sharded=False``: the
     caller then counts them on rank 0 only. With ``world_size <= 1`` every loader except one over a
-    ``DistributedSampler`` comes back unchanged, after the same check as on several ranks.
+    ``DistributedSampler`` comes back unchanged, after the same check as on several ranks;
+    with ``in_order`` (per-item records: item ``k`` is the ``k``-th sample read) a shuffling
+    loader is re-built to read its samples in index order in one process too.
 
     Raises:
         EvaluationError: the samples are not the same on every pass, so they can be reproduced
@@ -215,7 +218,8 @@ def shard_dataloader(
         indices = _sampled_indices(loader)
     except _UnreproducibleError as err:
         raise EvaluationError(f"{_loader_label(loader, task, task_name)}: {err}") from None
-    if world_size <= 1 and not distributed:
+    shuffled = in_order and type(getattr(loader, "sampler", None)) is not SequentialSampler
+    if world_size <= 1 and not distributed and not (shuffled and indices is not None):
         return loader, True
     if indices is None:
         return loader, False
@@ -277,3 +281,83 @@ def subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor]:
     indices = pool[perm[: min(size, len(pool))]].sort().values
     subset = Subset(loader.dataset, indices.tolist())
     return _rebuild_loader(loader, subset, shuffle=False), indices
+
+
+#: how a stage-end subset is drawn, as ``results.json`` states it per task
+STRATIFIED_RULE = (
+    "stratified by class: of the N samples the loader reads (class c: m_c), class c gets "
+    "n_c = floor(n m_c / N), plus one for the n - sum n_c classes of largest remainder "
+    "(ties: the smaller label); within a class, the first n_c in the order of "
+    "randperm(N, generator=manual_seed(seed + j)); sorted by index"
+)
+UNIFORM_RULE = "uniform: sorted(randperm(N, generator=manual_seed(seed + j))[:n])"
+
+
+def dataset_labels(dataset: Any) -> Tensor | None:
+    """The class labels of a map-style ``dataset`` read without a pass over it, ``[len]``
+    int64, else ``None``: a ``TensorDataset``'s second tensor, a ``targets`` attribute (the
+    torchvision convention), or those of a ``Subset``'s dataset at its indices; only integer
+    labels of one per sample count (floating targets are no classes)."""
+    if isinstance(dataset, Subset):
+        inner = dataset_labels(dataset.dataset)
+        if inner is None:
+            return None
+        return inner[torch.as_tensor(list(dataset.indices), dtype=torch.long)]
+    tensors = getattr(dataset, "tensors", None)
+    if isinstance(dataset, torch.utils.data.TensorDataset) and tensors is not None:
+        labels: Any = tensors[1] if len(tensors) >= 2 else None
+    else:
+        labels = getattr(dataset, "targets", None)
+    if labels is None:
+        return None
+    try:
+        values: Tensor = torch.as_tensor(labels)
+        n = len(dataset)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if values.shape != (n,) or values.is_floating_point() or values.is_complex():
+        return None
+    return values.to(torch.long)
+
+
+def stratified_choice(labels: Tensor, size: int, generator: torch.Generator) -> Tensor:
+    """Positions (sorted) of ``size`` of the ``N`` samples with ``labels [N]``, stratified by
+    class as `STRATIFIED_RULE` states (largest-remainder quotas, each class's samples in the
+    order of one ``randperm(N)``); all of them when ``size >= N``."""
+    N = labels.numel()
+    perm = torch.randperm(N, generator=generator)
+    if size >= N:
+        return torch.arange(N)
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    exact = size * counts
+    quota, remainder = exact // N, exact % N
+    extra = size - int(quota.sum())
+    # largest remainders first; a stable sort keeps the smaller label first among ties
+    ranked = torch.sort(-remainder, stable=True).indices
+    quota[ranked[:extra]] += 1
+    by_class = torch.sort(inverse[perm], stable=True)  # each class's samples in randperm order
+    start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(N) - start[by_class.values]
+    chosen = perm[by_class.indices][rank < quota[by_class.values]]
+    return chosen.sort().values
+
+
+def stage_subset_dataloader(loader: Any, size: int, seed: int) -> tuple[Any, Tensor, str]:
+    """A loader over a fixed, seeded subset of ``size`` of ``loader``'s samples, stratified by
+    class when `dataset_labels` reads the labels (`STRATIFIED_RULE`), else uniform
+    (`UNIFORM_RULE`, the draw of `subset_dataloader`); ``(loader, dataset indices, rule)``.
+    The draw uses the samples the loader reads (as `subset_dataloader`), never the rank or the
+    world size: every process count gets the same subset."""
+    try:
+        readable = _sampled_indices(loader)
+    except _UnreproducibleError as err:
+        raise EvaluationError(f"a test subset needs a fixed set of samples: {err}") from None
+    labels = None if readable is None else dataset_labels(loader.dataset)
+    if readable is None or labels is None:
+        subset, indices = subset_dataloader(loader, size, seed)
+        return subset, indices, "uniform"
+    pool = torch.as_tensor(list(readable), dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    indices = pool[stratified_choice(labels[pool], size, generator)].sort().values
+    subset = Subset(loader.dataset, indices.tolist())
+    return _rebuild_loader(loader, subset, shuffle=False), indices, "stratified"

@@ -45,6 +45,7 @@ after each batch scored (lockstep's extra passes are not batches).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from lightning_utilities import apply_to_collection
 from torch import Tensor, nn
 
+from continual_eval.evaluation._item_gather import gather_items
 from continual_eval.evaluation.errors import EvaluationError
 from continual_eval.evaluation.feed import (
     _first_bad_batches,
@@ -87,6 +89,7 @@ from continual_eval.evaluation.scorers import (
     MetricScorer,
     Scorer,
     checked_result,
+    item_support,
     make_scorer,
 )
 from continual_eval.evaluation.sources import _batch_sources, _TaskSource
@@ -127,6 +130,10 @@ class TaskEvaluation:
     scores_by_scorer: tuple[Tensor, ...] = ()
     scorer_names: tuple[str, ...] = ()
     details_by_scorer: tuple[Any, ...] = ()
+    items_by_scorer: tuple[tuple[Tensor, ...] | None, ...] = ()
+    """per scorer, with ``item_scorers``: each task's per-item values ``[n_k]`` in test-set order
+    (bool for 0/1 scores, float64 otherwise; CPU, the same on every rank), aligned with
+    ``task_ids``; ``None`` for a scorer not recorded (``()`` when none is)"""
 
 
 def _resolve_scorers(scorer: Scorer | None, scorers: Sequence[Any] | None) -> list[Scorer]:
@@ -289,6 +296,9 @@ class _Tally:
         self.watches: list[_OutputWatch] = []  # per task held: its output watch
         self.reduced: list[_Reduced] = []  # per task (per_task), else one for all tasks
         self.synced: list[list[Tensor | None]] = []  # per task: non-count-based results
+        #: the scorers whose items are kept, and per such scorer each task's local items
+        self.item_scorers: list[int] = []
+        self.items: list[list[Tensor]] = []
 
     def add(self, task: int, watch: _OutputWatch) -> None:
         """Task ``task``'s local counts, read after its batches."""
@@ -298,6 +308,8 @@ class _Tally:
             raise EvaluationError(f"{self.label(task)}: {err}") from err
         self.rows.append(row)
         self.watches.append(watch)
+        for kept, i in zip(self.items, self.item_scorers, strict=True):
+            kept.append(self.scorers[i].local_items())  # type: ignore[attr-defined]
         if self.per_task:
             counts = self._reduce()
             _raise_for_task(counts.host_row(0), self.label(task), self.scorers, self.world_size)
@@ -428,6 +440,7 @@ def evaluate_tasks(
     stage: int | None = None,
     lockstep: Lockstep | None = None,
     progress: EvaluationProgress | None = None,
+    item_scorers: Collection[int] = (),
 ) -> TaskEvaluation:
     """Score ``module`` on ``dataloaders[j]`` for each ``j`` in ``task_ids``, with every scorer.
 
@@ -461,6 +474,13 @@ def evaluate_tasks(
         progress: told the number of batches (``start``), then each batch scored (``advance``):
             see [`EvaluationProgress`][continual_eval.evaluation.EvaluationProgress]; ``None``:
             nothing is reported.
+        item_scorers: the positions (in the scorers given) of the scorers whose per-item values
+            are kept and gathered across ranks by each item's position in its test set
+            (``TaskEvaluation.items_by_scorer``; two more sum-reductions; see
+            `continual_eval.evaluation._item_gather`): each must be a mean over items
+            (`item_support`), and every loader must read its samples in a fixed order (a
+            sequential sampler, one of `shard_dataloader`'s shards, an iterable dataset read in
+            the same order every time).
 
     Returns:
         [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation], the same on every rank:
@@ -480,6 +500,8 @@ def evaluate_tasks(
     iterated = list(task_ids) if lockstep is not None else [j for j in task_ids if j in counted]
     forward = _Forward(module, device, step, forward_context, convert_input)
     tally = _Tally(scorer_list, device, all_reduce, rank, world_size, label)
+    recorded = _item_scorers(scorer_list, item_scorers)
+    tally.item_scorers, tally.items = recorded, [[] for _ in recorded]
     batch_scorers = _BatchScorers(scorer_list, all_reduce)
     output_scorers = [s for s in scorer_list if s not in batch_scorers.scorers]
     with preserve_rng_state(device), preserve_training_flags(module), grad_context():
@@ -511,7 +533,40 @@ def evaluate_tasks(
                 except EvaluationError as err:
                     raise EvaluationError(f"{label(j)}: {err}") from err
             tally.add(j, watch)
-    return tally.finish(task_ids)
+    evaluation = tally.finish(task_ids)
+    if not recorded:
+        return evaluation
+    items = gather_items(
+        tally.items,
+        [bool(scorer_list[i].items_binary) for i in recorded],  # type: ignore[attr-defined]
+        list(task_ids),
+        unsharded=unsharded,
+        all_reduce=all_reduce,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        label=label,
+    )
+    by_scorer: list[tuple[Tensor, ...] | None] = [None] * len(scorer_list)
+    for i, values in zip(recorded, items, strict=True):
+        by_scorer[i] = tuple(values)
+    return dataclasses.replace(evaluation, items_by_scorer=tuple(by_scorer))
+
+
+def _item_scorers(scorers: Sequence[Scorer], wanted: Collection[int]) -> list[int]:
+    """The scorers whose items are kept (checked by `item_support`), their ``keep_items``
+    set; every other scorer's ``keep_items`` (where it has one) cleared."""
+    recorded = sorted({int(i) for i in wanted})
+    for i in recorded:
+        if not 0 <= i < len(scorers):
+            raise ValueError(f"item_scorers: {i} is no scorer position (0..{len(scorers) - 1})")
+        problem = item_support(scorers[i])
+        if problem is not None:
+            raise TypeError(f"scorer {scorers[i].name!r} keeps no per-item values: {problem}")
+    for i, s in enumerate(scorers):
+        if i in recorded or hasattr(s, "keep_items"):
+            s.keep_items = i in recorded  # type: ignore[attr-defined]
+    return recorded
 
 
 def _total_batches(sources: dict[int, _TaskSource]) -> int | None:

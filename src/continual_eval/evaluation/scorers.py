@@ -115,6 +115,11 @@ class Scorer(Protocol):
     ``details(reduced_counts)``: what it reports besides the scores from the same ``[tasks, K]``
     counts (e.g. confusion counts), returned in `TaskEvaluation.details_by_scorer`.
 
+    Per-item records (``evaluate_tasks(item_scorers=...)``, optional): a scorer whose score is a
+    mean over its samples' values defines ``items_binary`` (a bool: 0/1 values) and
+    ``local_items()``, the values of the samples fed since ``start`` in the order fed (one per
+    sample), kept while the loop has set its ``keep_items`` to ``True`` (see `item_support`).
+
     Scorers of the raw batch (decoding, e.g.
     `GenerationScorer`) set ``needs_batch = True``:
     instead of ``update(preds, target)`` the loop calls ``update_batch(module, batch,
@@ -282,8 +287,14 @@ class _LabelScorer:
     #: layouts without a class dimension (``preds`` already labels) are refused when set
     needs_class_scores = False
 
+    #: per-item records (`local_items`): set by the evaluation loop for the scorers whose items it
+    #: gathers; 0/1 items (``items_binary``) or floats
+    keep_items = False
+    items_binary = True
+
     def start(self, device: torch.device) -> None:
         self._device = device
+        self._items: list[Tensor] = []  # per update with keep_items: each sample's value
         self._total = 0  # host int: batch sizes are known without a device sync
         # per batch, device scalars reduced once in local_counts (no accumulation op per batch)
         self._values: list[Tensor] = []
@@ -338,6 +349,33 @@ class _LabelScorer:
         distribution target; ``target`` itself in the ``same`` layouts)."""
         raise NotImplementedError
 
+    def _batch_items(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+        """Each element's value (``[N]`` for one label per sample), whose sum is
+        `_batch_value`; only the scorers with per-item records define it."""
+        raise NotImplementedError
+
+    def _kept_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+        """`_batch_value` from the per-sample values, which are kept (``keep_items``)."""
+        if labels.ndim != 1:
+            raise EvaluationError(
+                f"per-item records ({self.name}) need one label per sample; the targets have "
+                f"shape {tuple(target.shape)} ({tuple(labels.shape)} labels), several per sample"
+            )
+        items = self._batch_items(preds, target, labels, mode)
+        self._items.append(items)
+        if items.is_floating_point():
+            return items.sum(dtype=getattr(self, "_dtype", torch.float64))
+        return items.sum()
+
+    def local_items(self) -> Tensor:
+        """Every sample's value on this rank since `start`, in the order fed (bool for 0/1
+        scores, float64 otherwise); empty without samples."""
+        dtype = torch.bool if self.items_binary else torch.float64
+        if not self._items:
+            return torch.zeros(0, dtype=dtype, device=self._device)
+        items = self._items[0] if len(self._items) == 1 else torch.cat(self._items)
+        return items.to(dtype)
+
     def update(self, preds: Tensor, target: Tensor) -> None:
         signature = (
             preds.shape[1:],
@@ -366,7 +404,10 @@ class _LabelScorer:
                 self._ranges.append(torch.aminmax(labels))
         elif mode == "float_same":
             self._not_whole.append((target.frac() != 0).sum())
-        self._values.append(self._batch_value(preds, target, labels, mode))
+        if self.keep_items:
+            self._values.append(self._kept_value(preds, target, labels, mode))
+        else:
+            self._values.append(self._batch_value(preds, target, labels, mode))
         self._total += labels.numel()
 
     def _sum(
@@ -420,10 +461,13 @@ class AccuracyScorer(_LabelScorer):
 
     name = "accuracy"
 
-    def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+    def _batch_items(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
         if mode in ("distribution", "labels", "float_labels"):
             preds = preds.argmax(dim=1)
-        return (preds == labels).sum()
+        return preds == labels
+
+    def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+        return self._batch_items(preds, target, labels, mode).sum()
 
 
 class TopKAccuracyScorer(_LabelScorer):
@@ -451,11 +495,14 @@ class TopKAccuracyScorer(_LabelScorer):
                 f"{self.name} needs at least {self.k} classes; the model returned {num_classes}"
             )
 
-    def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+    def _batch_items(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
         assert self._num_classes is not None
         # an out-of-range label is reported after the task; clamped here so gather stays in range
         label_score = preds.gather(1, labels.clamp(0, self._num_classes - 1).unsqueeze(1))
-        return ((preds > label_score).sum(dim=1) < self.k).sum()
+        return (preds > label_score).sum(dim=1) < self.k
+
+    def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+        return self._batch_items(preds, target, labels, mode).sum()
 
 
 class LossScorer(_LabelScorer):
@@ -489,6 +536,7 @@ class LossScorer(_LabelScorer):
 
     higher_is_better = False
     bounds = None
+    items_binary = False
 
     def __init__(
         self, loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, name: str | None = None
@@ -518,6 +566,9 @@ class LossScorer(_LabelScorer):
             self._values.append(losses.to(self._dtype) * weight)
 
     def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+        return self._batch_items(preds, target, labels, mode).sum(dtype=self._dtype)
+
+    def _batch_items(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
         if not preds.is_floating_point():
             raise EvaluationError(
                 f"cross-entropy needs floating class scores; the model returned {preds.dtype}"
@@ -533,7 +584,7 @@ class LossScorer(_LabelScorer):
             assert self._num_classes is not None
             picked = preds.gather(1, labels.clamp(0, self._num_classes - 1).unsqueeze(1))
             losses = torch.logsumexp(preds, dim=1) - picked.squeeze(1)
-        return losses.sum(dtype=self._dtype)
+        return losses
 
     def update(self, preds: Tensor, target: Tensor) -> None:
         if self.loss_fn is None:
@@ -554,6 +605,13 @@ class LossScorer(_LabelScorer):
                 "a loss is a real floating-point tensor, one value per sample (or one batch mean)"
             )
         batch = preds.shape[0]
+        if self.keep_items and (losses.ndim != 1 or losses.shape[0] != batch):
+            raise EvaluationError(
+                f"per-item records ({self.name}) need one loss per sample [N] = [{batch}]; loss "
+                f"{self.name} returned shape {list(losses.shape)}"
+            )
+        if self.keep_items:
+            self._items.append(losses)
         if losses.ndim == 0:
             self._add(losses, weight=batch)
             self._total += batch
@@ -887,6 +945,34 @@ class MetricScorer:
             "samples, such as the recall of a class absent from its test set)",
             row,
         )
+
+
+def item_support(scorer: Any) -> str | None:
+    """Why ``scorer``'s per-task score is no mean over per-item values the loop can record
+    (``None``: it is). Built-ins: accuracy, top-k accuracy, the losses (per-sample values) and
+    `GenerationScorer` (per-prompt text scores; exact match as bits) are; the class-incremental
+    scorers, metrics (a torchmetrics ``compute`` is no mean over items in general: macro
+    averages, F1, AUROC) and the token scorers (means over tokens, not over sequences) are not.
+    A scorer of one's own is when it defines
+    ``local_items()`` (the values of the samples fed since ``start``, in the order fed, while
+    its ``keep_items`` is set) and ``items_binary`` (a bool: 0/1 values)."""
+    if isinstance(scorer, _LabelScorer):
+        if type(scorer)._batch_items is _LabelScorer._batch_items:
+            return f"{type(scorer).__name__} keeps no per-sample values"
+        return None
+    if isinstance(scorer, MetricScorer):
+        return (
+            "a torchmetrics metric's compute() is not a mean over items in general "
+            "(macro averages, F1, AUROC)"
+        )
+    if callable(getattr(scorer, "local_items", None)) and isinstance(
+        getattr(scorer, "items_binary", None), bool
+    ):
+        return None
+    return (
+        f"{type(scorer).__name__} defines no local_items() and items_binary (per-item values "
+        "of a mean over items)"
+    )
 
 
 def checked_update(scorer: Scorer) -> Callable[[Tensor, Tensor], None]:

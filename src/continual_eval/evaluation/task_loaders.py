@@ -13,6 +13,7 @@ from continual_eval.evaluation.cache import BatchCache, cache_safety
 from continual_eval.evaluation.loaders import (
     shard_dataloader,
     spare_dataloader,
+    stage_subset_dataloader,
     subset_dataloader,
 )
 
@@ -36,6 +37,12 @@ class TaskLoaders:
             ``per_step`` is on), ``True`` (every loader) or ``False`` (never).
         cache_max_bytes: cap of the `BatchCache`.
         per_step: whether evaluations inside stages happen (they make the auto cache worth it).
+        stage_subset_size: ``n`` for the fixed subsets the baseline and stage-end evaluations
+            (and per-step ones without a subset of their own) score instead of the whole test
+            sets of the first ``num_tasks`` loaders (``None``: whole sets); task ``j``'s is
+            `stage_subset_dataloader` with seed ``stage_subset_seed + j``.
+        stage_subset_seed: seed of the stage-end subsets.
+        num_tasks: how many of ``loaders`` are tasks (the rest, held-out sets, stay whole).
     """
 
     def __init__(
@@ -48,6 +55,9 @@ class TaskLoaders:
         cache: bool | None = None,
         cache_max_bytes: int = 256 * 2**20,
         per_step: bool = False,
+        stage_subset_size: int | None = None,
+        stage_subset_seed: int = 0,
+        num_tasks: int | None = None,
     ) -> None:
         self.loaders = list(loaders)
         self.task_names = list(task_names)
@@ -69,6 +79,22 @@ class TaskLoaders:
                     ) from err
             self.subsets = [loader for loader, _ in built]
             self.subset_sizes = [len(indices) for _, indices in built]
+        #: per task, the stage-end subset's dataset indices and rule (empty without one)
+        self.stage_indices: list[torch.Tensor] = []
+        self.stage_rules: list[str] = []
+        if stage_subset_size is not None:
+            for j in range(len(self.loaders) if num_tasks is None else num_tasks):
+                try:
+                    loader, indices, rule = stage_subset_dataloader(
+                        self.loaders[j], stage_subset_size, stage_subset_seed + j
+                    )
+                except ValueError as err:
+                    raise ValueError(
+                        f"stage_eval_subset: test dataloader {j} ({self.task_names[j]!r}): {err}"
+                    ) from err
+                self.loaders[j] = loader
+                self.stage_indices.append(indices)
+                self.stage_rules.append(rule)
         self.cache_safe = [cache_safety(loader) is None for loader in self.loaders]
         self.cache = BatchCache(cache_max_bytes)
         self.rank_loaders: list[Any] = list(self.loaders)
@@ -89,6 +115,8 @@ class TaskLoaders:
         *,
         cache: bool | None = None,
         cache_max_bytes: int = 256 * 2**20,
+        stage_subset_size: int | None = None,
+        stage_subset_seed: int = 0,
     ) -> TaskLoaders:
         """The loaders of a run whose in-stage evaluations follow ``steps`` (``None``: none; else
         its fixed subset per task and seed), the ``held_out`` sets' (name -> loader) after the
@@ -102,6 +130,9 @@ class TaskLoaders:
             cache=cache,
             cache_max_bytes=cache_max_bytes,
             per_step=steps is not None,
+            stage_subset_size=stage_subset_size,
+            stage_subset_seed=stage_subset_seed,
+            num_tasks=len(loaders),
         )
         task_loaders.num_held_out = len(held_out)
         return task_loaders
@@ -109,12 +140,15 @@ class TaskLoaders:
     def __len__(self) -> int:
         return len(self.loaders)
 
-    def shard(self, rank: int, world_size: int) -> frozenset[int]:
+    def shard(self, rank: int, world_size: int, *, in_order: bool = False) -> frozenset[int]:
         """This rank's unpadded shards of every loader and subset (and, with several ranks, the
         spare loaders); returns the tasks whose loader cannot be sharded (only rank 0 counts
-        them)."""
+        them). ``in_order`` (per-item records): shuffling loaders read in index order in one
+        process too."""
         sharded = [
-            shard_dataloader(loader, rank, world_size, task=j, task_name=self.task_names[j])
+            shard_dataloader(
+                loader, rank, world_size, task=j, task_name=self.task_names[j], in_order=in_order
+            )
             for j, loader in enumerate(self.loaders)
         ]
         self.rank_loaders = [loader for loader, _ in sharded]

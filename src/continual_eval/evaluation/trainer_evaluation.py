@@ -74,13 +74,15 @@ def evaluate_under_trainer(
     stage: int | None = None,
     progress: EvaluationProgress | None = None,
     verbose: bool = True,
+    item_scorers: Sequence[int] = (),
 ) -> TaskEvaluation:
     """Score ``task_ids`` with every scorer on this rank's shards of ``task_loaders`` (their
     fixed subsets with ``subset``), counts reduced over the Trainer's ranks; the
     [`TaskEvaluation`][continual_eval.evaluation.TaskEvaluation], its scores aligned with
     ``scorers``. ``stage`` goes to the scorers' ``set_task``; ``progress`` hears every batch (see
     [`EvaluationProgress`][continual_eval.evaluation.EvaluationProgress]). With ``verbose``, rank 0
-    reports the batch cache once it is filled."""
+    reports the batch cache once it is filled. ``item_scorers``: the scorers (positions) whose
+    per-item values are gathered (``TaskEvaluation.items_by_scorer``)."""
     world = trainer.world_size
     strategy = trainer.strategy
     device = strategy.root_device
@@ -110,6 +112,7 @@ def evaluate_under_trainer(
             stage=stage,
             lockstep=lockstep,
             progress=progress,
+            item_scorers=item_scorers,
         )
     report = task_loaders.cache_report(device) if verbose else None
     if report is not None and trainer.is_global_zero:

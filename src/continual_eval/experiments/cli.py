@@ -9,7 +9,7 @@ test loaders and
                ``task_classes: [[0, 1], [2, 3], ...]`` turns on class-incremental evaluation,
                as in ``configs/digits_class_incremental.yaml``);
 ``stream``     `StreamOptions`: experiment name, method label, seeds, reference model
-               (``reference: none | isolated | joint``), report.
+               (``reference: none | isolated | joint | cumulative``), report.
 
 ``trainer.max_epochs`` is the training budget *per task*. Each task is one ``trainer.fit`` on the
 same Trainer (``fit_loop.max_epochs`` is raised before each); one line per stage says how many
@@ -30,9 +30,10 @@ rewritten: a name is refused (exit code 2, a one-line message naming the option)
 whitespace, or holds a path separator (``/`` or ``\\``, on every platform) or a control, format
 or line-separator character. The resolved run directory must also lie inside ``stream.save_dir``
 (a symbolic link inside it that points elsewhere is refused too). A ``stream.reference`` other
-than ``none``, ``isolated`` or ``joint`` is refused the same way (exit code 2, one line).
+than ``none``, ``isolated``, ``joint`` or ``cumulative`` is refused the same way (exit code 2,
+one line).
 
-With ``stream.reference: isolated`` or ``joint`` the reference (see
+With ``stream.reference: isolated``, ``joint`` or ``cumulative`` the reference (see
 `continual_eval.references`) is trained before the stream, its per-task scores are stored in
 results.json as ``metadata["reference"]`` with ``metadata["reference_kind"]``, and the end of the
 run prints, from [`continual_eval.functional`][continual_eval.functional], the intransigence per
@@ -160,7 +161,9 @@ class StreamOptions:
             model on each task alone (``trainer.max_epochs`` epochs, the stream's budget per
             task); ``joint``: one fresh copy on all tasks' training data together
             (``trainer.max_epochs`` epochs over the union: every example seen as often as in the
-            stream). Their per-task scores go to ``metadata["reference"]`` and the kind to
+            stream); ``cumulative``: copy ``k`` on the training data of tasks ``0..k``, the same
+            epochs over that union (Chaudhry et al.'s reference of intransigence, ``T`` fits).
+            Their per-task scores go to ``metadata["reference"]`` and the kind to
             ``metadata["reference_kind"]``; the fit prints intransigence (and, isolated, FWT
             against isolated training). See `continual_eval.references`.
         report: write the report (PNGs + report.md) into ``<run_dir>/report`` after the stream.

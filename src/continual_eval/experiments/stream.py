@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 #: the values of ``fit_stream(reference=...)`` and of ``stream.reference`` in a config
-REFERENCE_OPTIONS = ("none", "isolated", "joint")
+REFERENCE_OPTIONS = ("none", "isolated", "joint", "cumulative")
 
 
 class TaskStreamDataModule(pl.LightningDataModule):
@@ -77,6 +77,11 @@ class TaskStreamDataModule(pl.LightningDataModule):
     def task_train_dataloader(self, task: int) -> DataLoader[Any]:
         """Task ``task``'s training loader, as ``train_dataloader`` serves it in that stage."""
         return self._train_loader(self.train_sets[task])
+
+    def cumulative_train_dataloader(self, task: int) -> DataLoader[Any]:
+        """The loader over the training data of tasks ``0..task`` (the cumulative reference's
+        copy ``task``), built like ``train_dataloader``."""
+        return self._train_loader(ConcatDataset(self.train_sets[: task + 1]))
 
     def joint_train_dataloader(self) -> DataLoader[Any]:
         """The loader over every task's training data, as ``train_dataloader`` serves it with
@@ -152,7 +157,8 @@ def _reference_trainer_kwargs(trainer: pl.Trainer) -> dict[str, Any]:
 
 
 def reference_kind(reference: object) -> str | None:
-    """``"isolated"``, ``"joint"`` or ``None`` (no reference) from a ``reference`` option, one of
+    """``"isolated"``, ``"joint"``, ``"cumulative"`` or ``None`` (no reference) from a
+    ``reference`` option, one of
     `REFERENCE_OPTIONS`; anything else is a `ValueError` naming the choices."""
     if not isinstance(reference, str) or reference not in REFERENCE_OPTIONS:
         raise ValueError(
@@ -199,12 +205,21 @@ def stream_reference(
         datamodule.test_dataloader(),
         kind=kind,
         trainer_factory=lambda: pl.Trainer(max_epochs=epochs, **(trainer_kwargs or {})),
-        joint_dataloader=datamodule.joint_train_dataloader() if kind == "joint" else None,
+        joint_dataloader=_union_loaders(datamodule, kind),
         task_names=datamodule.task_names,
         eval_every_n_steps=every,
         callback_kwargs=options,
         dirpath=dirpath,
     )
+
+
+def _union_loaders(datamodule: TaskStreamDataModule, kind: str) -> Any:
+    """The joint copy's loader, the cumulative copies' ``T`` loaders, or ``None`` (isolated)."""
+    if kind == "joint":
+        return datamodule.joint_train_dataloader()
+    if kind == "cumulative":
+        return [datamodule.cumulative_train_dataloader(k) for k in range(datamodule.num_tasks)]
+    return None
 
 
 def connect_online(
@@ -248,9 +263,10 @@ def fit_stream(
     ``trainer.max_epochs`` is the budget per task. A
     [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] built from ``callback_kwargs``
     (task names from the datamodule, ``metadata`` stored in results.json) is appended to the
-    Trainer's callbacks and returned. ``reference``: ``"none"``, ``"isolated"`` or ``"joint"``:
-    first train that reference (`stream_reference`, results in
-    ``<run dir>/isolated_reference/task_j`` or ``<run dir>/joint_reference``) and store its per-task
+    Trainer's callbacks and returned. ``reference``: ``"none"``, ``"isolated"``, ``"joint"`` or
+    ``"cumulative"``: first train that reference (`stream_reference`, results in
+    ``<run dir>/isolated_reference/task_j``, ``<run dir>/joint_reference`` or
+    ``<run dir>/cumulative_reference/task_k``) and store its per-task
     scores as ``metadata["reference"]`` and the kind as ``metadata["reference_kind"]``. An
     [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] among the Trainer's callbacks
     scores the tasks' training data as one stream
@@ -284,9 +300,13 @@ def fit_stream(
     if kind is not None:
         num_tasks = datamodule.num_tasks
         progress(
-            f"joint reference: training on all {num_tasks} tasks at once"
-            if kind == "joint"
-            else f"isolated reference: training a fresh copy on each of the {num_tasks} tasks alone"
+            {
+                "joint": f"joint reference: training on all {num_tasks} tasks at once",
+                "isolated": "isolated reference: training a fresh copy on each of the "
+                f"{num_tasks} tasks alone",
+                "cumulative": f"cumulative reference: training {num_tasks} fresh copies, copy k "
+                "on tasks 0..k",
+            }[kind]
         )
         ref = stream_reference(
             model,

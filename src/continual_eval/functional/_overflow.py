@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["all_finite", "first_bad", "overflow_error", "rescaled"]
+__all__ = ["all_finite", "first_bad", "first_infinite", "no_infinite", "overflow_error", "rescaled"]
 
 
 def all_finite(*values: Tensor) -> bool:
@@ -39,6 +39,20 @@ def first_bad(values: Tensor) -> tuple[int, ...]:
     if values.ndim == 0:
         return ()
     return tuple(int(v) for v in (~torch.isfinite(values)).nonzero()[0])
+
+
+def no_infinite(*values: Tensor) -> bool:
+    """Whether no entry of any tensor is ``±inf`` (NaN passes: an absent value, from an absent
+    cell; a difference or mean of finite values is never NaN)."""
+    flags = [~torch.isinf(v).any() for v in values if v.numel()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def first_infinite(values: Tensor) -> tuple[int, ...]:
+    """The index of the first ``±inf`` entry (``()`` for a 0-d tensor)."""
+    if values.ndim == 0:
+        return ()
+    return tuple(int(v) for v in torch.isinf(values).nonzero()[0])
 
 
 def _scale(tensors: Sequence[Tensor | None], terms: int) -> float:

@@ -111,7 +111,8 @@ def check_cells(
         if check is None:
             raise ValueError(
                 f"{name}[{index}] is {value!r}; {cell_desc} must be finite "
-                "(NaN is allowed only in cells no metric reads)"
+                "(NaN is allowed only in cells no metric reads and, as an absent cell, in "
+                "an old task's cell R[i, j], j < i < T-1)"
             )
         if check == UNIT_BOUNDS:
             raise ValueError(
@@ -126,7 +127,8 @@ def check_cells(
 
 def check_scores(scores: Tensor, *, bounds: tuple[float, float] | None = UNIT_BOUNDS) -> None:
     """Validate a score matrix: square 2-D floating tensor, used cells finite and within
-    ``bounds`` (``None``: finite only)."""
+    ``bounds`` (``None``: finite only). An old task's cell off the final row, ``R[i, j]`` with
+    ``j < i < T-1``, may be NaN: absent (not evaluated); the metrics that read it are NaN."""
     _check_float("scores", scores)
     if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or scores.shape[0] < 1:
         raise ValueError(
@@ -144,8 +146,11 @@ def check_scores(scores: Tensor, *, bounds: tuple[float, float] | None = UNIT_BO
         low_ok = used.amin() >= lo if math.isfinite(lo) else used.amin() > lo
         if bool(low_ok) and bool(used.amax() <= hi if math.isfinite(hi) else used.amax() < hi):
             return
-        mask = triangle_masks(scores.shape[0], scores.device).used
-        check_cells("scores", values, mask, "used cells (j <= i + 1)", bounds)
+        masks = triangle_masks(scores.shape[0], scores.device)
+        check_cells("scores", values, masks.required, "used cells (j <= i + 1)", bounds)
+        # the old-task cells off the final row may be absent (NaN); a value there is checked
+        present = (masks.used & ~masks.required) & ~torch.isnan(values)
+        check_cells("scores", values, present, "used cells (j <= i + 1)", bounds)
 
 
 def check_vector(

@@ -21,6 +21,9 @@ class TriangleMasks(NamedTuple):
     used: Tensor  # j <= i + 1: the cells the GEM metrics read
     untrained: Tensor  # j > i: task j not yet trained at stage i
     old: Tensor  # j < i: task j followed by training at stage i
+    #: the used cells that must hold a value: all but the old-task cells off the final row
+    #: (``j < i < T-1``), which may be absent (NaN: not evaluated, ``eval_old_tasks_every``)
+    required: Tensor
 
 
 @functools.lru_cache(maxsize=8)
@@ -28,7 +31,10 @@ def triangle_masks(num_tasks: int, device: torch.device | str = "cpu") -> Triang
     """The masks for ``T`` tasks, cached per ``(T, device)``; callers must not modify them."""
     idx = torch.arange(num_tasks, device=device)
     offset = idx.unsqueeze(0) - idx.unsqueeze(1)  # j - i
-    return TriangleMasks(used=offset <= 1, untrained=offset > 0, old=offset < 0)
+    absent_ok = (offset < 0) & (idx < num_tasks - 1).unsqueeze(1)
+    return TriangleMasks(
+        used=offset <= 1, untrained=offset > 0, old=offset < 0, required=(offset <= 1) & ~absent_ok
+    )
 
 
 _WORKSPACE = threading.local()

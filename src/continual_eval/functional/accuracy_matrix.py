@@ -6,6 +6,14 @@ baseline). A metric only reads the cells ``j <= i + 1`` (the lower triangle and 
 superdiagonal) and ``b[1:]``; every other cell may hold NaN and never reaches a result, because
 cells are *selected* (``masked_fill``, ``tril``), never multiplied by a mask.
 
+Absent cells: an old task's cell off the final row, ``R[i, j]`` with ``j < i < T-1``, may be NaN
+(not evaluated: ``ContinualEvalCallback(eval_old_tasks_every=k)``). Validation accepts it, and it
+propagates to exactly the metrics that read it, never replaced by another cell: the forgetting
+of task ``j`` (its peak reads every row), the mean forgetting, the average incremental accuracy,
+and in the curves every metric of stage ``i`` that reads row ``i`` (ACC, BWT, forgetting) and the
+later forgetting and AIA. ACC, BWT, FWT, learning accuracy and intransigence read only the
+diagonal, the superdiagonal and the final row, which must hold values.
+
 All averages weight tasks equally (not examples). With ``T = 1`` no task has been followed by
 training: ACC is ``R[0, 0]`` and every transfer or forgetting metric is zero.
 
@@ -59,7 +67,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional._overflow import all_finite, first_bad, overflow_error, rescaled
+from continual_eval.functional._overflow import (
+    all_finite,
+    first_infinite,
+    no_infinite,
+    overflow_error,
+    rescaled,
+)
 from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_direction,
@@ -142,11 +156,11 @@ def _check_per_task(
     cells: Callable[[int], list[tuple[str, Tensor]]],
     first_task: int = 0,
 ) -> None:
-    """Raise `overflow_error` for the first task whose value is not finite (the inputs
-    were validated finite, so a difference of them overflowed); entry ``k`` is task
-    ``first_task + k``, whose inputs ``cells(k)`` names."""
-    if not all_finite(values):
-        (k,) = first_bad(values)
+    """Raise `overflow_error` for the first task whose value is infinite (the inputs were
+    validated finite, so a difference of them overflowed; NaN is an absent value, from an absent
+    cell); entry ``k`` is task ``first_task + k``, whose inputs ``cells(k)`` names."""
+    if not no_infinite(values):
+        (k,) = first_infinite(values)
         raise overflow_error(metric, f"task {first_task + k}", cells(k))
 
 

@@ -19,7 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional._overflow import all_finite, first_bad, overflow_error, rescaled
+from continual_eval.functional._overflow import (
+    all_finite,
+    first_infinite,
+    no_infinite,
+    overflow_error,
+    rescaled,
+)
 from continual_eval.functional._validation import (
     UNIT_BOUNDS,
     check_forgetting_convention,
@@ -183,8 +189,8 @@ def _check_terms(scores: Tensor, baseline: Tensor, forgetting: str, higher_is_be
         peak = torch.cat([peak[:1], peak[:-1]])
     drop = gain(peak, scores, higher_is_better).masked_fill(~old, 0.0)
     for metric, terms in (("backward transfer", bwt), ("forgetting", drop)):
-        if not all_finite(terms):
-            s, j = first_bad(terms)
+        if not no_infinite(terms):  # NaN: an absent cell's term
+            s, j = first_infinite(terms)
             if metric == "backward transfer":
                 cells = [_cell("scores", scores, s, j), _cell("scores", scores, j, j)]
             else:

@@ -13,6 +13,10 @@ and the files of a run directory.
   [`ContinualResults.from_tensors`][continual_eval.results.ContinualResults.from_tensors] takes.
 * `class_incremental`: [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults].
 * `held_out`: [`HeldOutResults`][continual_eval.results.HeldOutResults].
+* `intervals`: the ``intervals`` and ``items`` sections of a run with per-item records
+  ([`IntervalResults`][continual_eval.results.intervals.IntervalResults],
+  [`ItemResults`][continual_eval.results.intervals.ItemResults]; not in ``__all__``: reached
+  as ``ContinualResults.intervals`` and ``.items``).
 * `online`: [`OnlineResults`][continual_eval.results.OnlineResults], the ``online`` section
   (what [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] records over a stream).
 * `reference`: [`Reference`][continual_eval.Reference] and `ReferenceCurve`, what

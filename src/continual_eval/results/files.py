@@ -27,10 +27,14 @@ Every file is replaced atomically (a temporary ``.NAME.PID.tmp`` beside it, then
 ``os.replace``): a process killed at any point, or a full disk, leaves the previous complete
 version; `remove_stale_temporaries` removes what killed writers left.
 
-A stage journal (an append-only, fsync'd ``stages.jsonl`` as the commit record, ``results.json``
-rebuilt from it now and then) fits here without another restructure: `commit_results`
-would append the stage's record instead of replacing ``results.json`` every stage, and
-`read_document` would fold the journal's newer records into the document it returns.
+* ``stages.jsonl``, the stage journal of a
+  [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback] run: one JSON line per recorded
+  stage, appended and fsync'd after every stage, the durable record of the run; ``results.json``
+  and the CSV files are rebuilt from the run's record at spaced stages, so they may be a few
+  stages behind it (never inconsistent). Its format and the rebuild rule are
+  `continual_eval._stage_journal`'s;
+  [`ContinualResults.load`][continual_eval.results.ContinualResults.load] replays the journal's
+  newer stages (`replay_newer_journal`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ except ImportError:  # pragma: no cover - Windows
 
 __all__ = [
     "CLAIM_FILE",
+    "JOURNAL_FILE",
     "RESULTS_FILE",
     "SCORES_FILE",
     "ResultsWriteError",
@@ -85,13 +90,16 @@ __all__ = [
     "release_claim",
     "remove_stale_temporaries",
     "replace_atomically",
+    "replay_newer_journal",
     "scores_csv_name",
+    "set_journal_replay",
     "write_scores_csv",
 ]
 
 RESULTS_FILE = "results.json"
 SCORES_FILE = "scores.csv"
 CLAIM_FILE = ".continual_eval_claim.json"
+JOURNAL_FILE = "stages.jsonl"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 _ENCODER = msgspec.json.Encoder()
 
@@ -140,6 +148,14 @@ def _write_failed(path: Path, err: OSError, stages: int) -> ResultsWriteError:
             kept += " (the CSV files it names are unchanged too)"
         else:
             kept += " (a CSV may be a stage ahead; a resumed run rewrites it)"
+    journal = path.parent / JOURNAL_FILE
+    if journal.is_file():
+        with contextlib.suppress(OSError):
+            lines = journal.read_bytes().count(b"\n")
+            kept += (
+                f"; the stage journal {JOURNAL_FILE} holds {max(lines - 2, 0)} stage(s) "
+                "(ContinualResults.load reads them)"
+            )
     return ResultsWriteError(
         err.errno,
         f"could not write {path} ({err.strerror or err}) while recording {stages} completed "
@@ -159,8 +175,15 @@ def _scores_csv(task_names: list[str], baseline: list[Any], scores: list[list[An
     """``stage,<task names>``; a ``baseline`` row; one row per stage (every cell through
     `continual_eval._csv.csv_cell`: empty for null, names that look like formulas
     neutralised)."""
-    rows = [["baseline", *baseline], *([i, *row] for i, row in enumerate(scores))]
-    return csv_text(["stage", *task_names], rows)
+    header = csv_text(["stage", *task_names], [])
+    # the cells are numbers or null: written in one pass of the JSON encoder (each float in its
+    # shortest round-trip form, null as an empty field), not cell by cell
+    rows = [baseline, *scores]
+    body = _ENCODER.encode(rows)[2:-2].replace(b"null", b"").split(b"],[")
+    labels = ["baseline", *map(str, range(len(scores)))]
+    return header + "".join(
+        f"{label},{row.decode()}\n" for label, row in zip(labels, body, strict=True)
+    )
 
 
 def _csv_files(document: Document) -> dict[str, str]:
@@ -300,6 +323,30 @@ def read_document(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYT
     return decode_document(data, path)
 
 
+# ---------------------------------------------------------------------- the stage journal
+#: how a stage journal newer than ``results.json`` is replayed into results: set by
+#: `continual_eval._stage_journal`, which replays it through the run record; that record sits
+#: above this package (it builds results), so this package cannot import it
+_journal_replay: Callable[[Path, Document | None], Any] | None = None
+
+
+def set_journal_replay(replay: Callable[[Path, Document | None], Any]) -> None:
+    """Register ``replay(journal_path, document)``: the results of the journal at
+    ``journal_path`` when it holds more stages than ``document`` (the ``results.json`` beside it,
+    ``None`` when there is none), else ``None``."""
+    global _journal_replay
+    _journal_replay = replay
+
+
+def replay_newer_journal(dirpath: str | os.PathLike[str], document: Document | None) -> Any:
+    """The results of the stage journal in ``dirpath`` when it holds stages that ``document``
+    (its ``results.json``) does not yet, else ``None``."""
+    path = Path(dirpath) / JOURNAL_FILE
+    if _journal_replay is None or not path.is_file():
+        return None
+    return _journal_replay(path, document)
+
+
 class _Header(msgspec.Struct):
     """What a directory check reads of a ``results.json`` (the rest is skipped unparsed)."""
 
@@ -368,8 +415,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _is_results_file(name: str) -> bool:
-    """``results.json``, ``scores.csv``, a ``scores_<name>.csv`` or the claim."""
-    return name in (RESULTS_FILE, SCORES_FILE, CLAIM_FILE) or (
+    """``results.json``, ``scores.csv``, a ``scores_<name>.csv``, the journal or the claim."""
+    return name in (RESULTS_FILE, SCORES_FILE, CLAIM_FILE, JOURNAL_FILE) or (
         name.startswith("scores_") and name.endswith(".csv")
     )
 

@@ -32,7 +32,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import torch
@@ -57,6 +57,7 @@ from continual_eval.functional.stability import min_accuracy, stability_gap, wor
 from continual_eval.results._convert import cells, matrix, present, vector
 from continual_eval.results.class_incremental import ClassIncrementalResults
 from continual_eval.results.held_out import HeldOutResults
+from continual_eval.results.intervals import IntervalResults, ItemResults
 from continual_eval.results.online import OnlineResults
 from continual_eval.stage_cost import StageCost, memory_kind, summarize_costs
 
@@ -80,9 +81,9 @@ STABILITY_SOURCE = "De Lange, van de Ven & Tuytelaars, ICLR 2023 (min-ACC eq. 4,
 FWT_CONVENTION = "R[j-1,j] - b[j] (GEM; b[j] - R[j-1,j] where lower is better)"
 UNIT_BOUNDS = (0.0, 1.0)
 #: the kinds of [`ReferenceScores`][continual_eval.results.ReferenceScores]: trained by
-#: [`train_reference`][continual_eval.train_reference] (``"isolated"``, ``"joint"``) or given as
-#: scores of unknown provenance (``"given"``)
-REFERENCE_SCORE_KINDS = ("isolated", "joint", "given")
+#: [`train_reference`][continual_eval.train_reference] (``"isolated"``, ``"joint"``,
+#: ``"cumulative"``) or given as scores of unknown provenance (``"given"``)
+REFERENCE_SCORE_KINDS = ("isolated", "joint", "cumulative", "given")
 
 
 def _f64(t: Any) -> Tensor:
@@ -415,11 +416,11 @@ class ReferenceMetrics:
     [`continual_eval.functional`][continual_eval.functional]). Forward transfer against isolated
     training: ``R[j, j] - ref[j]`` per task ``1 <= j < s`` and its mean
         (``forward_transfer_per_task(..., convention="isolated")``); absent (NaN) for a ``"joint"``
-    reference, which is no isolated training. For a lower-is-better score both differences are
-    reversed (positive: learned less well / better than the reference).
+    or ``"cumulative"`` reference, which is no isolated training. For a lower-is-better score
+    both differences are reversed (positive: learned less well / better than the reference).
     """
 
-    #: ``"isolated"``, ``"joint"`` or ``"given"``
+    #: ``"isolated"``, ``"joint"``, ``"cumulative"`` or ``"given"``
     kind: str
     #: the score it holds (the primary matrix's)
     score: str
@@ -457,7 +458,7 @@ class ReferenceMetrics:
             fwt = forward_transfer_per_task(
                 R, ref, convention="isolated", higher_is_better=hib, validate=False
             )
-        if reference.kind == "joint":
+        if reference.kind in ("joint", "cumulative"):  # no isolated training
             fwt = torch.full_like(fwt, math.nan)
         fwt_curve = torch.cat([torch.full((min(s, 1),), math.nan), _running_mean(fwt)])
         per_stage = {"intransigence": _running_mean(intransigence), "fwt_isolated": fwt_curve}
@@ -850,12 +851,20 @@ class ContinualResults:
     #: sets scored at the baseline and after every stage but never trained
     #: (``ContinualEvalCallback(held_out_dataloaders=...)``: the ``held_out`` section)
     held_out: HeldOutResults | None = None
+    #: confidence intervals from the per-item records (``ContinualEvalCallback(item_records=...)``:
+    #: the ``intervals`` section); ``None`` without them
+    intervals: IntervalResults | None = None
+    #: the per-item records' memory and item transitions (the ``items`` section)
+    items: ItemResults | None = None
     #: the run ended with fewer tasks trained than test loaders (the ``coverage`` section);
     #: ``None`` otherwise (every task trained, or the run may go on)
     coverage: Coverage | None = None
     #: the online record ([`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback]: the
     #: ``online`` section); ``None`` without one
     online: OnlineResults | None = None
+    #: budgeted stage-end evaluation (``ContinualEvalCallback(stage_eval_subset=...,
+    #: eval_old_tasks_every=...)``: the ``stage_evaluation`` section); ``None`` without it
+    stage_evaluation: schema.StageEvaluationSection | None = None
 
     def __post_init__(self) -> None:
         if not self.matrices:
@@ -1066,10 +1075,15 @@ class ContinualResults:
                 document.held_out,
                 {name: m.higher_is_better for name, m in document.matrices.items()},
             ),
+            intervals=None
+            if document.intervals is None
+            else IntervalResults.from_section(document.intervals, T),
+            items=None if document.items is None else ItemResults.from_section(document.items, T),
             coverage=None
             if document.coverage is None
             else Coverage.from_section(document.coverage),
             online=None if document.online is None else OnlineResults.from_section(document.online),
+            stage_evaluation=document.stage_evaluation,
         )
 
     @classmethod
@@ -1083,14 +1097,32 @@ class ContinualResults:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ContinualResults:
-        """Read and validate a ``results.json`` (or the directory holding one).
+        """Read and validate a ``results.json`` (or the directory holding one). When the run's
+        stage journal beside it (``stages.jsonl``, see
+        [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]) holds stages the file
+        does not yet (``results.json`` is rebuilt at spaced stages, and a run killed between two
+        rebuilds leaves it behind): the results of every journaled stage.
 
         Raises:
-            FileNotFoundError: no ``results.json`` there.
+            FileNotFoundError: no ``results.json`` (nor journal) there.
             InvalidResultsError: (a ``ValueError``) the file is not a valid results document; the
                 message names the file and the field (e.g. ``scores[2][1]``).
         """
-        return cls.from_document(files.read_document(path))
+        path = Path(path)
+        directory = path if path.is_dir() else path.parent
+        document: schema.Document | None = None
+        try:
+            document = files.read_document(path)
+        except FileNotFoundError:
+            if path.is_file() or not (directory / files.JOURNAL_FILE).is_file():
+                raise
+        if path.is_dir() or path.name == files.RESULTS_FILE:
+            newer = files.replay_newer_journal(directory, document)
+            if newer is not None:
+                return cast(ContinualResults, newer)
+        if document is None:
+            raise FileNotFoundError(f"no {files.RESULTS_FILE} at {directory}")
+        return cls.from_document(document)
 
     # ------------------------------------------------------------------ output
     def to_document(self) -> schema.Document:
@@ -1146,8 +1178,11 @@ class ContinualResults:
             if self.class_incremental is None
             else self.class_incremental.to_section(),
             held_out=None if self.held_out is None else self.held_out.to_section(),
+            intervals=None if self.intervals is None else self.intervals.to_section(),
+            items=None if self.items is None else self.items.to_section(),
             coverage=None if self.coverage is None else self.coverage.to_section(),
             online=None if self.online is None else self.online.to_section(),
+            stage_evaluation=self.stage_evaluation,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,9 +16,10 @@ Accepted (every form holds scores of the callback's primary scorer, one per task
   (its curves, with ``eval_every_n_steps``, give the areas);
 * a path: a reference run's ``results.json`` (or the directory holding one): the final row of its
   primary matrix, kind from its ``metadata["reference_run"]`` (``"given"`` when absent); or the
-  directory of an isolated reference (``task_0/results.json``, ``task_1/results.json``, ...: what
-  ``train_reference(..., kind="isolated", dirpath=...)`` and ``continual-eval fit`` write),
-  ``R[0, 0]`` of each, with the areas of their curves when they were recorded.
+  directory of an isolated or cumulative reference (``task_0/results.json``,
+  ``task_1/results.json``, ...: what ``train_reference(..., kind="isolated" or "cumulative",
+  dirpath=...)`` and ``continual-eval fit`` write), ``R[0, 0]`` of each, with the areas of their
+  curves when they were recorded; the kind from their ``metadata["reference_run"]``.
 """
 
 from __future__ import annotations
@@ -66,14 +67,16 @@ class Reference:
     """What [`train_reference`][continual_eval.train_reference] measured.
 
     Attributes:
-        kind: ``"isolated"`` or ``"joint"``.
+        kind: ``"isolated"``, ``"joint"`` or ``"cumulative"``.
         scores: ``ref``, ``[T]`` float64: ``ref[j]`` is the reference score on task ``j``'s test
-            set (isolated: copy ``j``, trained on task ``j`` alone; joint: the one joint copy).
+            set (isolated: copy ``j``, trained on task ``j`` alone; joint: the one joint copy;
+            cumulative: copy ``j``, trained on tasks ``0..j``).
         baseline: ``[T]`` float64, the untrained copies' scores (the continual run's ``b`` when
             the copies start from its initial weights).
         epochs: epochs each reference model trained (the per-task budget ``E``; the joint copy
             trains ``E`` epochs over the union).
-        steps_trained: optimizer steps each reference model took (``T`` values for isolated, one
+        steps_trained: optimizer steps each reference model took (``T`` values for isolated and
+            cumulative, one
             for joint).
         score_name: the primary scorer's name (what ``scores`` holds, e.g. ``"accuracy"``).
         higher_is_better: the primary scorer's direction.
@@ -253,7 +256,9 @@ def _from_isolated_dir(directory: Path, scorer: Any) -> ReferenceScores:
             )
     auc = torch.tensor(areas, dtype=torch.float64) if len(areas) == len(runs) else None
     vector = torch.tensor(scores, dtype=torch.float64)
-    return ReferenceScores("isolated", vector, auc, _source(str(directory)))
+    kinds = {run.metadata.get("reference_run") for run in runs}
+    kind = "cumulative" if kinds == {"cumulative"} else "isolated"
+    return ReferenceScores(kind, vector, auc, _source(str(directory)))
 
 
 def _from_path(path: Path, scorer: Any) -> ReferenceScores:

@@ -25,7 +25,8 @@ evaluated or undefined):
   cells); with per-step evaluation ``curves`` (``N`` evaluations; its ``accuracy`` rows and the
   top-level ``stability`` repeat the primary matrix's ``step_scores`` and ``stability``);
   optional ``cost``, ``reference``, ``class_incremental``, ``held_out`` (sets never trained:
-  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``); ``coverage``
+  per matrix ``baseline [H]``, ``scores``/``delta [s, H]``, ``worst_drop [H]``), ``intervals``
+  and ``items`` (per-item records: `IntervalsSection`, `ItemsSection`); ``coverage``
   when the run ended with fewer tasks trained than it has test loaders (`CoverageSection`);
   ``online`` ([`OnlineSection`][continual_eval.results.schema.OnlineSection], what
   [`OnlineEvalCallback`][continual_eval.online.OnlineEvalCallback] recorded over the stream);
@@ -84,7 +85,9 @@ __all__ = [
     "Document",
     "HeldOut",
     "HeldOutEvaluation",
+    "IntervalsSection",
     "InvalidResultsError",
+    "ItemsSection",
     "MatrixSection",
     "OnlineProtocol",
     "OnlineSection",
@@ -253,7 +256,7 @@ class ReferenceSection(Struct, kw_only=True):
     ([`continual_eval.results.ReferenceMetrics`][continual_eval.results.ReferenceMetrics]):
     ``scores`` and ``auc`` ``[T]`` within the primary matrix's bounds."""
 
-    kind: Literal["isolated", "joint", "given"]
+    kind: Literal["isolated", "joint", "cumulative", "given"]
     score: Name
     higher_is_better: bool
     scores: Cells
@@ -276,6 +279,31 @@ class CoverageSection(Struct, kw_only=True):
     tasks_trained: Count
     tasks_evaluated: Count
     metrics_cover: Text
+
+
+class StageSubsetSection(Struct, kw_only=True):
+    """The fixed subset the baseline and stage-end evaluations scored, per task: its size
+    (``samples_per_task``, at most ``size``), how it was drawn (``rule_per_task``: a key of
+    ``rules``) and the price, the binomial standard-error bound ``0.5 / sqrt(n_j)`` of one cell
+    (``standard_error_bound``)."""
+
+    size: Annotated[int, Meta(ge=1)]
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+    samples_per_task: list[Count]
+    rule_per_task: list[Literal["stratified", "uniform"]]
+    rules: dict[Name, Text]
+    standard_error_bound: list[Finite]
+
+
+class StageEvaluationSection(Struct, kw_only=True, omit_defaults=True):
+    """Budgeted stage-end evaluation (the ``stage_evaluation`` section): the fixed ``subset`` per
+    task (``null``: whole test sets) and ``old_tasks_every`` ``k`` (``null``: every stage), with
+    ``old_tasks_rule`` saying which stages score the old tasks; a skipped cell is ``null`` in
+    every matrix and so is every metric that reads one."""
+
+    subset: StageSubsetSection | None = None
+    old_tasks_every: Annotated[int, Meta(ge=1)] | None = None
+    old_tasks_rule: Text = ""
 
 
 class ConfusionSection(Struct, kw_only=True):
@@ -333,6 +361,72 @@ class HeldOutSection(Struct, kw_only=True):
 
     names: Annotated[list[Name], Meta(min_length=1, max_length=MAX_TASKS)]
     matrices: dict[Name, HeldOutMatrixSection]
+
+
+class MetricIntervalSection(Struct, kw_only=True):
+    """One metric's estimate and interval ends (``null``: undefined)."""
+
+    estimate: Cell
+    low: Cell
+    high: Cell
+
+
+class MatrixIntervalsSection(Struct, kw_only=True):
+    """One matrix's intervals from its per-item records: every cell's ``low``/``high``
+    ``[s, T]`` and the baseline's ``[T]`` (``null``: not evaluated) by ``cell_method``
+    (``wilson`` for 0/1 items, ``t`` otherwise), the metrics' (ACC, BWT, FWT, forgetting, ...)
+    by the paired bootstrap, and ``num_items`` ``[T]``."""
+
+    cell_method: Literal["wilson", "t"]
+    low: Rows
+    high: Rows
+    baseline_low: Cells
+    baseline_high: Cells
+    metrics: dict[Name, MetricIntervalSection]
+    num_items: list[Count]
+
+
+class IntervalsSection(Struct, kw_only=True):
+    """Confidence intervals of one run from its per-item records
+    ([`IntervalResults`][continual_eval.results.intervals.IntervalResults]): the settings
+    (``confidence``, ``resamples``, ``seed``, ``weights``, ``method`` of the metrics) and per
+    recorded matrix its cells' and metrics' intervals."""
+
+    method: Text
+    confidence: Annotated[float, Meta(gt=0, lt=1)]
+    resamples: Annotated[int, Meta(ge=1)]
+    seed: Count
+    weights: Name
+    forgetting_convention: Name
+    fwt_convention: Name
+    matrices: dict[Name, MatrixIntervalsSection]
+
+
+class TransitionsSection(Struct, kw_only=True):
+    """One 0/1 matrix's item transitions per stage and task ``[s, T]`` (``null``: undefined):
+    against the previous evaluation (``right_to_wrong``, ``wrong_to_right``), against the
+    diagonal (``forgotten``, ``recovered``), the items forgotten at least once
+    (``forgotten_once``) and ``num_items`` ``[T]``."""
+
+    right_to_wrong: Rows
+    wrong_to_right: Rows
+    forgotten: Rows
+    recovered: Rows
+    forgotten_once: Rows
+    num_items: list[Count]
+
+
+class ItemsSection(Struct, kw_only=True):
+    """What the per-item records hold
+    ([`ItemResults`][continual_eval.results.intervals.ItemResults]): per recorded matrix its bits
+    per item and evaluation (``bits_per_item``: 1 for 0/1 items, 64 for floats), the bytes held
+    (``memory_bytes``), the matrices not recorded and why (``skipped``), and the item
+    transitions of the 0/1 matrices."""
+
+    bits_per_item: dict[Name, Literal[1, 64]]
+    memory_bytes: Count
+    skipped: dict[Name, Text]
+    transitions: dict[Name, TransitionsSection]
 
 
 # ---------------------------------------------------------------------- online
@@ -503,8 +597,11 @@ class Document(Struct, kw_only=True, omit_defaults=True):
     reference: ReferenceSection | None = None
     class_incremental: ClassIncrementalSection | None = None
     held_out: HeldOutSection | None = None
+    intervals: IntervalsSection | None = None
+    items: ItemsSection | None = None
     coverage: CoverageSection | None = None
     online: OnlineSection | None = None
+    stage_evaluation: StageEvaluationSection | None = None
     files: dict[Name, FileRecord] | None = None
 
     @property
@@ -675,10 +772,16 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
         _check_class_incremental(check, document.class_incremental, T, s)
     if document.held_out is not None:
         _check_held_out_sets(check, document.held_out, document.matrices, s)
+    if document.intervals is not None:
+        _check_intervals(check, document.intervals, document.matrices, T, s)
+    if document.items is not None:
+        _check_items(check, document.items, document.matrices, T, s)
     if document.coverage is not None:
         _check_coverage(check, document.coverage, T, s)
     if document.online is not None:
         _check_online(check, document.online, "online")
+    if document.stage_evaluation is not None:
+        _check_stage_evaluation(check, document.stage_evaluation, T)
     for name, record in (document.files or {}).items():
         if os.path.basename(name) != name or name in ("", ".", ".."):
             check.fail("files (a key)", f"expected a file name, found {describe(name)}")
@@ -688,6 +791,30 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
                 f"expected an integer in [0, {T}], found integer {record.stages}",
             )
     return document
+
+
+def _check_stage_evaluation(check: _Check, section: StageEvaluationSection, T: int) -> None:
+    """One subset entry per task, each at most ``size`` samples and drawn by a rule of
+    ``rules``."""
+    subset = section.subset
+    if subset is None:
+        return
+    field = "stage_evaluation.subset"
+    check.length(subset.samples_per_task, f"{field}.samples_per_task", T)
+    check.length(subset.rule_per_task, f"{field}.rule_per_task", T)
+    check.length(subset.standard_error_bound, f"{field}.standard_error_bound", T)
+    for j, n in enumerate(subset.samples_per_task):
+        if n > subset.size:
+            check.fail(
+                f"{field}.samples_per_task[{j}]",
+                f"expected an integer in [0, {subset.size}] (the size), found integer {n}",
+            )
+    for j, rule in enumerate(subset.rule_per_task):
+        if rule not in subset.rules:
+            check.fail(
+                f"{field}.rule_per_task[{j}]",
+                f"expected a key of {field}.rules ({sorted(subset.rules)}), found {rule!r}",
+            )
 
 
 def _check_coverage(check: _Check, coverage: CoverageSection, T: int, s: int) -> None:
@@ -827,6 +954,95 @@ def _check_held_out_sets(
         what = "the matrix's bounds"
         check.within(m.scores, f"{field}.scores", matrices[name].bounds, what)
         check.within(m.baseline, f"{field}.baseline", matrices[name].bounds, what)
+
+
+def _check_matrix_names(
+    check: _Check, field: str, names: Sequence[str], matrices: Mapping[str, MatrixSection]
+) -> None:
+    unknown = [name for name in names if name not in matrices]
+    if unknown:
+        check.fail(
+            key_path(field, unknown[0]),
+            f"expected a score matrix of the document ({sorted(matrices)}), found "
+            f"{describe(unknown[0])}",
+        )
+
+
+def _check_intervals(
+    check: _Check,
+    section: IntervalsSection,
+    matrices: Mapping[str, MatrixSection],
+    T: int,
+    s: int,
+) -> None:
+    """Entries of the document's matrices, ``[s, T]`` cells and ``[T]`` baselines within the
+    matrix's bounds, ``low <= high`` where both are given, ``T`` item counts."""
+    _check_matrix_names(check, "intervals.matrices", list(section.matrices), matrices)
+    for name, m in section.matrices.items():
+        field = key_path("intervals.matrices", name)
+        bounds = matrices[name].bounds
+        check.length(m.num_items, f"{field}.num_items", T)
+        for low_key, high_key, rows in (
+            ("low", "high", True),
+            ("baseline_low", "baseline_high", False),
+        ):
+            low, high = getattr(m, low_key), getattr(m, high_key)
+            for key, value in ((low_key, low), (high_key, high)):
+                if rows:
+                    check.rows(value, f"{field}.{key}", s, T)
+                else:
+                    check.length(value, f"{field}.{key}", T)
+                check.within(value, f"{field}.{key}", bounds, "the matrix's bounds")
+            _check_ordered(check, f"{field}.{low_key}", low, high, high_key)
+        for key, interval in m.metrics.items():
+            _check_ordered(
+                check,
+                key_path(f"{field}.metrics", key) + ".low",
+                interval.low,
+                interval.high,
+                "high",
+            )
+
+
+def _check_ordered(check: _Check, field: str, low: Any, high: Any, high_key: str) -> None:
+    """``low <= high`` wherever both are numbers (nested lists of equal shape)."""
+    lows = np.array(low, dtype=np.float64)
+    highs = np.array(high, dtype=np.float64)
+    if lows.shape != highs.shape:
+        return
+    bad = np.argwhere(lows > highs)
+    if bad.size:
+        index = "".join(f"[{int(i)}]" for i in bad[0])
+        check.fail(
+            field + index,
+            f"expected at most {high_key}{index} ({describe(float(highs[tuple(bad[0])]))}), "
+            f"found {describe(float(lows[tuple(bad[0])]))}",
+        )
+
+
+def _check_items(
+    check: _Check, section: ItemsSection, matrices: Mapping[str, MatrixSection], T: int, s: int
+) -> None:
+    """Entries of the document's matrices; transitions ``[s, T]`` of non-negative counts, at
+    most ``num_items`` ``[T]``."""
+    _check_matrix_names(check, "items.bits_per_item", list(section.bits_per_item), matrices)
+    _check_matrix_names(check, "items.skipped", list(section.skipped), matrices)
+    _check_matrix_names(check, "items.transitions", list(section.transitions), matrices)
+    for name, t in section.transitions.items():
+        field = key_path("items.transitions", name)
+        check.length(t.num_items, f"{field}.num_items", T)
+        for key in ("right_to_wrong", "wrong_to_right", "forgotten", "recovered", "forgotten_once"):
+            rows = getattr(t, key)
+            check.rows(rows, f"{field}.{key}", s, T)
+            values = np.array(rows, dtype=np.float64).reshape(len(rows), T)
+            over = np.argwhere((values < 0) | (values > np.array(t.num_items, dtype=np.float64)))
+            if over.size:
+                i, j = (int(v) for v in over[0])
+                check.fail(
+                    f"{field}.{key}[{i}][{j}]",
+                    f"expected a count in [0, {t.num_items[j]}] (num_items[{j}]), found "
+                    f"{describe(float(values[i, j]))}",
+                )
 
 
 def _check_reference(

@@ -1,0 +1,470 @@
+"""The per-item records' part of a `RunRecord`: every test item's value at the baseline and
+after every stage, for the matrices whose per-task score is a mean over items, and what they
+give the results (the ``intervals`` and ``items`` sections, `continual_eval.results.intervals`).
+
+Storage, per matrix and evaluation (the baseline, then each stage; stage ``i`` holds the tasks it
+scored): 0/1 items bit-packed ([`PackedBits`][continual_eval.functional.PackedBits], 1 bit per
+item), other items float64 (64 bits per item). A run of ``T`` tasks holds at most ``T + 1``
+evaluations of ``sum_j n_j`` items per matrix; that bound is checked at the baseline against
+``max_bytes`` (refused before anything is trained, naming the size). The state is one entry per
+evaluation (``"baseline"``, then ``stages[i]``), so each stage's part stands alone.
+
+Intervals and transitions are a function of the record (`ItemRecord.results`), computed when
+the results are built and kept until the next stage is recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from continual_eval.functional.intervals import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    PackedBits,
+    pack_bits,
+    paired_bootstrap,
+    student_t_interval,
+    unpack_bits,
+    wilson_interval,
+)
+from continual_eval.functional.items import item_transitions
+from continual_eval.results.intervals import (
+    IntervalResults,
+    ItemResults,
+    MatrixIntervals,
+    Transitions,
+)
+
+if TYPE_CHECKING:
+    from continual_eval.record import MatrixSpec, Scored
+    from continual_eval.results import ContinualResults
+
+__all__ = ["DEFAULT_MAX_BYTES", "ItemRecord", "ItemSettings"]
+
+#: the default bound of the per-item records (bytes, every matrix and evaluation together)
+DEFAULT_MAX_BYTES = 256 * 2**20
+#: the bootstrap's metrics as ``results.json`` names them (``acc`` ... as the matrices do)
+_METRICS = ("acc", "bwt", "fwt", "forgetting", "learning_accuracy", "average_incremental_accuracy")
+
+Stored = PackedBits | Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemSettings:
+    """What ``item_records=`` asked for: the matrices to record (``None``: every one that is a
+    mean over items), the memory bound, and the intervals' ``confidence``, ``resamples`` and
+    ``seed``."""
+
+    matrices: tuple[str, ...] | None = None
+    max_bytes: int = DEFAULT_MAX_BYTES
+    confidence: float = DEFAULT_CONFIDENCE
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["matrices"] = None if self.matrices is None else list(self.matrices)
+        return out
+
+
+def _nbytes(binary: bool, n: int) -> int:
+    return -(-n // 8) if binary else 8 * n
+
+
+def _store(values: Tensor, binary: bool) -> Stored:
+    return pack_bits(values.bool()) if binary else values.detach().to("cpu", torch.float64).clone()
+
+
+def _values(stored: Stored) -> Tensor:
+    return unpack_bits(stored) if isinstance(stored, PackedBits) else stored
+
+
+class ItemRecord:
+    """Per-item records of the matrices ``binary`` names (matrix -> 0/1 items), a record
+    section (see the module docstring).
+
+    Args:
+        specs: every recorded matrix's spec (direction, bounds).
+        binary: recorded matrix -> whether its items are 0/1.
+        skipped: matrix -> why it is not recorded (stated in the ``items`` section).
+        num_tasks: ``T``.
+        settings: the bound and the intervals' settings.
+        forgetting: the run's forgetting convention (the bootstrap's).
+    """
+
+    key = "items"
+
+    def __init__(
+        self,
+        specs: Mapping[str, MatrixSpec],
+        binary: Mapping[str, bool],
+        skipped: Mapping[str, str],
+        num_tasks: int,
+        settings: ItemSettings,
+        *,
+        forgetting: str = "peak",
+    ) -> None:
+        self.specs = {name: specs[name] for name in binary}
+        self.binary = dict(binary)
+        self.skipped = dict(skipped)
+        self.num_tasks = num_tasks
+        self.settings = settings
+        self.forgetting = forgetting
+        self.num_items: list[int] | None = None
+        self.baseline: dict[str, dict[int, Stored]] = {}
+        self.stages: list[dict[str, dict[int, Stored]]] = []
+        self._cache: tuple[tuple[int, bool], IntervalResults | None, ItemResults] | None = None
+
+    # ------------------------------------------------------------------ memory
+    def evaluation_bytes(self, num_items: Sequence[int]) -> int:
+        """Bytes of one evaluation of every task and recorded matrix."""
+        return sum(_nbytes(b, n) for b in self.binary.values() for n in num_items)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held now."""
+        if self.num_items is None:
+            return 0
+        held = 0
+        for evaluation in [self.baseline, *self.stages]:
+            for name, tasks in evaluation.items():
+                held += sum(_nbytes(self.binary[name], self.num_items[j]) for j in tasks)
+        return held
+
+    def _check_size(self, num_items: Sequence[int]) -> None:
+        per = self.evaluation_bytes(num_items)
+        total = (self.num_tasks + 1) * per
+        if total > self.settings.max_bytes:
+            kinds = ", ".join(
+                f"{name}: {1 if b else 64} bit(s) per item" for name, b in self.binary.items()
+            )
+            raise ValueError(
+                f"per-item records would hold {total / 2**20:.1f} MiB ({total} bytes: "
+                f"{self.num_tasks + 1} evaluations (the baseline and {self.num_tasks} stages) x "
+                f"{sum(num_items)} test items x {len(self.binary)} matrices ({kinds}); "
+                f"{per} bytes per evaluation), over item_records max_bytes="
+                f"{self.settings.max_bytes}; raise max_bytes or record fewer matrices"
+            )
+
+    def summary_line(self) -> str:
+        """What is recorded, its bound over the run, and what is skipped and why (one line)."""
+        kinds = ", ".join(f"{n} ({1 if b else 64} bit/item)" for n, b in self.binary.items())
+        line = f"[continual-eval] per-item records: {kinds}"
+        if self.num_items is not None:
+            most = (self.num_tasks + 1) * self.evaluation_bytes(self.num_items)
+            line += f", at most {most / 2**20:.2f} MiB ({most} bytes) over the run"
+        if self.skipped:
+            line += "; not recorded: " + "; ".join(f"{n} ({w})" for n, w in self.skipped.items())
+        return line
+
+    # ------------------------------------------------------------------ recording
+    def _checked(self, scored: Scored, what: str, tasks: Sequence[int]) -> dict[str, dict]:
+        """Each recorded matrix's items of ``tasks``, checked against the test-set sizes."""
+        out: dict[str, dict[int, Tensor]] = {}
+        for name in self.binary:
+            given = scored.items.get(name)
+            if given is None:
+                raise ValueError(f"{what} holds no per-item values of matrix {name!r}")
+            missing = [j for j in tasks if j not in given]
+            if missing:
+                raise ValueError(
+                    f"{what} holds no per-item values of matrix {name!r} for task {missing[0]}"
+                )
+            if self.num_items is not None:
+                for j in tasks:
+                    if given[j].numel() != self.num_items[j]:
+                        raise ValueError(
+                            f"{what}: matrix {name!r} has {given[j].numel()} items of task {j}, "
+                            f"the baseline had {self.num_items[j]} (a test set changed size)"
+                        )
+            out[name] = {j: given[j] for j in tasks}
+        return out
+
+    def record_baseline(self, scored: Scored) -> None:
+        tasks = list(range(self.num_tasks))
+        items = self._checked(scored, "the baseline", tasks)
+        first = next(iter(items.values()))
+        sizes = [int(first[j].numel()) for j in tasks]
+        empty = [j for j in tasks if sizes[j] == 0]
+        if empty:
+            raise ValueError(f"per-item records: task {empty[0]}'s test set has no item")
+        self._check_size(sizes)
+        self.num_items = sizes
+        self.baseline = {
+            name: {j: _store(v, self.binary[name]) for j, v in tasks_.items()}
+            for name, tasks_ in items.items()
+        }
+        self.stages, self._cache = [], None
+
+    def check_stage(self, stage: int, scored: Scored) -> None:
+        self._checked(scored, f"stage {stage}", scored.task_ids)
+
+    def record_stage(self, stage: int, scored: Scored) -> list[str]:
+        items = self._checked(scored, f"stage {stage}", scored.task_ids)
+        entry = {
+            name: {j: _store(v, self.binary[name]) for j, v in tasks.items()}
+            for name, tasks in items.items()
+        }
+        self.stages = [*self.stages[:stage], entry]
+        self._cache = None
+        return []
+
+    def values(self, name: str, stage: int | None = None) -> dict[int, Tensor]:
+        """Matrix ``name``'s items of every task the evaluation scored (``stage=None``: the
+        baseline), task id -> ``[n_j]`` (bool for 0/1 items, else float64), test-set order."""
+        evaluation = self.baseline if stage is None else self.stages[stage]
+        return {j: _values(stored) for j, stored in evaluation.get(name, {}).items()}
+
+    # ------------------------------------------------------------------ state
+    @staticmethod
+    def _plain(evaluation: Mapping[str, Mapping[int, Stored]]) -> dict[str, dict[int, Tensor]]:
+        return {
+            name: {
+                j: (v.bits if isinstance(v, PackedBits) else v).clone() for j, v in tasks.items()
+            }
+            for name, tasks in evaluation.items()
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "matrices": {name: bool(b) for name, b in self.binary.items()},
+            "num_items": None if self.num_items is None else list(self.num_items),
+            "baseline": self._plain(self.baseline),
+            "stages": [self._plain(stage) for stage in self.stages],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        recorded = None if state is None else dict(state["matrices"])
+        if recorded != self.binary:
+            raise ValueError(f"per-item records: recorded matrices {recorded}, now {self.binary}")
+        assert state is not None
+        sizes = state["num_items"]
+
+        def restored(evaluation: Mapping[str, Mapping[int, Tensor]]) -> dict:
+            return {
+                name: {
+                    int(j): PackedBits(t.to(torch.uint8), sizes[int(j)])
+                    if self.binary[name]
+                    else t.double()
+                    for j, t in tasks.items()
+                }
+                for name, tasks in evaluation.items()
+            }
+
+        self.num_items = None if sizes is None else [int(n) for n in sizes]
+        self.baseline = restored(state["baseline"])
+        self.stages = [restored(stage) for stage in state["stages"]]
+        self._cache = None
+
+    # ------------------------------------------------------------------ journal
+    def journal_settings(self) -> dict[str, Any]:
+        return {
+            "matrices": {name: bool(b) for name, b in self.binary.items()},
+            "skipped": dict(self.skipped),
+            "num_tasks": self.num_tasks,
+            "settings": self.settings.to_dict(),
+            "forgetting": self.forgetting,
+        }
+
+    @classmethod
+    def from_journal(
+        cls, settings: Mapping[str, Any], specs: Mapping[str, MatrixSpec]
+    ) -> ItemRecord:
+        given = dict(settings["settings"])
+        matrices = given.pop("matrices")
+        options = ItemSettings(None if matrices is None else tuple(matrices), **given)
+        return cls(
+            specs,
+            {str(k): bool(v) for k, v in settings["matrices"].items()},
+            {str(k): str(v) for k, v in settings["skipped"].items()},
+            int(settings["num_tasks"]),
+            options,
+            forgetting=str(settings["forgetting"]),
+        )
+
+    def journal_part(self, stage: int | None) -> dict[str, Any]:
+        """The items of the baseline (with the test-set sizes) or of ``stage``: per matrix and
+        task, 0/1 items as the hex of their packed bytes, other items by `tensor_to_json`."""
+        from continual_eval.record import tensor_to_json
+
+        evaluation = self.baseline if stage is None else self.stages[stage]
+        part: dict[str, Any] = {
+            "items": {
+                name: {
+                    str(j): v.bits.numpy().tobytes().hex()
+                    if isinstance(v, PackedBits)
+                    else tensor_to_json(v)
+                    for j, v in tasks.items()
+                }
+                for name, tasks in evaluation.items()
+            }
+        }
+        if stage is None:
+            part["num_items"] = None if self.num_items is None else list(self.num_items)
+        return part
+
+    def replay_part(self, stage: int | None, part: Mapping[str, Any]) -> None:
+        from continual_eval.record import tensor_from_json
+
+        if stage is None:
+            self.num_items = [int(n) for n in part["num_items"]]
+        assert self.num_items is not None
+        sizes = self.num_items
+        evaluation: dict[str, dict[int, Stored]] = {}
+        for name, tasks in part["items"].items():
+            evaluation[name] = {}
+            for key, value in tasks.items():
+                j = int(key)
+                if self.binary[name]:
+                    raw = torch.frombuffer(bytearray(bytes.fromhex(value)), dtype=torch.uint8)
+                    evaluation[name][j] = PackedBits(raw.clone(), sizes[j])
+                else:
+                    evaluation[name][j] = tensor_from_json(value).double()
+        if stage is None:
+            self.baseline, self.stages = evaluation, []
+        else:
+            self.stages = [*self.stages[:stage], evaluation]
+        self._cache = None
+
+    # ------------------------------------------------------------------ results
+    def _dense(self, name: str, s: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(values [s + 1, N], evaluated [s + 1, T], task [N])``: row 0 the baseline, row
+        ``i + 1`` stage ``i``; every task's items side by side (zero where not evaluated)."""
+        assert self.num_items is not None
+        T, binary = self.num_tasks, self.binary[name]
+        sizes = torch.tensor(self.num_items)
+        start = torch.cumsum(sizes, 0) - sizes
+        values = torch.zeros(s + 1, int(sizes.sum()), dtype=torch.bool if binary else torch.float64)
+        evaluated = torch.zeros(s + 1, T, dtype=torch.bool)
+        for row, evaluation in enumerate([self.baseline, *self.stages[:s]]):
+            for j, stored in evaluation.get(name, {}).items():
+                values[row, int(start[j]) : int(start[j]) + self.num_items[j]] = _values(stored)
+                evaluated[row, j] = True
+        return values, evaluated, torch.repeat_interleave(torch.arange(T), sizes)
+
+    def _cells(self, name: str, s: int) -> tuple[str, Tensor, Tensor]:
+        """Every evaluated cell's interval ``[s + 1, T]`` (row 0 the baseline), NaN elsewhere:
+        Wilson for 0/1 items, Student t otherwise."""
+        values, evaluated, task = self._dense(name, s)
+        T, n = self.num_tasks, torch.tensor(self.num_items, dtype=torch.float64)
+        sums = torch.zeros(s + 1, T, dtype=torch.float64).index_add_(1, task, values.double())
+        confidence = self.settings.confidence
+        if self.binary[name]:
+            low, high = wilson_interval(sums, n.expand_as(sums), confidence=confidence)
+            method = "wilson"
+        else:
+            mean = sums / n
+            centred = (values - mean[:, task]).square()
+            squares = torch.zeros_like(sums).index_add_(1, task, centred)
+            std = (squares / (n - 1)).sqrt()
+            low, high = student_t_interval(mean, std, n.expand_as(mean), confidence=confidence)
+            method = "t"
+        nan = torch.tensor(math.nan, dtype=torch.float64)
+        return method, torch.where(evaluated, low, nan), torch.where(evaluated, high, nan)
+
+    def _per_task_items(self, name: str, s: int) -> tuple[list[Tensor], list[Tensor]]:
+        """The leading ``s`` tasks' items ``[s, n_j]`` (their first ``s`` stages) and baseline
+        ``[n_j]``, what the functional layer reads (unevaluated cells: zeros, never read)."""
+        values, _, _ = self._dense(name, s)
+        assert self.num_items is not None
+        parts = torch.split(values, self.num_items, dim=1)[:s]
+        return [p[1:] for p in parts], [p[0] for p in parts]
+
+    def _bootstrap(self, name: str, s: int) -> dict[str, tuple[float, float, float]]:
+        if s == 0:
+            return {}
+        items, baseline = self._per_task_items(name, s)
+        settings = self.settings
+        result = paired_bootstrap(
+            items,
+            baseline=baseline,
+            forgetting=self.forgetting,
+            higher_is_better=self.specs[name].higher_is_better,
+            confidence=settings.confidence,
+            resamples=settings.resamples,
+            seed=settings.seed,
+        )
+        out = {}
+        for key in _METRICS:
+            interval = result.metrics.get(key)
+            if interval is not None:
+                out[key] = (
+                    float(interval.estimate),
+                    float(interval.low),
+                    float(interval.high),
+                )
+        return out
+
+    def _transitions(self, name: str, s: int) -> Transitions:
+        assert self.num_items is not None
+        T = self.num_tasks
+        keys = ("right_to_wrong", "wrong_to_right", "forgotten", "recovered", "forgotten_once")
+        full = {k: torch.full((s, T), math.nan, dtype=torch.float64) for k in keys}
+        if s:
+            items, baseline = self._per_task_items(name, s)
+            moves = item_transitions(items, baseline=baseline)
+            for k in keys:
+                full[k][:, :s] = getattr(moves, k)
+        return Transitions(**full, num_items=tuple(self.num_items))
+
+    def results(self, s: int, light: bool = False) -> tuple[IntervalResults | None, ItemResults]:
+        """The ``intervals`` (``None`` before the baseline) and ``items`` sections of the first
+        ``s`` stages (cached until the record changes); ``light``: without the paired bootstrap
+        of the metrics (their ``metrics`` empty: seconds per build at 20 x 2000 items, left to
+        the end of the run and to readers)."""
+        if self._cache is not None and self._cache[0] == (s, light):
+            return self._cache[1], self._cache[2]
+        intervals = None
+        if self.num_items is not None:
+            matrices = {}
+            for name in self.binary:
+                method, low, high = self._cells(name, s)
+                matrices[name] = MatrixIntervals(
+                    cell_method=method,
+                    low=low[1:],
+                    high=high[1:],
+                    baseline_low=low[0],
+                    baseline_high=high[0],
+                    metrics={} if light else self._bootstrap(name, s),
+                    num_items=tuple(self.num_items),
+                )
+            settings = self.settings
+            intervals = IntervalResults(
+                method="paired percentile bootstrap over test items",
+                confidence=settings.confidence,
+                resamples=settings.resamples,
+                seed=settings.seed,
+                weights="double_or_nothing",
+                forgetting_convention=self.forgetting,
+                fwt_convention="gem",
+                matrices=matrices,
+            )
+        items = ItemResults(
+            bits_per_item={name: 1 if b else 64 for name, b in self.binary.items()},
+            memory_bytes=self.memory_bytes,
+            skipped=dict(self.skipped),
+            transitions={
+                name: self._transitions(name, s)
+                for name, b in self.binary.items()
+                if b and self.num_items is not None
+            },
+        )
+        self._cache = ((s, light), intervals, items)
+        return intervals, items
+
+    def add_to(self, results: ContinualResults) -> ContinualResults:
+        """``results`` with the ``intervals`` and ``items`` sections of its stages."""
+        intervals, items = self.results(results.primary.num_stages)
+        return dataclasses.replace(results, intervals=intervals, items=items)
+
+    def light_add_to(self, results: ContinualResults) -> ContinualResults:
+        """`add_to` without the metrics' paired bootstrap (the per-stage results of a run in
+        progress: cell intervals and transitions only)."""
+        intervals, items = self.results(results.primary.num_stages, light=True)
+        return dataclasses.replace(results, intervals=intervals, items=items)

@@ -1,0 +1,183 @@
+"""The ``intervals`` and ``items`` sections: what one run's per-item records say.
+
+``ContinualEvalCallback(item_records=...)`` keeps every test item's value at the baseline and
+after every stage (`continual_eval._item_record`). From them:
+
+* ``intervals``: per recorded matrix, every cell's confidence interval (Wilson for 0/1 items,
+  Student t otherwise: [`cell_intervals`][continual_eval.functional.cell_intervals]'s formulas),
+  and the metrics' (ACC, BWT, FWT, forgetting, learning accuracy, average incremental accuracy)
+  by the paired bootstrap over test items
+  ([`paired_bootstrap`][continual_eval.functional.paired_bootstrap]: one resample of each
+  task's items used in every cell of that task), with the confidence, resamples, weights and
+  seed stated;
+* ``items``: the memory the records hold, the matrices not recorded and why, and per 0/1 matrix
+  the item transitions of [`item_transitions`][continual_eval.functional.item_transitions]
+  (right -> wrong and wrong -> right against the previous evaluation and against the diagonal,
+  the items forgotten at least once).
+
+Both state the error of the finite test set for the trained models as they are, not the
+variation between training runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from continual_eval.results import schema
+from continual_eval.results._convert import cells, matrix, present, vector
+
+__all__ = ["IntervalResults", "ItemResults", "MatrixIntervals", "Transitions"]
+
+
+@dataclass(frozen=True)
+class MatrixIntervals:
+    """One matrix's intervals: ``low``/``high`` ``[s, T]`` per cell and ``baseline_low`` /
+    ``baseline_high`` ``[T]`` (NaN: not evaluated) by ``cell_method``; ``metrics``: name ->
+    ``(estimate, low, high)`` by the paired bootstrap; ``num_items`` ``[T]``."""
+
+    cell_method: str
+    low: Tensor
+    high: Tensor
+    baseline_low: Tensor
+    baseline_high: Tensor
+    metrics: Mapping[str, tuple[float, float, float]]
+    num_items: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class IntervalResults:
+    """The ``intervals`` section (module notes)."""
+
+    method: str
+    confidence: float
+    resamples: int
+    seed: int
+    weights: str
+    forgetting_convention: str
+    fwt_convention: str
+    matrices: Mapping[str, MatrixIntervals]
+
+    def to_section(self) -> schema.IntervalsSection:
+        return schema.IntervalsSection(
+            method=self.method,
+            confidence=self.confidence,
+            resamples=self.resamples,
+            seed=self.seed,
+            weights=self.weights,
+            forgetting_convention=self.forgetting_convention,
+            fwt_convention=self.fwt_convention,
+            matrices={
+                name: schema.MatrixIntervalsSection(
+                    cell_method=m.cell_method,  # type: ignore[arg-type]
+                    low=cells(m.low),
+                    high=cells(m.high),
+                    baseline_low=cells(m.baseline_low),
+                    baseline_high=cells(m.baseline_high),
+                    metrics={
+                        key: schema.MetricIntervalSection(
+                            estimate=present(e), low=present(lo), high=present(hi)
+                        )
+                        for key, (e, lo, hi) in m.metrics.items()
+                    },
+                    num_items=list(m.num_items),
+                )
+                for name, m in self.matrices.items()
+            },
+        )
+
+    @classmethod
+    def from_section(cls, section: schema.IntervalsSection, num_tasks: int) -> IntervalResults:
+        def number(value: float | None) -> float:
+            return float("nan") if value is None else float(value)
+
+        return cls(
+            method=section.method,
+            confidence=section.confidence,
+            resamples=section.resamples,
+            seed=section.seed,
+            weights=section.weights,
+            forgetting_convention=section.forgetting_convention,
+            fwt_convention=section.fwt_convention,
+            matrices={
+                name: MatrixIntervals(
+                    cell_method=m.cell_method,
+                    low=matrix(m.low, num_tasks),
+                    high=matrix(m.high, num_tasks),
+                    baseline_low=vector(m.baseline_low),
+                    baseline_high=vector(m.baseline_high),
+                    metrics={
+                        key: (number(v.estimate), number(v.low), number(v.high))
+                        for key, v in m.metrics.items()
+                    },
+                    num_items=tuple(m.num_items),
+                )
+                for name, m in section.matrices.items()
+            },
+        )
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """One 0/1 matrix's item transitions per stage and task, float64 ``[s, T]`` counts (NaN:
+    undefined; see `continual_eval.functional.ItemTransitions`)."""
+
+    right_to_wrong: Tensor
+    wrong_to_right: Tensor
+    forgotten: Tensor
+    recovered: Tensor
+    forgotten_once: Tensor
+    num_items: tuple[int, ...]
+
+    @property
+    def forgotten_once_fraction(self) -> Tensor:
+        """``forgotten_once / n_j`` ``[s, T]``: the fraction of task ``j``'s items forgotten at
+        least once (a right -> wrong step between consecutive stages after it was learned)."""
+        return self.forgotten_once / torch.tensor(self.num_items, dtype=torch.float64)
+
+
+_TRANSITION_KEYS = ("right_to_wrong", "wrong_to_right", "forgotten", "recovered", "forgotten_once")
+
+
+@dataclass(frozen=True)
+class ItemResults:
+    """The ``items`` section (module notes): ``bits_per_item`` per recorded matrix (1 or 64),
+    ``memory_bytes`` held, ``skipped`` (matrix -> why not recorded), ``transitions`` of the 0/1
+    matrices."""
+
+    bits_per_item: Mapping[str, int]
+    memory_bytes: int
+    skipped: Mapping[str, str]
+    transitions: Mapping[str, Transitions]
+
+    def to_section(self) -> schema.ItemsSection:
+        return schema.ItemsSection(
+            bits_per_item=dict(self.bits_per_item),  # type: ignore[arg-type]
+            memory_bytes=self.memory_bytes,
+            skipped=dict(self.skipped),
+            transitions={
+                name: schema.TransitionsSection(
+                    **{key: cells(getattr(t, key)) for key in _TRANSITION_KEYS},
+                    num_items=list(t.num_items),
+                )
+                for name, t in self.transitions.items()
+            },
+        )
+
+    @classmethod
+    def from_section(cls, section: schema.ItemsSection, num_tasks: int) -> ItemResults:
+        return cls(
+            bits_per_item=dict(section.bits_per_item),
+            memory_bytes=section.memory_bytes,
+            skipped=dict(section.skipped),
+            transitions={
+                name: Transitions(
+                    **{key: matrix(getattr(t, key), num_tasks) for key in _TRANSITION_KEYS},
+                    num_items=tuple(t.num_items),
+                )
+                for name, t in section.transitions.items()
+            },
+        )

@@ -1,0 +1,201 @@
+"""The stage journal (stages.jsonl): one durable line per stage, results.json rebuilt at spaced
+stages, ContinualResults.load replaying the journal's newer stages, torn and broken lines, a full
+disk, and a run killed between two rebuilds."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from continual_eval._class_incremental_recorder import ClassIncrementalRecord
+from continual_eval._held_out_record import HeldOutRecord
+from continual_eval._run_directory import RunDirectory
+from continual_eval._stage_journal import REBUILD_SPACING, rebuild_due
+from continual_eval.evaluation.class_incremental import (
+    AGNOSTIC_NAME,
+    AWARE_NAME,
+    TaskAgnosticAccuracyScorer,
+)
+from continual_eval.record import MatrixSpec, RunRecord, Scored
+from continual_eval.results import ContinualResults, InvalidResultsError
+from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE, ResultsWriteError, read_run_id
+from continual_eval.stage_cost import StageCost
+from script_runner import run_script
+
+HERE = Path(__file__).parent
+T = 40
+CLASSES = [[2 * j, 2 * j + 1] for j in range(T)]
+
+
+def _record() -> RunRecord:
+    specs = {
+        "acc": MatrixSpec("accuracy"),
+        "loss": MatrixSpec("cross_entropy", higher_is_better=False, bounds=None),
+        AWARE_NAME: MatrixSpec("accuracy"),
+        AGNOSTIC_NAME: MatrixSpec("accuracy"),
+    }
+    names = [f"task {j}" for j in range(T)]
+    sections = [
+        ClassIncrementalRecord(TaskAgnosticAccuracyScorer(CLASSES), names),
+        HeldOutRecord(["general", "safety"], specs),
+    ]
+    return RunRecord(specs, names, step_curves=True, metadata={"seed": 3}, sections=sections)
+
+
+def _scored(g: torch.Generator, stage: int | None) -> Scored:
+    rows = {name: torch.rand(T, generator=g, dtype=torch.float64) for name in ("acc", "loss")}
+    rows[AGNOSTIC_NAME] = torch.rand(T, generator=g, dtype=torch.float64) / 2
+    rows[AWARE_NAME] = rows[AGNOSTIC_NAME] + 0.5
+    held_out = {name: torch.rand(2, generator=g, dtype=torch.float64) for name in rows}
+    if stage is None:
+        return Scored(rows, held_out=held_out)
+    # each task's counts: its 2 classes' rows over every class, the same samples each stage
+    blocks = [torch.randint(0, 2, (2, 2 * T), generator=g) for _ in range(T)]
+    for block in blocks:
+        block[:, -1] += 2 * T + 10 - block.sum(1)
+    return Scored(rows, {AGNOSTIC_NAME: blocks}, tuple(range(T)), held_out)
+
+
+def _cost(stage: int) -> StageCost:
+    return StageCost(
+        stage=stage,
+        train_seconds=0.25 * stage,
+        eval_seconds=0.1,
+        peak_memory_bytes=1000 + stage,
+        memory_kind="process peak RSS",
+        parameters=10,
+        trainable_parameters=10,
+        samples=8,
+        optimizer_steps=stage + 1,
+        replay_memory=None,
+    )
+
+
+def _run(out: Path, stages: int) -> tuple[RunRecord, list[int], RunDirectory]:
+    """A record of ``stages`` stages committed stage by stage; returns it, the stage counts of
+    the results.json rebuilds and the directory writer."""
+    g = torch.Generator().manual_seed(0)
+    record, directory = _record(), RunDirectory()
+    directory.path = out
+    record.record_baseline(_scored(g, None))
+    directory.write(record, record.continual_results())
+    rebuilt = []
+    for stage in range(stages):
+        record.steps_trained = 5 * (stage + 1)
+        record.record_step(5 * stage + 2, stage, _scored(g, None).rows, full=False)
+        record.record_stage(stage, _scored(g, stage), _cost(stage))
+        record.record_step(record.steps_trained, stage, _scored(g, None).rows, full=True)
+        if directory.write(record, record.continual_results(), stage=stage):
+            rebuilt.append(stage + 1)
+    return record, rebuilt, directory
+
+
+def test_rebuild_schedule_keeps_results_json_within_a_sixteenth_and_amortised_flat() -> None:
+    for num_tasks in (5, 40, 1000):
+        built, rebuilds, cells = 0, [], 0
+        for n in range(1, num_tasks + 1):
+            if rebuild_due(n, built, num_tasks):
+                built = n
+                rebuilds.append(n)
+                cells += n  # a rebuild writes n rows
+            assert n - built < max(1, n // REBUILD_SPACING)  # never further behind
+        assert rebuilds[-1] == num_tasks
+        every = min(2 * REBUILD_SPACING - 1, num_tasks)  # every stage while n // 16 <= 1
+        assert rebuilds[:every] == list(range(1, every + 1))
+        # amortised rows written per stage stay bounded (about 2 x REBUILD_SPACING), not ~T/2
+        assert cells / num_tasks <= 2 * REBUILD_SPACING + 1
+
+
+def test_load_replays_the_journal_ahead_of_results_json(tmp_path: Path) -> None:
+    record, rebuilt, _ = _run(tmp_path, 38)  # 38 stages: results.json last rebuilt after 37
+    assert rebuilt == [*range(1, 32), 33, 35, 37]
+    assert read_run_id(tmp_path)[2] == 37
+    lines = (tmp_path / JOURNAL_FILE).read_bytes().splitlines()
+    assert len(lines) == 1 + 1 + 38  # header, baseline, one line per stage
+    # each line holds its stage's data only: one row per matrix, the stage's two curve points,
+    # its held-out rows (its size does not grow with the stages before it)
+    for stage, line in enumerate(lines[2:]):
+        part = json.loads(line)
+        assert part["stage"] == stage and part["cost"]["stage"] == stage
+        assert {len(row) for row in part["rows"].values()} == {T}
+        assert part["curves"]["step"] == [5 * stage + 2, 5 * (stage + 1)]
+        assert {len(rows) for rows in part["curves"]["rows"].values()} == {2}
+        assert {len(row) for row in part["sections"]["held_out"].values()} == {2}
+    loaded = ContinualResults.load(tmp_path)
+    assert loaded.stages_completed == 38
+    assert loaded.to_dict() == record.continual_results().to_dict()  # every section, bit for bit
+    # the file named directly is read the same way; results.json alone is the last rebuild
+    assert ContinualResults.load(tmp_path / RESULTS_FILE).stages_completed == 38
+    (tmp_path / JOURNAL_FILE).unlink()
+    assert ContinualResults.load(tmp_path).stages_completed == 37
+
+
+def test_a_torn_last_line_is_ignored_with_a_warning(tmp_path: Path) -> None:
+    _run(tmp_path, 34)  # results.json after 33, journal 34
+    journal = tmp_path / JOURNAL_FILE
+    with open(journal, "ab") as fh:
+        fh.write(b'{"stage": 34, "rows": {"acc": [0.5, 0.')  # a write cut short
+    with pytest.warns(UserWarning, match="last line is incomplete"):
+        assert ContinualResults.load(tmp_path).stages_completed == 34
+
+
+def test_a_broken_line_is_refused_naming_the_file_and_line(tmp_path: Path) -> None:
+    _run(tmp_path, 34)
+    journal = tmp_path / JOURNAL_FILE
+    lines = journal.read_bytes().splitlines(keepends=True)
+    lines[4] = b"{not json}\n"
+    journal.write_bytes(b"".join(lines))
+    with pytest.raises(InvalidResultsError, match=r"stages\.jsonl: line 5: not JSON"):
+        ContinualResults.load(tmp_path)
+    bad = json.loads(lines[3])
+    bad["rows"]["acc"] = bad["rows"]["acc"][:3]  # a row of 3 cells for 24 tasks
+    lines[4] = (json.dumps(bad) + "\n").encode()
+    journal.write_bytes(b"".join(lines))
+    with pytest.raises(InvalidResultsError, match=r"stages\.jsonl: line 5: cannot be replayed"):
+        ContinualResults.load(tmp_path)
+
+
+def test_a_journal_of_another_run_is_not_replayed(tmp_path: Path) -> None:
+    _run(tmp_path / "a", 34)
+    _run(tmp_path / "b", 36)
+    (tmp_path / "b" / JOURNAL_FILE).replace(tmp_path / "a" / JOURNAL_FILE)
+    # run ids are random per record: b's journal beside a's results.json is ignored
+    assert ContinualResults.load(tmp_path / "a").stages_completed == 33
+
+
+def test_full_disk_on_the_journal_leaves_no_torn_line(tmp_path: Path, monkeypatch) -> None:
+    record, _, directory = _run(tmp_path, 33)  # results.json after 33: stage 34 is journal only
+    before = (tmp_path / JOURNAL_FILE).read_bytes()
+    g = torch.Generator().manual_seed(1)
+    record.record_stage(33, _scored(g, 33), _cost(33))
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("continual_eval._stage_journal.os.fsync", no_space)
+    with pytest.raises(ResultsWriteError, match=r"stages\.jsonl .*holds 33 stage") as info:
+        directory.write(record, record.continual_results(), stage=33)
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert (tmp_path / JOURNAL_FILE).read_bytes() == before
+    assert ContinualResults.load(tmp_path).stages_completed == 33
+
+
+@pytest.mark.slow
+def test_kill_between_two_rebuilds_loses_no_stage(tmp_path: Path) -> None:
+    full = run_script(HERE / "journal_kill_script.py", "full", tmp_path / "full", timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = run_script(HERE / "journal_kill_script.py", "killed", tmp_path / "k", timeout=300)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert read_run_id(tmp_path / "k")[2] == 35  # results.json: the rebuild after 35 stages
+    loaded = ContinualResults.load(tmp_path / "k")  # + the journal's 36th stage
+    reference = ContinualResults.load(tmp_path / "full")
+    assert loaded.stages_completed == 36 and reference.stages_completed == 40
+    assert torch.equal(loaded.primary.scores, reference.primary.scores[:36])
+    assert torch.equal(loaded.primary.baseline, reference.primary.baseline)
+    assert all(math.isfinite(v) for v in loaded.primary.metrics.values() if v is not None)
