@@ -158,13 +158,20 @@ def test_class_incremental_confusion_of_the_seen_tasks_from_the_details():
     section = record.sections["class_incremental"]
     assert isinstance(section, ClassIncrementalRecord)
     confusion = section.confusion(T)
+    assert confusion.layout == torch.sparse_coo and confusion.shape == (T, 6, 6)
+    dense = confusion.to_dense()
     for stage in range(T):
         expected = torch.zeros(6, 6, dtype=torch.int64)
         blocks = confusion_blocks(stage)
         for j in range(stage + 1):  # the seen tasks only
             for r, c in enumerate(TASK_CLASSES[j]):
                 expected[c] += blocks[j, r]
-        assert torch.equal(confusion[stage], expected), stage
+        assert torch.equal(dense[stage], expected), stage
+        # one stage's counts on their own: the nonzero cells, row-major
+        cells = [[t, p, int(expected[t, p])] for t in range(6) for p in range(6) if expected[t, p]]
+        assert section.stage_counts(stage).tolist() == cells, stage
+        assert section.stage_text(stage) == " ".join(f"{t}:{p}:{n}" for t, p, n in cells)
+    assert section.stored_cells == sum(len(section.stage_counts(i)) for i in range(T))
     results = record.continual_results()
     assert results.class_incremental is not None
     assert [list(c) for c in results.class_incremental.task_classes] == TASK_CLASSES

@@ -1,7 +1,12 @@
 """What ``ContinualEvalCallback(task_classes=...)`` adds: the two class-incremental scorers
 (`class_incremental_scorers`) and the record's section of the confusion counts of every
 stage (`ClassIncrementalRecord`, its checkpoint state and the ``class_incremental``
-section of ``results.json``)."""
+section of ``results.json``).
+
+The counts are kept sparsely, per stage: the nonzero cells of the stage's ``[C, C]`` matrix as
+an ``[nnz, 3]`` int64 tensor of ``(true, predicted, count)`` rows (24 bytes per cell; at most one
+cell per test sample of the seen tasks), so the memory follows what was measured, not
+``stages x C**2`` (T = 1000 tasks of 2 classes: 2000 classes, 32 GB as dense matrices)."""
 
 from __future__ import annotations
 
@@ -23,8 +28,8 @@ from continual_eval.evaluation.class_incremental import (
 from continual_eval.functional.class_incremental import TaskClasses
 from continual_eval.record import Scored
 from continual_eval.results import ClassIncrementalResults, ContinualResults
-from continual_eval.results.class_incremental import encode_confusion
-from continual_eval.results.schema import MAX_CLASSES, MAX_CONFUSION_CELLS
+from continual_eval.results.class_incremental import encode_cells, sparse_confusion
+from continual_eval.results.schema import MAX_CLASS_TABLE_CELLS, MAX_CLASSES, MAX_CONFUSION_CELLS
 
 __all__ = ["ClassIncrementalRecord", "check_class_id_bounds", "class_incremental_scorers"]
 
@@ -40,10 +45,12 @@ def _ids(classes: Any) -> list[Any]:
 
 
 def check_class_id_bounds(task_classes: Any) -> None:
-    """Refuse ``task_classes`` whose class ids, or whose ``tasks x classes**2`` confusion cells,
-    exceed what ``results.json`` holds (`MAX_CLASSES`,
-    `MAX_CONFUSION_CELLS`): read id by id, before anything is
-    sized by them (a per-id table of an id of 10**9 would take gigabytes). Other problems (no
+    """Refuse ``task_classes`` whose class ids, or whose ``tasks x classes`` per-class table
+    cells, exceed what ``results.json`` holds (`MAX_CLASSES`,
+    `MAX_CLASS_TABLE_CELLS`): read id by id, before anything is
+    sized by them (a per-id table of an id of 10**9 would take gigabytes). The confusion counts
+    are capped where they are recorded (`MAX_CONFUSION_CELLS` nonzero
+    cells in all, see `ClassIncrementalRecord.check_stage`). Other problems (no
     class, a negative or non-integer id, a class in two tasks) are left to
     [`check_task_classes`][continual_eval.functional.check_task_classes]."""
     tasks = task_classes.tolist() if isinstance(task_classes, Tensor) else task_classes
@@ -64,11 +71,11 @@ def check_class_id_bounds(task_classes: Any) -> None:
                 )
             largest = max(largest, c)
     C = largest + 1
-    if num_tasks * C * C > MAX_CONFUSION_CELLS:
+    if num_tasks * C > MAX_CLASS_TABLE_CELLS:
         raise ValueError(
-            f"task_classes: {num_tasks} tasks over class ids 0 .. {C - 1} would record "
-            f"{num_tasks} confusion matrices of {C} x {C} counts; results.json holds at most "
-            f"{MAX_CONFUSION_CELLS} confusion cells (stages x classes**2)"
+            f"task_classes: {num_tasks} tasks over class ids 0 .. {C - 1} would record per-class "
+            f"tables of {num_tasks} stages x {C} classes; results.json holds at most "
+            f"{MAX_CLASS_TABLE_CELLS} such cells (stages x classes)"
         )
 
 
@@ -97,6 +104,16 @@ class ClassIncrementalRecord:
     scorer's details, and a warning naming the tasks where the task-aware accuracy is below the
     task-agnostic one (impossible with a right ``task_classes``).
 
+    Each stage's counts are kept on their own, sparsely: `stage_counts` gives its
+    ``[nnz, 3]`` int64 ``(true, predicted, count)`` cells (row-major, counts >= 1; 24 bytes per
+    cell, at most one cell per test sample of the seen tasks), `stage_text` their
+    ``results.json`` string. Recording a stage costs ``O(T * K * C)`` (one scan of the scorer's
+    reduced blocks, ``K`` the most classes of a task) plus ``O(nnz)`` for its cells (a sort
+    when the task classes are not listed in increasing id order), whatever the stage index;
+    nothing of earlier stages is touched. The stored cells of all stages together are capped at
+    `MAX_CONFUSION_CELLS`: a stage that would pass it is refused (`check_stage`) before anything
+    of it is recorded.
+
     Args:
         scorer: the run's task-agnostic scorer (its task classes and class count).
         task_names: one name per task, for the warnings.
@@ -115,8 +132,19 @@ class ClassIncrementalRecord:
                 f"task_classes has {len(self.task_classes)} class-id lists for "
                 f"{len(self.task_names)} test dataloaders; give one list per task"
             )
-        self._confusion: dict[int, Tensor] = {}  # stage -> [C, C] int64 (CPU)
-        self._encoded: dict[int, str] = {}  # stage -> encode_confusion() of it, made once
+        # [T, K] long: the true class of row r of task j's confusion block (-1: a row past the
+        # task's class count, which the scorer leaves at 0)
+        K = scorer.max_task_classes
+        table = torch.full((len(self.task_classes), K), -1, dtype=torch.long)
+        sizes = torch.tensor([len(c) for c in self.task_classes], dtype=torch.long)
+        table[torch.arange(K) < sizes[:, None]] = torch.tensor(
+            [c for classes in self.task_classes for c in classes], dtype=torch.long
+        )
+        self._row_class = table
+        self._cells: dict[int, Tensor] = {}  # stage -> [nnz, 3] int64 (true, predicted, count)
+        self._encoded: dict[int, str] = {}  # stage -> encode_cells() of it, made once
+        self._stored = 0  # cells of all stages
+        self._pending: tuple[int, Scored, Tensor] | None = None  # check_stage's cells
 
     # ------------------------------------------------------------------ recording
     def record_baseline(self, scored: Scored) -> None:
@@ -124,7 +152,8 @@ class ClassIncrementalRecord:
 
     def check_stage(self, stage: int, scored: Scored) -> None:
         """The evaluation must hold the task-agnostic scorer's confusion blocks of every seen
-        task."""
+        task, and its nonzero cells must fit under `MAX_CONFUSION_CELLS`
+        with those of the other stages."""
         blocks = scored.details.get(AGNOSTIC_NAME)
         seen = [j for j in scored.task_ids if j <= stage]
         if blocks is None or len(blocks) != len(scored.task_ids) or len(seen) != stage + 1:
@@ -132,17 +161,49 @@ class ClassIncrementalRecord:
                 f"stage {stage}: the evaluation holds no confusion counts of the "
                 f"{AGNOSTIC_NAME!r} scorer for the seen tasks 0 .. {stage}"
             )
+        cells = self._stage_cells(stage, scored)
+        others = self._stored - len(self._cells.get(stage, ()))
+        if others + len(cells) > MAX_CONFUSION_CELLS:
+            raise ValueError(
+                f"stage {stage}: its confusion counts have {len(cells)} nonzero cells, and the "
+                f"stages recorded before hold {others}; results.json holds at most "
+                f"{MAX_CONFUSION_CELLS} nonzero confusion cells in all (at most one per test "
+                "sample of the seen tasks per stage): evaluate fewer test samples per task"
+            )
+        self._pending = (stage, scored, cells)
+
+    def _stage_cells(self, stage: int, scored: Scored) -> Tensor:
+        """The ``[nnz, 3]`` ``(true, predicted, count)`` cells of the seen tasks' blocks, summed
+        into one ``[C, C]`` matrix (row = true class id), row-major: from the nonzero entries of
+        the blocks, never a dense ``[C, C]``."""
+        blocks = scored.details[AGNOSTIC_NAME]  # [tasks, K, C] int64 (or one [K, C] per task)
+        if not isinstance(blocks, Tensor):
+            blocks = torch.stack([torch.as_tensor(b) for b in blocks])
+        tasks = torch.tensor(scored.task_ids, dtype=torch.long)
+        position, row, pred = blocks.nonzero(as_tuple=True)
+        count = blocks[position, row, pred]
+        task = tasks[position]
+        true = self._row_class[task, row]
+        keep = (task <= stage) & (true >= 0)
+        true, pred, count = true[keep], pred[keep], count[keep]
+        # a class is in one task: (true, pred) is distinct across the blocks; row-major order
+        # (already so when the tasks' class ids increase in the order they are listed)
+        key = true * self.num_classes + pred
+        if not bool((key[1:] > key[:-1]).all()):
+            order = torch.argsort(key)
+            true, pred, count = true[order], pred[order], count[order]
+        return torch.stack([true, pred, count], 1)
 
     def record_stage(self, stage: int, scored: Scored) -> list[str]:
-        """Record the stage's confusion counts: the reduced blocks of the seen tasks summed into
-        one ``[C, C]`` matrix (row = true class id); returns the inverted-accuracy warning."""
-        blocks = scored.details[AGNOSTIC_NAME]
-        confusion = torch.zeros(self.num_classes, self.num_classes, dtype=torch.int64)
-        for task, block in zip(scored.task_ids, blocks, strict=True):
-            if task <= stage:
-                classes = torch.tensor(self.task_classes[task], dtype=torch.long)
-                confusion.index_add_(0, classes, block[: len(classes)])
-        self._confusion[stage] = confusion
+        """Record the stage's confusion counts (the cells `check_stage` made for the same
+        evaluation, or made now); returns the inverted-accuracy warning."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == stage and pending[1] is scored:
+            cells = pending[2]
+        else:
+            cells = self._stage_cells(stage, scored)
+        self._stored += len(cells) - len(self._cells.get(stage, ()))
+        self._cells[stage] = cells
         self._encoded.pop(stage, None)
         return self._inverted(stage, scored.rows)
 
@@ -168,41 +229,56 @@ class ClassIncrementalRecord:
         ]
 
     # ------------------------------------------------------------------ results
+    def stage_counts(self, stage: int) -> Tensor:
+        """Stage ``stage``'s counts: ``[nnz, 3]`` int64 ``(true, predicted, count)`` rows of the
+        nonzero cells, row-major (empty for a stage not recorded). Each stage's counts stand on
+        their own (not a difference to another stage)."""
+        cells = self._cells.get(stage)
+        return torch.zeros(0, 3, dtype=torch.int64) if cells is None else cells
+
+    def stage_text(self, stage: int) -> str:
+        """Stage ``stage``'s ``confusion.stages`` string of ``results.json``
+        (``"true:predicted:count ..."``), made once per recorded stage."""
+        if stage not in self._encoded:
+            self._encoded[stage] = encode_cells(self.stage_counts(stage))
+        return self._encoded[stage]
+
+    @property
+    def stored_cells(self) -> int:
+        """The nonzero cells recorded, all stages together (24 bytes each)."""
+        return self._stored
+
     def confusion(self, num_stages: int) -> Tensor:
-        """``[num_stages, C, C]`` int64: each recorded stage's counts."""
-        C = self.num_classes
-        out = torch.zeros(num_stages, C, C, dtype=torch.int64)
-        for stage, matrix in self._confusion.items():
-            if stage < num_stages:
-                out[stage] = matrix
-        return out
+        """``[num_stages, C, C]`` int64 as a coalesced sparse COO tensor: each recorded stage's
+        counts (no dense ``[S, C, C]``)."""
+        cells = [self.stage_counts(stage) for stage in range(num_stages)]
+        return sparse_confusion(cells, self.num_classes)
 
     def add_to(self, results: ContinualResults) -> ContinualResults:
         """``results`` with the ``class_incremental`` section of its stages."""
         num_stages = results.primary.num_stages
-        confusion = self.confusion(num_stages)
-        for stage in range(num_stages):
-            if stage not in self._encoded:
-                self._encoded[stage] = encode_confusion(confusion[stage])
         section = ClassIncrementalResults.compute(
             self.task_classes,
-            confusion,
+            self.confusion(num_stages),
             forgetting=results.forgetting,
-            confusion_text=[self._encoded[stage] for stage in range(num_stages)],
+            confusion_text=[self.stage_text(stage) for stage in range(num_stages)],
             checked=self._checked,
         )
         return dataclasses.replace(results, class_incremental=section)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
+        """The task classes and, per stage, its ``[nnz, 3]`` int64 cells (plain tensors:
+        ``torch.load(weights_only=True)`` reads them)."""
         return {
             "task_classes": [list(c) for c in self.task_classes],
-            "confusion": {stage: m.clone() for stage, m in sorted(self._confusion.items())},
+            "cells": {stage: m.clone() for stage, m in sorted(self._cells.items())},
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         """Restore the recorded counts; a state of other ``task_classes`` is refused (nothing
-        changes)."""
+        changes). A state written before the counts were sparse (``"confusion"``: one dense
+        ``[C, C]`` matrix per stage) is read too."""
         if state is None:
             raise ValueError("the state holds no class-incremental counts")
         recorded = [list(c) for c in state["task_classes"]]
@@ -211,11 +287,20 @@ class ClassIncrementalRecord:
                 f"the state was recorded with other task_classes ({recorded}, now "
                 f"{self.task_classes}); resume with the recorded task_classes, or start a new run"
             )
-        self._confusion = {
-            int(stage): torch.as_tensor(m).to("cpu", torch.int64).clone()
-            for stage, m in state["confusion"].items()
-        }
+        if "cells" in state:
+            cells = {
+                int(stage): _checked_cells(stage, m, self.num_classes)
+                for stage, m in state["cells"].items()
+            }
+        else:  # dense matrices per stage
+            cells = {
+                int(stage): _dense_cells(stage, m, self.num_classes)
+                for stage, m in state["confusion"].items()
+            }
+        self._cells = cells
+        self._stored = sum(len(c) for c in cells.values())
         self._encoded = {}
+        self._pending = None
 
     # ------------------------------------------------------------------ journal
     def journal_settings(self) -> dict[str, Any]:
@@ -229,23 +314,53 @@ class ClassIncrementalRecord:
         return cls(TaskAgnosticAccuracyScorer(settings["task_classes"]), task_names)
 
     def journal_part(self, stage: int | None) -> list[list[int]] | None:
-        """The stage's nonzero confusion cells as ``[true, predicted, count]`` (the baseline:
-        nothing)."""
+        """The stage's nonzero confusion cells as ``[true, predicted, count]`` rows, row-major
+        (`stage_counts`; the baseline: nothing)."""
         if stage is None:
             return None
-        counts = self._confusion[stage]
-        cells = counts.nonzero()
-        return torch.cat([cells, counts[cells[:, 0], cells[:, 1]].unsqueeze(1)], 1).tolist()
+        cells: list[list[int]] = self.stage_counts(stage).tolist()
+        return cells
 
     def replay_part(self, stage: int | None, part: Any) -> None:
+        """Record a journal line's cells of ``stage`` (refused, naming the stage and the cell,
+        unless class ids are below ``C``, counts >= 1 and each cell given once)."""
         if stage is None:
             return
-        cells = torch.tensor(part, dtype=torch.int64).reshape(-1, 3)
-        if len(cells) and (cells[:, :2].min() < 0 or cells[:, :2].max() >= self.num_classes):
-            raise ValueError(
-                f"stage {stage}: a confusion cell outside the {self.num_classes} classes"
-            )
-        confusion = torch.zeros(self.num_classes, self.num_classes, dtype=torch.int64)
-        confusion[cells[:, 0], cells[:, 1]] = cells[:, 2]
-        self._confusion[stage] = confusion
+        cells = _checked_cells(stage, part, self.num_classes, "the journal's")
+        self._stored += len(cells) - len(self._cells.get(stage, ()))
+        self._cells[stage] = cells
         self._encoded.pop(stage, None)
+
+
+def _checked_cells(stage: Any, given: Any, C: int, source: str = "the state's") -> Tensor:
+    """A state's (or journal line's) ``[nnz, 3]`` cells of one stage as int64, sorted row-major;
+    refused unless class ids are below ``C``, counts >= 1 and each cell given once."""
+    cells = torch.as_tensor(given).to("cpu", torch.int64).reshape(-1, 3).clone()
+    bad = (cells[:, :2] < 0).any(1) | (cells[:, :2] >= C).any(1) | (cells[:, 2] < 1)
+    if bool(bad.any()):
+        n = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{source} confusion cells of stage {stage}: cell {n} = {cells[n].tolist()} is not "
+            f"(true, predicted, count) with class ids below {C} and a count >= 1"
+        )
+    key, order = torch.sort(cells[:, 0] * C + cells[:, 1])
+    repeated = (torch.diff(key) == 0).nonzero()
+    if len(repeated):
+        raise ValueError(
+            f"{source} confusion cells of stage {stage}: the cell "
+            f"{cells[order[int(repeated[0, 0])], :2].tolist()} is given twice"
+        )
+    return cells[order]
+
+
+def _dense_cells(stage: Any, matrix: Any, C: int) -> Tensor:
+    """The ``[nnz, 3]`` cells of a dense ``[C, C]`` matrix of an older state."""
+    matrix = torch.as_tensor(matrix).to("cpu", torch.int64)
+    if matrix.shape != (C, C):
+        raise ValueError(
+            f"the state's confusion counts of stage {stage} are {tuple(matrix.shape)}, "
+            f"expected [{C}, {C}]"
+        )
+    index = matrix.nonzero()
+    cells = torch.cat([index, matrix[index[:, 0], index[:, 1]][:, None]], 1)
+    return _checked_cells(stage, cells, C)

@@ -338,8 +338,9 @@ def plot_confusion_matrix(
     title: str | None = "Confusion matrix (classes in order of arrival)",
     annotate: bool | None = None,
 ) -> tuple[Any, Any]:
-    """Heatmap of a ``[C, C]`` confusion matrix (rows: true class, columns: predicted class, in
-    class-id order), with the classes in order of arrival and each task's block outlined.
+    """Heatmap of a ``[C, C]`` confusion matrix (dense or sparse COO; rows: true class, columns:
+    predicted class, in class-id order), with the classes in order of arrival and each task's
+    block outlined.
 
     ``task_classes`` (one list of class ids per task) gives the order: task 0's classes as
     listed, then task 1's, ..., then the classes of no task; lines separate the tasks, whose
@@ -354,6 +355,8 @@ def plot_confusion_matrix(
     )
 
     counts = torch.as_tensor(confusion).detach().to("cpu", torch.int64)
+    if counts.layout == torch.sparse_coo:  # e.g. one stage of ClassIncrementalResults.confusion
+        counts = counts.to_dense()
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
         raise ValueError(f"confusion must be a [C, C] matrix, got {tuple(counts.shape)}")
     C = counts.shape[0]

@@ -118,7 +118,7 @@ def main(out: Path) -> None:
             "world_size": trainer.world_size,
             "matrices": {name: m.scores.clone() for name, m in results.matrices.items()},
             "baselines": {name: m.baseline.clone() for name, m in results.matrices.items()},
-            "confusion": results.class_incremental.confusion.clone(),
+            "confusion": results.class_incremental.confusion.to_dense(),
             "section": results.to_dict()["class_incremental"],
         },
         out / f"rank{trainer.global_rank}.pt",

@@ -311,10 +311,16 @@ def test_confusion_and_every_measure_equal_the_plain_loops(run):
     cb, _ = run
     section = cb.continual_results().class_incremental
     _, ref_agnostic, ref_confusion = reference_run(TABLES, LABELS, TASK_OF_SAMPLE, TASK_CLASSES)
-    assert section.confusion.tolist() == ref_confusion
+    assert section.confusion.layout == torch.sparse_coo  # the nonzero cells only
+    assert section.confusion.to_dense().tolist() == ref_confusion
     # by hand: after stage 1, task 0's samples (labels 0, 1, 0) are predicted 2, 3, 1 and task
     # 1's (labels 2, 3, 3, 2) 2, 0, 2, 2
-    assert section.confusion[1].tolist() == [[0, 1, 1, 0], [0, 0, 0, 1], [0, 0, 2, 0], [1, 0, 1, 0]]
+    assert section.stage_confusion(1).tolist() == [
+        [0, 1, 1, 0],
+        [0, 0, 0, 1],
+        [0, 0, 2, 0],
+        [1, 0, 1, 0],
+    ]
     ref = reference_measures(ref_confusion, TASK_CLASSES)
     assert all(
         nan_equal(a, b)
@@ -368,7 +374,8 @@ def test_results_json_section_validates_and_round_trips(run):
         == cb.continual_results().class_incremental.to_section()
     )
     assert torch.equal(
-        again.class_incremental.confusion, cb.continual_results().class_incremental.confusion
+        again.class_incremental.confusion.to_dense(),
+        cb.continual_results().class_incremental.confusion.to_dense(),
     )
     # a document without the section (an older file) reads as before
     del document["class_incremental"]
@@ -649,10 +656,12 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert first.stages_completed == 2
     saved = torch.load(tmp_path / "cut" / "ckpt" / "task_1.ckpt", weights_only=False)
     state = saved["callbacks"][first.state_key]
-    assert sorted(state["record"]["sections"]["class_incremental"]["confusion"]) == [0, 1]
+    assert sorted(state["record"]["sections"]["class_incremental"]["cells"]) == [0, 1]
     resumed = run(train, tmp_path / "cut", ckpt_path=tmp_path / "cut" / "ckpt" / "task_1.ckpt")
     a, b = full.continual_results(), resumed.continual_results()
-    assert torch.equal(a.class_incremental.confusion, b.class_incremental.confusion)
+    assert torch.equal(
+        a.class_incremental.confusion.to_dense(), b.class_incremental.confusion.to_dense()
+    )
     assert a.class_incremental.to_section() == b.class_incremental.to_section()
     for name in a.matrices:
         assert torch.equal(a[name].scores, b[name].scores), name
@@ -661,12 +670,53 @@ def test_resume_equals_uninterrupted(tmp_path):
         == ContinualResults.load(tmp_path / "full").to_dict()["class_incremental"]
     )
     # the confusion counts change over the stages (the check above is not vacuous)
-    assert not torch.equal(a.class_incremental.confusion[0], a.class_incremental.confusion[2])
+    assert not torch.equal(
+        a.class_incremental.stage_confusion(0), a.class_incremental.stage_confusion(2)
+    )
 
     # other task_classes: refused
     swapped = ContinualEvalCallback(test, task_classes=[classes[1], classes[0], classes[2]])
     with pytest.raises(ValueError, match="other task_classes"):
         swapped.load_state_dict(copy.deepcopy(state))
+
+
+@pytest.mark.slow
+def test_a_thousand_tasks_of_two_classes_run_with_bounded_memory(tmp_path):
+    """T = 1000 tasks x 2 classes (C = 2000) is accepted (the old stages x C**2 cap refused
+    anything above about 203 such tasks) and a real Trainer run records its stages with the
+    counts stored sparsely: peak RSS of the whole process (torch, Lightning, the 1000 test
+    loaders) under 1.5 GiB (dense per-stage [C, C] int64 matrices alone would take 32 MB per
+    stage, 32 GB for the 1000 stages); every stage's cells equal a plain count of the
+    task-agnostic matrix's correct samples and of the test labels; results.json and the
+    checkpoint state (weights_only) give the same section."""
+    proc = run_script(HERE / "class_incremental_scale_script.py", tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["num_stages"] == 3 and out["num_classes"] == 2000
+    assert out["peak_rss_mib"] < 1536, out["peak_rss_mib"]
+    labels = out["labels"]
+    samples = [0] * 2000  # the classes seen (tasks 0 .. 2); the others were never counted
+    for ys in labels[:3]:
+        for y in ys:
+            samples[y] += 1
+    assert out["test_samples"] == samples
+    for stage, cells in enumerate(out["cells"]):
+        # row sums: the seen tasks' test labels; diagonal: the task-agnostic correct counts
+        rows, correct = {}, {}
+        for t, p, n in cells:
+            assert n >= 1 and t // 2 <= stage
+            rows[t] = rows.get(t, 0) + n
+            correct[t // 2] = correct.get(t // 2, 0) + (n if t == p else 0)
+        expected = {}
+        for j in range(stage + 1):
+            for y in labels[j]:
+                expected[y] = expected.get(y, 0) + 1
+        assert rows == expected, stage
+        for j in range(stage + 1):
+            assert correct.get(j, 0) / len(labels[j]) == out["agnostic"][stage][j], (stage, j)
+        assert cells == sorted(cells)  # row-major
+    assert out["stored_cells"] == sum(len(c) for c in out["cells"]) <= 2 * (1 + 2 + 3)
+    assert out["file_equal"] and out["checkpoint_equal"]
 
 
 @pytest.mark.slow
@@ -790,10 +840,15 @@ def test_class_id_and_confusion_cell_caps_are_checked_before_the_scorers_are_bui
 
     with pytest.raises(ValueError, match="task 0 lists class id 5000"):
         check_class_id_bounds(torch.tensor([[5000, 1]]))
-    # 2**25 cells: 3 stages of 3345 x 3345 counts is too many, 2 stages are not
-    with pytest.raises(ValueError, match=r"3 tasks over class ids 0 \.\. 3344"):
-        check_class_id_bounds([[0], [1], [3344]])
-    check_class_id_bounds([[0], [3344]])
+    # the per-class tables (stages x classes) are capped at 2**22 cells: 2000 tasks over 2098
+    # class ids are too many, over 2097 they are not
+    tasks = [[k] for k in range(1999)]
+    with pytest.raises(ValueError, match=r"2000 tasks over class ids 0 \.\. 2097"):
+        check_class_id_bounds([*tasks, [2097]])
+    check_class_id_bounds([*tasks, [2096]])
+    # the confusion counts are no longer capped by stages x classes**2 (2**25 refused anything
+    # above about 203 tasks of 2 classes): T = 1000 tasks of 2 classes is accepted
+    check_class_id_bounds([[2 * t, 2 * t + 1] for t in range(1000)])
     check_class_id_bounds([[0, "x"], 7])  # left to check_task_classes, which names them
     with pytest.raises(ValueError, match="task 1 lists class id 5000"):
         ContinualEvalCallback(task_loaders(), task_classes=[[0], [5000]])

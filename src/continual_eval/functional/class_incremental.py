@@ -23,14 +23,17 @@ Inputs and conventions (zero-based; ``C`` classes, ``T`` tasks, ``S`` stages):
   Class ``c`` is *seen* at stage ``i`` when ``0 <= class_task[c] <= i``; it is *new* at stage ``i``
   when ``class_task[c] == i`` and *old* when ``class_task[c] < i``.
 * ``confs``: integer confusion counts, ``[S, C, C]`` (one matrix per stage) or one ``[C, C]``
-  matrix. ``confs[k, c, p]`` counts the test samples of true class ``c`` predicted as class ``p``
-  after training stage ``first_stage + k`` (``first_stage`` is ``0`` unless given; a single
-  ``[C, C]`` matrix is the stage ``first_stage``, and the stage dimension is then dropped from the
-  result). Count *all* test samples of the tasks evaluated at that stage, predicted with
-  `task_agnostic_predictions` for that stage;
+  matrix, dense or a sparse COO tensor (`torch.sparse_coo_tensor`, e.g.
+  [`ClassIncrementalResults.confusion`][continual_eval.results.ClassIncrementalResults]): the
+  measures of a sparse one are computed from its nonzero cells alone (``O(nnz + S * C)``, no dense
+  ``[S, C, C]`` temporary) and equal those of its dense form. ``confs[k, c, p]`` counts the test
+  samples of true class ``c`` predicted as class ``p`` after training stage ``first_stage + k``
+  (``first_stage`` is ``0`` unless given; a single ``[C, C]`` matrix is the stage ``first_stage``,
+  and the stage dimension is then dropped from the result). Count *all* test samples of the tasks
+  evaluated at that stage, predicted with `task_agnostic_predictions` for that stage;
   [`confusion_counts`][continual_eval.functional.confusion_counts] makes one matrix. Rows of classes
-  not seen yet (future tasks evaluated, e.g. for forward transfer) may be
-  present: every seen-class measure ignores them.
+  not seen yet (future tasks evaluated, e.g. for forward transfer) may be present: every seen-class
+  measure ignores them.
 * Results are ``float64`` (a ratio of counts, correctly rounded), on ``confs``' device.
 * Undefined values are NaN, never 0: the accuracy of a class or task with no test sample at that
   stage, a class not seen yet, the old-class accuracy at stage 0, the forgetting of a class with
@@ -258,18 +261,27 @@ def _check_weighting(weighting: str) -> None:
         raise ValueError(f"unknown weighting {weighting!r}; expected one of {SEEN_WEIGHTINGS}")
 
 
+def _is_sparse(confs: Tensor) -> bool:
+    return confs.layout == torch.sparse_coo
+
+
 def _stack(confs: Tensor, validate: bool) -> tuple[Tensor, bool]:
-    """``confs`` as ``[S, C, C]``, and whether it was a single ``[C, C]`` matrix."""
+    """``confs`` as ``[S, C, C]`` (a sparse COO one coalesced), and whether it was a single
+    ``[C, C]`` matrix."""
     if (
         not isinstance(confs, Tensor)
         or confs.ndim not in (2, 3)
         or confs.shape[-1] != confs.shape[-2]
         or not _is_integer(confs)
+        or confs.layout not in (torch.strided, torch.sparse_coo)
+        or (_is_sparse(confs) and confs.dense_dim() != 0)
     ):
         raise ValueError(
             "confs must be integer confusion counts, [S, C, C] or one [C, C] matrix "
             f"(rows: true class, columns: predicted class), got {_describe(confs)}"
         )
+    if _is_sparse(confs):
+        return _sparse_stack(confs, validate)
     if validate and confs.numel():
         bad = confs < 0
         if bool(bad.any()):
@@ -287,9 +299,60 @@ def _counts(
     stack, single = _stack(confs, validate)
     if class_task is not None:
         _check_class_task(class_task, stack.shape[-1], validate)
+    if _is_sparse(stack):
+        correct, total = _sparse_counts(stack)
+        return correct, total, single
     correct = stack.diagonal(dim1=-2, dim2=-1).long()
     total = stack.sum(-1, dtype=torch.long)
     return correct, total, single
+
+
+def _sparse_stack(confs: Tensor, validate: bool) -> tuple[Tensor, bool]:
+    """A sparse COO ``confs`` coalesced, as ``[S, C, C]``; negative counts refused (naming the
+    cell) when ``validate``."""
+    confs = confs.coalesce()
+    if validate and confs._nnz():
+        bad = confs.values() < 0
+        if bool(bad.any()):
+            n = int(bad.nonzero()[0, 0])
+            cell = ", ".join(str(int(v)) for v in confs.indices()[:, n])
+            raise ValueError(
+                f"confs[{cell}] = {int(confs.values()[n])} is negative; counts are >= 0"
+            )
+    single = confs.ndim == 2
+    if single:
+        indices = torch.cat([confs.indices().new_zeros(1, confs._nnz()), confs.indices()])
+        confs = _coo(indices, confs.values(), (1, *confs.shape))
+    return confs, single
+
+
+def _coo(indices: Tensor, values: Tensor, size: tuple[int, ...]) -> Tensor:
+    """A coalesced sparse COO tensor of ``indices`` that are already sorted and distinct."""
+    return torch.sparse_coo_tensor(indices, values, size, is_coalesced=True, check_invariants=False)
+
+
+def _sparse_cells(stack: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(stage, true, predicted, count)`` of every stored cell of a coalesced sparse
+    ``[S, C, C]`` (``[nnz]`` each, ``count`` int64)."""
+    stage, true, pred = stack.indices()
+    return stage, true, pred, stack.values().long()
+
+
+def _sum_by(index: Tensor, count: Tensor, size: int) -> Tensor:
+    """``out[k] = sum(count[index == k])``, ``[size]`` int64 (exact)."""
+    return count.new_zeros(size).index_add_(0, index, count)
+
+
+def _sparse_counts(stack: Tensor) -> tuple[Tensor, Tensor]:
+    """``(correct [S, C], total [S, C])`` of a sparse ``[S, C, C]``: its diagonal and row sums,
+    from the stored cells (``O(nnz + S * C)``)."""
+    S, C = stack.shape[0], stack.shape[-1]
+    stage, true, pred, count = _sparse_cells(stack)
+    row = stage * C + true
+    diagonal = true == pred
+    total = _sum_by(row, count, S * C).view(S, C)
+    correct = _sum_by(row[diagonal], count[diagonal], S * C).view(S, C)
+    return correct, total
 
 
 def _stages(num_stages: int, first_stage: int, device: torch.device) -> Tensor:
@@ -764,6 +827,23 @@ def mean_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") -
     return torch.nanmean(per_class_forgetting(class_accuracy, convention=convention))
 
 
+def _mean_class_forgetting_per_stage(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
+    """``[S]``: entry ``i`` is
+    [`mean_class_forgetting`][continual_eval.functional.mean_class_forgetting] of the stages
+    ``0 .. i`` (``class_accuracy[: i + 1]``; NaN at ``i = 0``), for every ``i`` at
+    once: running maxima (`torch.cummax`) instead of one call per stage (``O(S * C)``)."""
+    check_forgetting_convention(convention)
+    measured = ~class_accuracy.isnan()
+    floor = class_accuracy.masked_fill(~measured, -math.inf)
+    peak = torch.cummax(floor, 0).values  # best over the stages <= i
+    # best and "measured before" over the stages < i (nothing before stage 0)
+    earlier_peak = torch.cat([torch.full_like(peak[:1], -math.inf), peak[:-1]])
+    before = torch.cat([torch.zeros_like(measured[:1]), measured.cumsum(0)[:-1] > 0])
+    best = peak if convention == "peak" else earlier_peak
+    per_class = torch.where(before & measured, best - class_accuracy, _NAN)
+    return torch.nanmean(per_class, dim=-1)
+
+
 def recency_bias(
     confs: Tensor,
     class_task: Tensor,
@@ -782,8 +862,8 @@ def recency_bias(
       ``sum_{c in task i} n_c / sum_{c seen} n_c``, what an unbiased classifier would predict.
 
     ``prediction_share > sample_share`` is a bias towards the new classes (Wu et al., BiC, 2019).
-    Both are 1 at stage 0 and NaN where no seen class has a test sample. Uses an ``[S, C, C]``
-    temporary.
+    Both are 1 at stage 0 and NaN where no seen class has a test sample. A dense ``confs`` uses an
+    ``[S, C, C]`` temporary; a sparse one only its stored cells.
 
     Example:
         >>> conf1 = torch.tensor([[1, 0, 4], [0, 3, 2], [0, 0, 2]])
@@ -796,6 +876,8 @@ def recency_bias(
     _check_class_task(class_task, num_classes, validate)
     stages = _stages(stack.shape[0], first_stage, stack.device)
     class_task = class_task.to(stack.device)
+    if _is_sparse(stack):
+        return _sparse_recency_bias(stack, class_task, stages, single)
     seen = (class_task >= 0) & (class_task <= stages)  # [S, C]
     new = class_task == stages  # [S, C]
     seen_rows = stack * seen.unsqueeze(-1)  # [S, C, C], rows of the unseen classes zeroed
@@ -807,16 +889,33 @@ def recency_bias(
     return RecencyBias(_squeeze(prediction_share, single), _squeeze(sample_share, single))
 
 
+def _sparse_recency_bias(
+    stack: Tensor, class_task: Tensor, stages: Tensor, single: bool
+) -> RecencyBias:
+    """`recency_bias` of a coalesced sparse ``[S, C, C]``: sums over its stored cells."""
+    S = stack.shape[0]
+    stage, true, pred, count = _sparse_cells(stack)
+    at = stages[:, 0][stage]  # the stage of each cell
+    true_task, pred_task = class_task[true], class_task[pred]
+    seen = (true_task >= 0) & (true_task <= at)
+    num_seen = _sum_by(stage[seen], count[seen], S)
+    to_new = seen & (pred_task == at)
+    of_new = true_task == at
+    prediction_share = _ratio(_sum_by(stage[to_new], count[to_new], S), num_seen)
+    sample_share = _ratio(_sum_by(stage[of_new], count[of_new], S), num_seen)
+    return RecencyBias(_squeeze(prediction_share, single), _squeeze(sample_share, single))
+
+
 def confusion_in_arrival_order(
     confs: Tensor, task_classes: TaskClasses, *, validate: bool = True
 ) -> tuple[Tensor, Tensor]:
     """Rows and columns of ``confs`` (``[C, C]`` or ``[S, C, C]``) permuted into arrival order.
 
-    ``out[..., a, b] = confs[..., order[a], order[b]]`` with ``order`` = `TaskClasses.order`
-    (task 0's classes as listed, then task 1's, ..., then the classes of no task). Returns
-    ``(out, boundaries)``: task ``j``'s block is ``out[..., b[j]:b[j+1], b[j]:b[j+1]]`` with
-    ``b = boundaries`` (``[T + 1]``, on CPU or where ``task_classes`` lives); draw lines at
-    ``b[1:-1] - 0.5`` to separate the tasks.
+    ``out[..., a, b] = confs[..., order[a], order[b]]`` with ``order`` = `TaskClasses.order` (task
+    0's classes as listed, then task 1's, ..., then the classes of no task). Returns ``(out,
+    boundaries)`` (``out`` sparse when ``confs`` is): task ``j``'s block is ``out[..., b[j]:b[j+1],
+    b[j]:b[j+1]]`` with ``b = boundaries`` (``[T + 1]``, on CPU or where ``task_classes`` lives);
+    draw lines at ``b[1:-1] - 0.5`` to separate the tasks.
 
     Example:
         >>> tc = check_task_classes([[2], [0, 1]])
@@ -831,4 +930,14 @@ def confusion_in_arrival_order(
             f"confs has {stack.shape[-1]} classes but task_classes has {task_classes.num_classes}"
         )
     order = task_classes.order.to(confs.device)
+    if _is_sparse(confs):  # the cells relabelled: class order[a] becomes a
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order), device=order.device)
+        confs = confs.coalesce()
+        indices = confs.indices().clone()
+        indices[-2:] = rank[indices[-2:]]
+        moved = torch.sparse_coo_tensor(
+            indices, confs.values(), confs.shape, check_invariants=False
+        )
+        return moved.coalesce(), task_classes.boundaries
     return confs.index_select(-2, order).index_select(-1, order), task_classes.boundaries

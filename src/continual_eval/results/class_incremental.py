@@ -29,6 +29,14 @@ class-incremental literature computes from them
 Undefined values are NaN here and ``null`` in the file. The counts are the record; the measures
 are a pure function of them, recomputed when a file is read.
 
+The counts are held sparsely: only the nonzero cells of each stage, a sparse COO
+``[s, C, C]`` int64 tensor (`ClassIncrementalResults.confusion`, 32 bytes per stored cell:
+three int64 indices and the count), and every measure is computed from those cells with
+scatter sums (``O(nnz + s * C)``; no dense ``[s, C, C]`` tensor is made). A stage stores at most
+one cell per test sample of its seen tasks (fewer when several samples share a cell), so the
+worst case is ``sum_i`` (test samples of the tasks ``<= i``); the dense per-class tables
+(``per_class_accuracy``, ``[s, C]`` float64) take 8 bytes per stage and class.
+
 Confusion encoding (``confusion.stages``): one string per stage holding the nonzero cells of that
 stage's matrix as space-separated ``true:predicted:count`` triples of decimal integers, in
 row-major order, e.g. ``"0:0:181 0:3:2 1:1:176"``: exact integer counts, one JSON value per stage.
@@ -48,10 +56,10 @@ from torch import Tensor
 
 from continual_eval.functional.class_incremental import (
     TaskClasses,
+    _mean_class_forgetting_per_stage,
+    _sparse_counts,
     check_task_classes,
     confusion_in_arrival_order,
-    mean_class_accuracy,
-    mean_class_forgetting,
     old_new_accuracy,
     per_class_accuracy,
     per_class_forgetting,
@@ -71,7 +79,9 @@ __all__ = [
     "ClassIncrementalResults",
     "class_incremental_scalars",
     "decode_confusion",
+    "encode_cells",
     "encode_confusion",
+    "sparse_confusion",
 ]
 
 #: where the definitions come from
@@ -91,12 +101,22 @@ WEIGHTINGS = ("sample", "task")
 
 
 def encode_confusion(matrix: Tensor) -> str:
-    """One ``[C, C]`` integer matrix as ``"true:predicted:count ..."`` over its nonzero cells,
-    row-major (see the module docstring)."""
+    """One ``[C, C]`` integer matrix (dense or sparse COO) as ``"true:predicted:count ..."`` over
+    its nonzero cells, row-major (see the module docstring)."""
+    if matrix.layout == torch.sparse_coo:
+        matrix = matrix.coalesce()
+        cells = torch.cat([matrix.indices().T, matrix.values()[:, None].long()], 1)
+        return encode_cells(cells[cells[:, 2] != 0])
     index = matrix.nonzero()
     counts = matrix[index[:, 0], index[:, 1]]
-    flat = torch.cat([index, counts[:, None].to(index.dtype)], 1).flatten().tolist()
-    return " ".join(["%d:%d:%d"] * len(index)) % tuple(flat)
+    return encode_cells(torch.cat([index, counts[:, None].to(index.dtype)], 1))
+
+
+def encode_cells(cells: Tensor) -> str:
+    """``[n, 3]`` integer ``(true, predicted, count)`` rows as ``"true:predicted:count ..."``, in
+    their order (one stage's string of ``confusion.stages``)."""
+    flat = cells.reshape(-1).tolist()
+    return " ".join(["%d:%d:%d"] * len(cells)) % tuple(flat)
 
 
 def decode_confusion(text: str, num_classes: int) -> Tensor:
@@ -105,6 +125,47 @@ def decode_confusion(text: str, num_classes: int) -> Tensor:
     values = torch.from_numpy(confusion_cells(text))
     matrix.index_put_((values[:, 0], values[:, 1]), values[:, 2], accumulate=True)
     return matrix
+
+
+def sparse_confusion(stage_cells: Sequence[Tensor], num_classes: int) -> Tensor:
+    """The coalesced sparse COO ``[s, C, C]`` int64 counts of ``s`` stages, each given as its
+    ``[n, 3]`` ``(true, predicted, count)`` cells (any order; a repeated cell is summed)."""
+    s, C = len(stage_cells), num_classes
+    if not s:
+        return _empty_confusion(0, C)
+    sizes = torch.tensor([len(c) for c in stage_cells], dtype=torch.long)
+    cells = torch.cat([torch.as_tensor(c, dtype=torch.int64).reshape(-1, 3) for c in stage_cells])
+    stage = torch.repeat_interleave(torch.arange(s), sizes)
+    indices = torch.stack([stage, cells[:, 0], cells[:, 1]])
+    counts = cells[:, 2]
+    ordered = bool(
+        (torch.diff((stage * C + cells[:, 0]) * C + cells[:, 1]) > 0).all()
+    )  # already sorted and distinct (what the record keeps): no sort needed
+    return torch.sparse_coo_tensor(
+        indices, counts, (s, C, C), is_coalesced=ordered, check_invariants=False
+    ).coalesce()
+
+
+def _empty_confusion(s: int, C: int) -> Tensor:
+    return torch.sparse_coo_tensor(
+        torch.zeros(3, 0, dtype=torch.long),
+        torch.zeros(0, dtype=torch.int64),
+        (s, C, C),
+        is_coalesced=True,
+        check_invariants=False,
+    )
+
+
+def _as_sparse(given: Any) -> Tensor:
+    """``given`` (dense or sparse ``[s, C, C]``) as a coalesced sparse COO int64 tensor."""
+    confusion = torch.as_tensor(given).detach().to("cpu")
+    if confusion.ndim != 3 or confusion.shape[1] != confusion.shape[2]:
+        raise ValueError(f"confusion must be [s, C, C], got {tuple(confusion.shape)}")
+    if confusion.is_floating_point() or confusion.is_complex() or confusion.dtype == torch.bool:
+        raise ValueError(f"confusion must hold integer counts, got {confusion.dtype}")
+    if confusion.layout != torch.sparse_coo:
+        confusion = confusion.to_sparse()
+    return confusion.coalesce().to(torch.int64)
 
 
 def _class_lists(task_classes: TaskClasses) -> tuple[tuple[int, ...], ...]:
@@ -117,13 +178,13 @@ def _running_mean(values: Tensor) -> Tensor:
     return torch.cumsum(values, 0) / counts
 
 
-def _test_samples(confusion: Tensor, class_task: Tensor) -> Tensor:
-    """``[C]`` test samples per class: its counts at the stages with counts, the same at each
-    (a ``ValueError`` naming the stage and class when they differ)."""
-    totals = confusion.sum(-1)  # [s, C]
-    stage = torch.arange(len(confusion))[:, None]
+def _test_samples(totals: Tensor, class_task: Tensor) -> Tensor:
+    """``[C]`` test samples per class from the per-stage row sums ``totals [s, C]``: its counts
+    at the stages with counts, the same at each (a ``ValueError`` naming the stage and class when
+    they differ)."""
+    stage = torch.arange(len(totals))[:, None]
     seen = (class_task >= 0) & (class_task <= stage) & (totals.sum(-1, keepdim=True) > 0)
-    samples = torch.where(seen, totals, 0).amax(0) if len(confusion) else totals.sum(0)
+    samples = torch.where(seen, totals, 0).amax(0) if len(totals) else totals.sum(0)
     wrong = (seen & (totals != samples)).nonzero()
     if len(wrong):
         i, c = (int(v) for v in wrong[0])
@@ -142,8 +203,9 @@ class ClassIncrementalResults:
 
     #: ``T`` tuples of class ids, each task's classes in the order given
     task_classes: tuple[tuple[int, ...], ...]
-    #: ``[s, C, C]`` int64: after stage ``i``, ``confusion[i, c, p]`` test samples of the seen
-    #: class ``c`` predicted as class ``p`` (task-agnostic predictions)
+    #: ``[s, C, C]`` int64, a coalesced sparse COO tensor (its nonzero cells only): after stage
+    #: ``i``, ``confusion[i, c, p]`` test samples of the seen class ``c`` predicted as class ``p``
+    #: (task-agnostic predictions); ``stage_confusion(i)`` is one stage's dense ``[C, C]``
     confusion: Tensor
     #: ``"seen"``: predictions among the seen classes; ``"all"``: among all outputs
     prediction: str = "seen"
@@ -224,11 +286,18 @@ class ClassIncrementalResults:
         """The class ids in arrival order (task 0's as listed, then task 1's, ...)."""
         return self.checked.order.tolist()
 
+    def stage_confusion(self, stage: int = -1) -> Tensor:
+        """Stage ``stage``'s counts as a dense ``[C, C]`` int64 matrix (``C**2`` cells of 8
+        bytes: one stage only)."""
+        if not -self.num_stages <= stage < self.num_stages:
+            raise IndexError(f"stage {stage} of {self.num_stages} recorded stages")
+        return self.confusion[stage % self.num_stages].to_dense()
+
     def arrival_confusion(self, stage: int = -1) -> tuple[Tensor, Tensor]:
-        """Stage ``stage``'s confusion counts with rows and columns in arrival order, and the task
-        boundaries (offsets into that order); see
+        """Stage ``stage``'s confusion counts (dense ``[C, C]``) with rows and columns in arrival
+        order, and the task boundaries (offsets into that order); see
         `confusion_in_arrival_order`."""
-        return confusion_in_arrival_order(self.confusion[stage], self.checked)
+        return confusion_in_arrival_order(self.stage_confusion(stage), self.checked)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -242,44 +311,42 @@ class ClassIncrementalResults:
         confusion_text: Sequence[str] | None = None,
         checked: TaskClasses | None = None,
     ) -> ClassIncrementalResults:
-        """Every measure from the per-stage confusion counts ``confusion [s, C, C]`` (stage ``i``
-        = row ``i``; an all-zero matrix = a stage without counts). ``confusion_text``: their
-        `encode_confusion` strings when already known (a recorder encodes each stage
-        once); ``checked``: [`check_task_classes`][continual_eval.functional.check_task_classes] of
-        ``task_classes`` over the ``C`` classes, when already made."""
+        """Every measure from the per-stage confusion counts ``confusion [s, C, C]``, dense or
+        sparse COO (stage ``i`` = row ``i``; an all-zero matrix = a stage without counts), computed
+        from its nonzero cells. ``confusion_text``: their `encode_confusion` strings when already
+        known (a recorder encodes each stage once); ``checked``:
+        [`check_task_classes`][continual_eval.functional.check_task_classes] of ``task_classes``
+        over the ``C`` classes, when already made."""
         if prediction not in PREDICTIONS:
             raise ValueError(f"prediction must be one of {PREDICTIONS}, got {prediction!r}")
-        confusion = torch.as_tensor(confusion).detach().to("cpu", torch.int64)
-        if confusion.ndim != 3 or confusion.shape[1] != confusion.shape[2]:
-            raise ValueError(f"confusion must be [s, C, C], got {tuple(confusion.shape)}")
-        if bool((confusion < 0).any()):
+        confusion = _as_sparse(confusion)
+        if bool((confusion.values() < 0).any()):
             raise ValueError("confusion counts must be >= 0")
         s, C = confusion.shape[0], confusion.shape[-1]
         if checked is None or checked.num_classes != C:
             checked = check_task_classes([list(c) for c in task_classes], C)
         if confusion_text is None:
-            confusion_text = [encode_confusion(matrix) for matrix in confusion]
+            confusion_text = _stage_texts(confusion)
         elif len(confusion_text) != s:
             raise ValueError(f"{len(confusion_text)} confusion strings for {s} stages")
+        measures, totals = _measures(confusion, checked.class_task, forgetting)
         return cls(
             _class_lists(checked),
             confusion,
             prediction,
             forgetting,
-            test_samples=_test_samples(confusion, checked.class_task),
+            test_samples=_test_samples(totals, checked.class_task),
             confusion_text=tuple(confusion_text),
-            **_measures(confusion, checked.class_task, forgetting),
+            **measures,
         )._known(checked)
 
     @classmethod
     def from_section(cls, section: ClassIncrementalSection) -> ClassIncrementalResults:
         """From a checked ``class_incremental`` section: the counts as recorded, the measures
         recomputed from them."""
-        C = section.num_classes
         stages = list(section.confusion.stages)
-        confusion = torch.zeros(len(stages), C, C, dtype=torch.int64)
-        for i, text in enumerate(stages):
-            confusion[i] = decode_confusion(text, C)
+        cells = [torch.from_numpy(confusion_cells(text)) for text in stages]
+        confusion = sparse_confusion(cells, section.num_classes)
         return cls.compute(
             section.task_classes,
             confusion,
@@ -357,17 +424,32 @@ class ClassIncrementalResults:
 
         stage = stage % self.num_stages
         fig, _ = plot_confusion_matrix(
-            self.confusion[stage],
+            self.stage_confusion(stage),
             [list(c) for c in self.task_classes],
             title=title or f"task-agnostic confusion after stage {stage}",
         )
         return fig
 
 
-def _measures(confusion: Tensor, class_task: Tensor, forgetting: str) -> dict[str, Any]:
+def _stage_texts(confusion: Tensor) -> list[str]:
+    """`encode_confusion` of every stage of a coalesced sparse ``[s, C, C]``, from its cells
+    (row-major within a stage: the coalesced order)."""
+    stage = confusion.indices()[0]
+    cells = torch.cat([confusion.indices()[1:].T, confusion.values()[:, None]], 1)
+    cells = cells[cells[:, 2] != 0]
+    stage = stage[confusion.values() != 0]
+    sizes = torch.bincount(stage, minlength=confusion.shape[0]).tolist()
+    return [encode_cells(part) for part in torch.split(cells, sizes)]
+
+
+def _measures(
+    confusion: Tensor, class_task: Tensor, forgetting: str
+) -> tuple[dict[str, Any], Tensor]:
     """Every measure of [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults]
-    from the counts ``[s, C, C]``."""
+    from the sparse counts ``[s, C, C]`` (scatter sums over the stored cells), and the per-stage
+    row sums ``[s, C]``."""
     s, C = confusion.shape[0], confusion.shape[-1]
+    totals = _sparse_counts(confusion)[1]
     empty = torch.zeros(0, dtype=torch.float64)
     if s == 0:
         return {
@@ -376,15 +458,10 @@ def _measures(confusion: Tensor, class_task: Tensor, forgetting: str) -> dict[st
             "old_accuracy": dict.fromkeys(WEIGHTINGS, empty),
             "class_forgetting": torch.full((C,), math.nan, dtype=torch.float64),
             **dict.fromkeys(_PER_STAGE, empty),
-        }
+        }, totals
     # the counts and classes were checked once, by compute: validate=False below
     accuracy = per_class_accuracy(confusion, class_task, validate=False)
-    nan = torch.tensor(math.nan, dtype=torch.float64)
-    forgetting_curve = [
-        mean_class_forgetting(accuracy[: i + 1], convention=forgetting) if i else nan
-        for i in range(s)
-    ]
-    mca = mean_class_accuracy(confusion, class_task, validate=False)
+    mca = torch.nanmean(accuracy, dim=-1)  # mean_class_accuracy, from the accuracy made once
     bias = recency_bias(confusion, class_task, validate=False)
     return {
         "per_class_accuracy": accuracy,
@@ -399,10 +476,12 @@ def _measures(confusion: Tensor, class_task: Tensor, forgetting: str) -> dict[st
         "mean_class_accuracy": mca,
         "amca_per_stage": _running_mean(mca),
         "class_forgetting": per_class_forgetting(accuracy, convention=forgetting),
-        "mean_class_forgetting_per_stage": torch.stack(forgetting_curve).double(),
+        "mean_class_forgetting_per_stage": _mean_class_forgetting_per_stage(
+            accuracy, convention=forgetting
+        ),
         "recency_prediction_share": bias.prediction_share,
         "recency_sample_share": bias.sample_share,
-    }
+    }, totals
 
 
 _PER_STAGE = (

@@ -39,9 +39,10 @@ evaluated or undefined):
 Limits on what an untrusted file may hold (beyond them a file is refused, not truncated):
 `MAX_FILE_BYTES` bytes, `MAX_TASKS` tasks, `MAX_MATRICES` matrices,
 `MAX_NAME_LENGTH` characters per name, `MAX_TEXT_LENGTH` per descriptive string,
-`MAX_DEPTH` levels of nesting in ``metadata``, `MAX_CLASSES` classes and
-`MAX_CONFUSION_CELLS` confusion cells. JSON has no ``NaN`` or ``Infinity`` (the writer
-stores ``null``); numbers beyond the float range are refused.
+`MAX_DEPTH` levels of nesting in ``metadata``, `MAX_CLASSES` classes,
+`MAX_CLASS_TABLE_CELLS` stages x classes and `MAX_CONFUSION_CELLS` nonzero confusion cells.
+JSON has no ``NaN`` or ``Infinity`` (the writer stores ``null``); numbers beyond the float range
+are refused.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from continual_eval.results._errors import (
 __all__ = [
     "FORMAT_VERSION",
     "MAX_CLASSES",
+    "MAX_CLASS_TABLE_CELLS",
     "MAX_CONFUSION_CELLS",
     "MAX_DEPTH",
     "MAX_FILE_BYTES",
@@ -121,9 +123,14 @@ MAX_TEXT_LENGTH = 1000
 MAX_DEPTH = 32
 #: most class ids of a ``class_incremental`` section (``num_classes``)
 MAX_CLASSES = 5000
-#: most confusion cells of a ``class_incremental`` section, stages x classes**2 (read as int64:
-#: 256 MiB)
-MAX_CONFUSION_CELLS = 2**25
+#: most nonzero confusion cells of a ``class_incremental`` section, all stages together (the
+#: counts are stored sparsely: 24 bytes per cell in the record, 32 in the results' sparse tensor,
+#: about 12 characters in the file; a stage holds at most one cell per test sample of its seen
+#: tasks)
+MAX_CONFUSION_CELLS = 2**23
+#: most stages x classes of a ``class_incremental`` section (its per-class tables such as
+#: ``per_class_accuracy [s, C]``, 8 bytes per cell in memory; T = 1000 tasks of 2 classes: 2M)
+MAX_CLASS_TABLE_CELLS = 2**22
 
 _MAX_EXACT_INT = 2**53  # counts and integer cells beyond this are not exact as float64
 
@@ -1155,11 +1162,11 @@ def _check_class_incremental(
     """Shapes, the task classes (distinct ids below ``C``, no class in two tasks), and every
     stage's counts (see `_check_stage_counts`)."""
     field, C = "class_incremental", section.num_classes
-    if s * C * C > MAX_CONFUSION_CELLS:
+    if s * C > MAX_CLASS_TABLE_CELLS:
         check.fail(
             f"{field}.num_classes",
-            f"expected stages * num_classes**2 <= "
-            f"{MAX_CONFUSION_CELLS} (here {s} stages), found integer {C}",
+            f"expected stages * num_classes <= "
+            f"{MAX_CLASS_TABLE_CELLS} (here {s} stages), found integer {C}",
         )
     check.length(section.task_classes, f"{field}.task_classes", T)
     owner = np.full(C, T, dtype=np.int64)  # the task of each class id (T: none)
@@ -1197,23 +1204,31 @@ def _check_class_incremental(
     if int(samples.sum()) > _MAX_EXACT_INT:
         check.fail(f"{field}.test_samples", f"expected at most {_MAX_EXACT_INT} samples in all")
     check.length(section.confusion.stages, f"{field}.confusion.stages", s)
+    stored = 0
     for i, text in enumerate(section.confusion.stages):
-        _check_stage_counts(check, f"{field}.confusion.stages[{i}]", text, i, owner, samples)
+        at = f"{field}.confusion.stages[{i}]"
+        stored += _check_stage_counts(check, at, text, i, owner, samples)
+        if stored > MAX_CONFUSION_CELLS:
+            check.fail(
+                at,
+                f"expected at most {MAX_CONFUSION_CELLS} nonzero confusion cells in all "
+                f"stages, found {stored} up to this stage",
+            )
 
 
 def _check_stage_counts(
     check: _Check, field: str, text: str, stage: int, owner: np.ndarray, samples: np.ndarray
-) -> None:
+) -> int:
     """One stage's counts: class ids below ``C``, a true class of a task ``<= stage``, counts
     ``>= 1``, each cell once, and every seen class's counts adding up to its test samples (an
-    empty string: a stage without counts)."""
+    empty string: a stage without counts); returns its number of cells."""
     C = len(owner)
     try:
         cells = confusion_cells(text)
     except ValueError as err:
         check.fail(field, f"{err}, found {describe(text)}")
     if not len(cells):
-        return
+        return 0
     true, pred, count = cells[:, 0], cells[:, 1], cells[:, 2]
     bad = (true >= C) | (pred >= C) | (count < 1) | (count > _MAX_EXACT_INT)
     bad |= owner[np.minimum(true, C - 1)] > stage
@@ -1239,6 +1254,7 @@ def _check_stage_counts(
             f"expected the counts of class {c} to add up to its "
             f"{int(samples[c])} test samples (test_samples[{c}]), found {int(totals[c])}",
         )
+    return len(cells)
 
 
 # ---------------------------------------------------------------------- online

@@ -1,0 +1,434 @@
+"""Sparse class-incremental counts: every measure computed from the nonzero cells (a sparse COO
+``[S, C, C]``) equals the dense computation (the dense functional path, and the dense
+``_measures`` of the code before the counts were sparse, kept here as the reference) on random
+counts with classes of no task, classes and tasks without test samples and stages without counts;
+the record's per-stage cells, its checkpoint state (``weights_only=True``, and the dense state of
+older checkpoints), the ``results.json`` round trip and the cap on the stored cells."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from continual_eval import functional as F
+from continual_eval._class_incremental_recorder import ClassIncrementalRecord
+from continual_eval.evaluation import TaskAgnosticAccuracyScorer
+from continual_eval.functional import class_incremental as ci
+from continual_eval.record import Scored
+from continual_eval.results import ClassIncrementalResults, InvalidResultsError
+from continual_eval.results.class_incremental import encode_confusion
+from continual_eval.results.schema import ClassIncrementalSection
+
+
+def same(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bitwise equal, NaN where NaN."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def random_counts(seed: int, T: int = 5, K: int = 3, extra: int = 2, S: int | None = None):
+    """Random task classes (shuffled ids, tasks of 1..K classes, ``extra`` ids of no task) and
+    per-stage counts: each class has a fixed number of test samples (some 0: empty classes; one
+    task with none at all), spread at every stage over random predicted classes; one stage has
+    no counts; the rows of unseen classes hold counts at some stages (future tasks evaluated)."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, K + 1, (T,), generator=g).tolist()
+    C = sum(sizes) + extra
+    ids = torch.randperm(C, generator=g).tolist()
+    task_classes, at = [], 0
+    for n in sizes:
+        task_classes.append(ids[at : at + n])
+        at += n
+    class_task = ci.check_task_classes(task_classes, C).class_task
+    samples = torch.randint(0, 6, (C,), generator=g)
+    samples[torch.randint(0, C, (2,), generator=g)] = 0  # empty classes
+    samples[torch.tensor(task_classes[1])] = 0  # an empty task
+    S = T if S is None else S
+    dense = torch.zeros(S, C, C, dtype=torch.int64)
+    for i in range(S):
+        if i == 2:
+            continue  # a stage without counts
+        for c in range(C):
+            if class_task[c] > i and (class_task[c] < 0 or bool(torch.rand(1, generator=g) < 0.5)):
+                continue  # unseen rows: sometimes counted
+            pred = torch.randint(0, C, (int(samples[c]),), generator=g)
+            dense[i, c] += torch.bincount(pred, minlength=C)
+    return task_classes, class_task, dense
+
+
+SEEDS = range(6)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_functional_measures_of_sparse_counts_equal_the_dense_ones(seed):
+    _, class_task, dense = random_counts(seed)
+    sparse = dense.to_sparse()
+    uncoalesced = torch.sparse_coo_tensor(  # every cell split in two entries
+        torch.cat([sparse.indices(), sparse.indices()], 1),
+        torch.cat([sparse.values() // 2, sparse.values() - sparse.values() // 2]),
+        dense.shape,
+        check_invariants=True,
+    )
+    for confs in (sparse, uncoalesced):
+        same(F.per_class_accuracy(confs), F.per_class_accuracy(dense))
+        same(F.per_class_accuracy(confs, class_task), F.per_class_accuracy(dense, class_task))
+        same(F.per_task_accuracy(confs, class_task), F.per_task_accuracy(dense, class_task))
+        same(F.mean_class_accuracy(confs, class_task), F.mean_class_accuracy(dense, class_task))
+        same(F.average_mean_class_accuracy(confs), F.average_mean_class_accuracy(dense))
+        for w in ("sample", "task"):
+            same(
+                F.seen_accuracy(confs, class_task, weighting=w),
+                ci.seen_accuracy(dense, class_task, weighting=w),
+            )
+            same(
+                F.last_accuracy(confs, class_task, weighting=w),
+                F.last_accuracy(dense, class_task, weighting=w),
+            )
+            same(
+                F.average_incremental_seen_accuracy(confs, class_task, weighting=w),
+                F.average_incremental_seen_accuracy(dense, class_task, weighting=w),
+            )
+            for a, b in zip(
+                F.old_new_accuracy(confs, class_task, weighting=w),
+                F.old_new_accuracy(dense, class_task, weighting=w),
+                strict=True,
+            ):
+                same(a, b)
+        for a, b in zip(
+            F.recency_bias(confs, class_task), F.recency_bias(dense, class_task), strict=True
+        ):
+            same(a, b)
+    # one [C, C] matrix with first_stage, sparse or dense
+    for stage in range(len(dense)):
+        one = dense[stage].to_sparse()
+        same(
+            F.seen_accuracy(one, class_task, first_stage=stage),
+            F.seen_accuracy(dense[stage], class_task, first_stage=stage),
+        )
+        for a, b in zip(
+            F.recency_bias(one, class_task, first_stage=stage),
+            F.recency_bias(dense[stage], class_task, first_stage=stage),
+            strict=True,
+        ):
+            same(a, b)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_arrival_order_and_encoding_of_sparse_counts(seed):
+    task_classes, _, dense = random_counts(seed)
+    checked = ci.check_task_classes(task_classes, dense.shape[-1])
+    moved, bounds = F.confusion_in_arrival_order(dense.to_sparse(), checked)
+    expected, expected_bounds = F.confusion_in_arrival_order(dense, checked)
+    assert moved.layout == torch.sparse_coo
+    same(moved.to_dense(), expected)
+    same(bounds, expected_bounds)
+    for matrix in dense:
+        assert encode_confusion(matrix.to_sparse()) == encode_confusion(matrix)
+
+
+def test_sparse_errors_name_the_cell():
+    bad = torch.sparse_coo_tensor(torch.tensor([[0], [1], [2]]), torch.tensor([-3]), (2, 3, 3))
+    with pytest.raises(ValueError, match=r"confs\[0, 1, 2\] = -3 is negative"):
+        F.per_class_accuracy(bad)
+    floats = torch.zeros(2, 3, 3).to_sparse()
+    with pytest.raises(ValueError, match="confs must be integer confusion counts"):
+        F.per_class_accuracy(floats)
+    with pytest.raises(ValueError, match="confusion counts must be >= 0"):
+        ClassIncrementalResults.compute([[0], [1, 2]], bad)
+
+
+# ---------------------------------------------------------------- the section's measures
+def dense_reference(confusion: torch.Tensor, class_task: torch.Tensor, forgetting: str) -> dict:
+    """The measures as the code before the sparse counts computed them: the dense functional
+    calls on ``[s, C, C]`` and one forgetting call per stage."""
+    accuracy = ci.per_class_accuracy(confusion, class_task)
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    curve = [
+        ci.mean_class_forgetting(accuracy[: i + 1], convention=forgetting) if i else nan
+        for i in range(len(confusion))
+    ]
+    mca = ci.mean_class_accuracy(confusion, class_task)
+    bias = ci.recency_bias(confusion, class_task)
+    totals = confusion.sum(-1)
+    stage = torch.arange(len(confusion))[:, None]
+    seen = (class_task >= 0) & (class_task <= stage) & (totals.sum(-1, keepdim=True) > 0)
+    return {
+        "test_samples": torch.where(seen, totals, 0).amax(0),
+        "per_class_accuracy": accuracy,
+        "seen_accuracy": {
+            w: ci.seen_accuracy(confusion, class_task, weighting=w) for w in ("sample", "task")
+        },
+        "old_accuracy": {
+            w: ci.old_new_accuracy(confusion, class_task, weighting=w).old
+            for w in ("sample", "task")
+        },
+        "new_accuracy": ci.old_new_accuracy(confusion, class_task).new,
+        "mean_class_accuracy": mca,
+        "amca_per_stage": torch.cumsum(mca, 0) / torch.arange(1, len(mca) + 1),
+        "class_forgetting": ci.per_class_forgetting(accuracy, convention=forgetting),
+        "mean_class_forgetting_per_stage": torch.stack(curve).double(),
+        "recency_prediction_share": bias.prediction_share,
+        "recency_sample_share": bias.sample_share,
+    }
+
+
+def seen_only(dense: torch.Tensor, class_task: torch.Tensor) -> torch.Tensor:
+    """The counts a run records: the rows of the seen classes only."""
+    stage = torch.arange(len(dense))[:, None]
+    seen = (class_task >= 0) & (class_task <= stage)
+    return dense * seen[..., None]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("forgetting", ["peak", "chaudhry"])
+def test_every_measure_of_the_section_equals_the_dense_computation(seed, forgetting):
+    task_classes, class_task, dense = random_counts(seed, T=6, S=6)
+    dense = seen_only(dense, class_task)
+    section = ClassIncrementalResults.compute(
+        task_classes, dense.to_sparse(), forgetting=forgetting
+    )
+    assert section.confusion.layout == torch.sparse_coo
+    same(section.confusion.to_dense(), dense)
+    ref = dense_reference(dense, class_task, forgetting)
+    for key, expected in ref.items():
+        got = getattr(section, key)
+        if isinstance(expected, dict):
+            for w in expected:
+                same(got[w], expected[w])
+        else:
+            same(got, expected)
+    # the undefined values the problem has: an empty task, a stage without counts
+    assert torch.isnan(section.per_class_accuracy[:, task_classes[1]]).all()
+    assert torch.isnan(section.seen_accuracy["sample"][2])
+    # a dense confusion gives the same section
+    assert (
+        ClassIncrementalResults.compute(task_classes, dense, forgetting=forgetting).to_section()
+        == section.to_section()
+    )
+    # and so does the results.json section read back (counts decoded, measures recomputed)
+    again = ClassIncrementalResults.from_section(section.to_section())
+    assert again.to_section() == section.to_section()
+    same(again.confusion.to_dense(), dense)
+    for stage in range(len(dense)):
+        same(section.stage_confusion(stage), dense[stage])
+
+
+def test_a_section_without_stages():
+    section = ClassIncrementalResults.compute([[0], [1]], torch.zeros(0, 2, 2, dtype=torch.long))
+    assert section.num_stages == 0 and section.num_classes == 2
+    assert math.isnan(section.amca) and section.confusion_text == ()
+
+
+def test_stored_cells_are_capped_when_read(monkeypatch):
+    from continual_eval.results import schema
+
+    task_classes, class_task, dense = random_counts(0, T=4, S=4)
+    section = ClassIncrementalResults.compute(task_classes, seen_only(dense, class_task))
+    document = section.to_section()
+    nnz = section.confusion._nnz()
+    first = len(document.confusion.stages[0].split())
+    monkeypatch.setattr(schema, "MAX_CONFUSION_CELLS", first)
+    with pytest.raises(InvalidResultsError) as err:
+        check_section(document, 4)
+    assert "class_incremental.confusion.stages[1]" in str(err.value)
+    assert f"at most {first} nonzero confusion cells" in str(err.value)
+    monkeypatch.setattr(schema, "MAX_CONFUSION_CELLS", nnz)
+    check_section(document, 4)
+    C = document.num_classes  # the per-class tables: stages x classes
+    monkeypatch.setattr(schema, "MAX_CLASS_TABLE_CELLS", 4 * C - 1)
+    with pytest.raises(InvalidResultsError, match="expected stages \\* num_classes <= "):
+        check_section(document, 4)
+    monkeypatch.setattr(schema, "MAX_CLASS_TABLE_CELLS", 4 * C)
+    check_section(document, 4)
+
+
+def check_section(section: ClassIncrementalSection, s: int) -> None:
+    from continual_eval.results.schema import _Check, _check_class_incremental
+
+    _check_class_incremental(_Check("results.json"), section, len(section.task_classes), s)
+
+
+# ---------------------------------------------------------------- the record
+T_BIG, K = 1000, 2
+BIG_CLASSES = [[2 * t, 2 * t + 1] for t in range(T_BIG)]
+
+
+def blocks_of(stage: int, labels: torch.Tensor, g: torch.Generator, out: torch.Tensor) -> None:
+    """The task-agnostic scorer's reduced ``[T, K, C]`` blocks of one stage, written into ``out``:
+    each task's test samples (rows ``labels [T, n]``) predicted among the seen classes at
+    random."""
+    T, n = labels.shape
+    pred = torch.randint(0, 2 * min(stage + 1, T), (T, n), generator=g)
+    task = torch.arange(T)[:, None].expand(T, n)
+    out.zero_().index_put_(
+        (task.reshape(-1), labels.reshape(-1), pred.reshape(-1)),
+        torch.ones(T * n, dtype=torch.int64),
+        accumulate=True,
+    )
+
+
+def new_record(task_classes=BIG_CLASSES) -> ClassIncrementalRecord:
+    scorer = TaskAgnosticAccuracyScorer(task_classes)
+    return ClassIncrementalRecord(scorer, [f"t{j}" for j in range(len(task_classes))])
+
+
+@pytest.mark.slow
+def test_a_thousand_tasks_of_two_classes_recorded_sparsely_and_round_tripped():
+    """T = 1000 tasks x 2 classes (C = 2000; dense per-stage matrices would take 32 GB): the
+    record keeps each stage's nonzero cells (at most one per seen test sample), its state goes
+    through torch.save / torch.load(weights_only=True), and the section's counts equal a plain
+    loop's sums over the blocks of a few stages."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, K, (T_BIG, 2), generator=g)  # 2 test samples per task
+    record = new_record()
+    kept = {}
+    blocks = torch.zeros(T_BIG, K, 2 * T_BIG, dtype=torch.int64)
+    for stage in range(T_BIG):
+        blocks_of(stage, labels, g, blocks)
+        scored = Scored({}, {"acc_task_agnostic": blocks}, tuple(range(T_BIG)))
+        record.check_stage(stage, scored)
+        record.record_stage(stage, scored)
+        if stage in (0, 1, 499, 999):
+            kept[stage] = blocks.clone()
+    assert record.stored_cells <= 2 * sum(range(1, T_BIG + 1))  # <= one per seen test sample
+    for stage, blocks in kept.items():  # a plain loop over the seen tasks' nonzero entries
+        cells: dict[tuple[int, int], int] = {}
+        for j in range(stage + 1):
+            for r, p in blocks[j].nonzero().tolist():
+                key = (BIG_CLASSES[j][r], p)
+                cells[key] = cells.get(key, 0) + int(blocks[j, r, p])
+        assert record.stage_counts(stage).tolist() == [
+            [t, p, n] for (t, p), n in sorted(cells.items())
+        ]
+    buffer = io.BytesIO()
+    torch.save(record.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert all(m.layout == torch.strided for m in state["cells"].values())  # plain tensors
+    again = new_record()
+    again.load_state_dict(state)
+    assert again.stored_cells == record.stored_cells
+    for stage in range(0, T_BIG, 97):
+        assert torch.equal(again.stage_counts(stage), record.stage_counts(stage))
+        assert again.stage_text(stage) == record.stage_text(stage)
+    confusion = record.confusion(T_BIG)
+    assert (
+        confusion.shape == (T_BIG, 2 * T_BIG, 2 * T_BIG) and confusion._nnz() == record.stored_cells
+    )
+    section = ClassIncrementalResults.compute(
+        BIG_CLASSES, confusion, confusion_text=[record.stage_text(i) for i in range(T_BIG)]
+    )
+    assert (
+        section.test_samples.tolist()
+        == torch.bincount(
+            (labels + 2 * torch.arange(T_BIG)[:, None]).reshape(-1), minlength=2 * T_BIG
+        ).tolist()
+    )
+    assert again.confusion(T_BIG).indices().equal(confusion.indices())
+
+
+def small_scored(stage: int, counts: list[list[list[int]]]) -> Scored:
+    return Scored({}, {"acc_task_agnostic": torch.tensor(counts)}, (0, 1))
+
+
+def test_a_stage_past_the_cell_cap_is_refused_and_records_nothing(monkeypatch):
+    from continual_eval import _class_incremental_recorder as recorder
+
+    record = new_record([[0, 1], [2]])
+    zero = [[0, 0, 0], [0, 0, 0]]
+    first = small_scored(0, [[[2, 1, 0], [0, 3, 0]], [[0, 0, 4], zero[0]]])
+    record.check_stage(0, first)
+    record.record_stage(0, first)
+    assert record.stage_counts(0).tolist() == [[0, 0, 2], [0, 1, 1], [1, 1, 3]]
+    monkeypatch.setattr(recorder, "MAX_CONFUSION_CELLS", 5)
+    second = small_scored(1, [[[1, 1, 1], [0, 3, 0]], [[0, 0, 4], zero[0]]])
+    with pytest.raises(ValueError, match=r"stage 1: its confusion counts have 5 nonzero cells"):
+        record.check_stage(1, second)
+    assert record.stored_cells == 3 and record.stage_counts(1).tolist() == []
+    monkeypatch.setattr(recorder, "MAX_CONFUSION_CELLS", 8)
+    record.check_stage(1, second)
+    record.record_stage(1, second)
+    assert record.stage_counts(1).tolist() == [
+        [0, 0, 1],
+        [0, 1, 1],
+        [0, 2, 1],
+        [1, 1, 3],
+        [2, 2, 4],
+    ]
+    assert record.stage_text(1) == "0:0:1 0:1:1 0:2:1 1:1:3 2:2:4"
+
+
+def test_an_older_dense_state_loads_and_a_bad_one_is_refused():
+    record = new_record([[0, 1], [2]])
+    dense = torch.tensor([[2, 1, 0], [0, 3, 0], [0, 0, 0]])
+    record.load_state_dict({"task_classes": [[0, 1], [2]], "confusion": {0: dense}})
+    assert record.stage_counts(0).tolist() == [[0, 0, 2], [0, 1, 1], [1, 1, 3]]
+    with pytest.raises(ValueError, match=r"stage 0 are \(2, 2\), expected \[3, 3\]"):
+        record.load_state_dict({"task_classes": [[0, 1], [2]], "confusion": {0: dense[:2, :2]}})
+    with pytest.raises(ValueError, match=r"cell 0 = \[0, 3, 1\] is not"):
+        record.load_state_dict(
+            {"task_classes": [[0, 1], [2]], "cells": {0: torch.tensor([[0, 3, 1]])}}
+        )
+    twice = torch.tensor([[0, 1, 1], [0, 1, 2]])
+    with pytest.raises(ValueError, match=r"the cell \[0, 1\] is given twice"):
+        record.load_state_dict({"task_classes": [[0, 1], [2]], "cells": {0: twice}})
+    assert record.stage_counts(0).tolist() == [[0, 0, 2], [0, 1, 1], [1, 1, 3]]  # unchanged
+
+
+def test_a_sparse_stage_is_plotted_as_its_dense_matrix():
+    import matplotlib.pyplot as plt
+
+    from continual_eval import plot_confusion_matrix
+
+    counts = torch.tensor([[5, 2, 0, 1], [0, 4, 0, 0], [0, 0, 0, 0], [1, 0, 2, 2]])
+    images = []
+    for matrix in (counts, counts.to_sparse()):
+        fig, ax = plot_confusion_matrix(matrix, [[2, 0], [1, 3]])
+        images.append(ax.images[0].get_array().filled(-1).tolist())
+        plt.close(fig)
+    assert images[0] == images[1]
+
+
+def test_the_journal_part_replays_to_the_same_record():
+    """A stage's journal line holds its cells (through JSON); replaying them gives the record the
+    same counts and section; a bad cell is refused naming the stage and the cell."""
+    import json
+
+    from continual_eval.results import ContinualResults, ScoreMatrix
+
+    record = new_record([[0, 1], [2]])
+    parts = []
+    for stage, counts in enumerate(
+        [
+            [[[2, 1, 0], [0, 3, 0]], [[0, 0, 4], [0, 0, 0]]],
+            [[[1, 1, 1], [0, 3, 0]], [[0, 1, 3], [0, 0, 0]]],
+        ]
+    ):
+        scored = small_scored(stage, counts)
+        record.check_stage(stage, scored)
+        record.record_stage(stage, scored)
+        parts.append(json.loads(json.dumps(record.journal_part(stage))))
+    assert record.journal_part(None) is None
+    again = ClassIncrementalRecord.from_journal(
+        json.loads(json.dumps(record.journal_settings())), ["t0", "t1"]
+    )
+    for stage, part in enumerate(parts):
+        again.replay_part(stage, part)
+    assert again.stored_cells == record.stored_cells == 9
+    for stage in range(2):
+        assert torch.equal(again.stage_counts(stage), record.stage_counts(stage))
+    scores = torch.tensor([[0.5, 0.25], [0.5, 0.75]], dtype=torch.float64)
+    matrix = ScoreMatrix("accuracy", scores, torch.tensor([0.5, 0.5], dtype=torch.float64))
+    base = ContinualResults.from_tensors({"acc": matrix}, task_names=["t0", "t1"])
+    assert (
+        again.add_to(base).class_incremental.to_section()
+        == record.add_to(base).class_incremental.to_section()
+    )
+    with pytest.raises(
+        ValueError, match=r"journal's confusion cells of stage 1: cell 0 = \[3, 0, 1\]"
+    ):
+        again.replay_part(1, [[3, 0, 1]])
+    assert torch.equal(again.stage_counts(1), record.stage_counts(1))  # unchanged
