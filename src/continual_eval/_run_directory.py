@@ -76,7 +76,7 @@ class RunDirectory:
         if self._journal is None or self._journal.path.parent != self.path:
             self._journal = StageJournal(self.path)
         completed = record.num_stages
-        self.rebuilt = stage is None or rebuild_due(completed, self._built, record.num_tasks)
+        self.rebuilt = self.due(record, stage)
         if stage is None:
             self._journal.rewrite(record)
         else:  # one fsync a stage: the journal's, or the rebuilt results.json's
@@ -85,6 +85,13 @@ class RunDirectory:
             results.write(self.path)
             self._built = completed
         return self.rebuilt
+
+    def due(self, record: RunRecord, stage: int | None) -> bool:
+        """Whether `write` of ``stage`` (``None``: a full rewrite) rebuilds ``results.json``
+        (always where no directory is written: every output is then the stage's own)."""
+        if self.path is None or stage is None:
+            return True
+        return rebuild_due(record.num_stages, self._built, record.num_tasks)
 
     def flush(self, record: RunRecord, results: ContinualResults) -> None:
         """Rebuild ``results.json`` if it is behind the journal (a fit that raised)."""

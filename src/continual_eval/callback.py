@@ -602,9 +602,11 @@ class ContinualEvalCallback(Callback):
         the results."""
         record = self._record
         assert record is not None
-        # a run in progress: its sections' cheap part (no bootstrap of the item intervals)
+        # a run in progress: its sections' cheap part (no bootstrap of the item intervals) and,
+        # between rebuilds, no class-incremental section (its measures read every stage's counts)
         final = stage is None or record.num_stages == record.num_tasks
-        results = record.continual_results(light=not final)
+        omit = () if self._directory.due(record, stage) else ("class_incremental",)
+        results = record.continual_results(light=not final, omit=omit)
         rebuilt = self._directory.write(record, results, stage=stage)
         if trainer is not None and (rebuilt or stage is None):
             self._publish_to_owner(trainer)

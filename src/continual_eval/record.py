@@ -385,11 +385,14 @@ class RunRecord:
             subset=self.step_subset,
         )
 
-    def continual_results(self, *, light: bool = False) -> ContinualResults:
+    def continual_results(
+        self, *, light: bool = False, omit: Sequence[str] = ()
+    ) -> ContinualResults:
         """The typed results of the stages so far: per matrix its rows, baseline, metric family,
         per-task values and (with step curves) stability and plasticity; the costs; the
         reference metrics; then each section's part (``light``: the cheaper part of a section
-        that has one, ``light_add_to``, for the results of a run in progress)."""
+        that has one, ``light_add_to``, for the results of a run in progress; ``omit``: the keys
+        of sections left out)."""
         steps = self.step_evaluations()
         results = ContinualResults.from_tensors(
             {
@@ -414,7 +417,9 @@ class RunRecord:
             lca_beta=self.lca_beta,
             coverage=self.coverage,
         )
-        for section in self.sections.values():
+        for key, section in self.sections.items():
+            if key in omit:
+                continue
             light_add_to = getattr(section, "light_add_to", None) if light else None
             results = section.add_to(results) if light_add_to is None else light_add_to(results)
         return results
