@@ -239,6 +239,12 @@ def test_final_table_printed(tasks, tmp_path, caplog):
     assert not math.isnan(cb.results()["metrics"]["acc"])
 
 
+def by_step(events: list) -> list:
+    """TensorBoard events sorted by step: the event files of the fits in one directory are read
+    in file-name order, and two made within the same second may come in either order."""
+    return sorted(events, key=lambda e: e.step)
+
+
 def test_every_matrix_logged_read_back_and_tabled(tasks, tmp_path, caplog):
     """Two scorers: each matrix's metrics, rows, baseline, stability, heatmap and curves figure
     reach TensorBoard and metrics.csv under its own keys (read back with each tool's reader and
@@ -272,25 +278,25 @@ def test_every_matrix_logged_read_back_and_tabled(tasks, tmp_path, caplog):
     events.Reload()
     for key in ("acc", "bwt", "fwt", "forgetting"):
         for tag, matrix in ((f"continual/{key}", acc), (f"continual/loss/{key}", loss)):
-            logged = events.Scalars(tag)
+            logged = by_step(events.Scalars(tag))
             assert [e.step for e in logged] == [0, 1, 2], tag
             expected = matrix.metrics_per_stage[key].tolist()
             assert [e.value for e in logged] == pytest.approx(expected, rel=1e-6, abs=1e-7), tag
     for j in range(3):
-        rows = [e.value for e in events.Scalars(f"continual/loss/task_{j}")]
+        rows = [e.value for e in by_step(events.Scalars(f"continual/loss/task_{j}"))]
         assert rows == pytest.approx(loss.scores[:, j].tolist(), rel=1e-6)  # every stage
         (base,) = events.Scalars(f"continual/loss/baseline/task_{j}")
         assert base.step == 0 and base.value == pytest.approx(loss.baseline[j].item(), rel=1e-6)
-    wc = [e.value for e in events.Scalars("continual/loss/wc_acc")]
+    wc = [e.value for e in by_step(events.Scalars("continual/loss/wc_acc"))]
     assert wc == pytest.approx(loss.stability.wc_acc.tolist(), rel=1e-6)
-    steps = [e.step for e in events.Scalars("continual/loss/step/task_0")]
+    steps = [e.step for e in by_step(events.Scalars("continual/loss/step/task_0"))]
     assert steps == results.steps.step.tolist()
     for tag in ("accuracy_matrix", "loss_matrix", "accuracy_curves", "loss_curves"):
-        images = events.Images(f"continual/{tag}")
+        images = by_step(events.Images(f"continual/{tag}"))
         assert [im.step for im in images] == [0, 1, 2], tag
         assert images[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
     text_tag = next(t for t in events.Tags()["tensors"] if t.startswith("continual/accuracy_mat"))
-    text = events.Tensors(text_tag)[-1].tensor_proto.string_val[0].decode()
+    text = by_step(events.Tensors(text_tag))[-1].tensor_proto.string_val[0].decode()
     assert "loss (cross_entropy, lower is better)" in text and "acc (accuracy)" in text
     assert f"{loss.scores[2, 1].item():.4f}" in text
 
