@@ -389,13 +389,15 @@ def run_record(
     predictions: int | None = None,
     budget: StageBudget | None = None,
     items: ItemSettings | None = None,
+    reference_items: tuple[Sequence[Any] | None, str | None] = (None, None),
     **settings: Any,
 ) -> RunRecord:
     """The run record of the callback's scorers (a matrix each, the primary first) and settings
     (``forgetting``, ``metadata``, ``run_id``, ``reference``, ``lca_beta``), with the step curves
     when ``steps``, the class-incremental section when the scorers hold the task-agnostic one,
     the held-out section when ``held_out`` names sets and the predictions section with
-    ``predictions`` (the item bound)."""
+    ``predictions`` (the item bound); ``reference_items``: the reference's per-item values of the
+    primary matrix, or why it has none (`reference_items`)."""
     sections: list[RecordSection] = []
     specs = {name: MatrixSpec.of(scorer) for name, scorer in scorers.items()}
     agnostic = scorers.get(AGNOSTIC_NAME)
@@ -413,7 +415,17 @@ def run_record(
         if recorded:
             forgetting = settings.get("forgetting", "peak")
             sections.append(
-                ItemRecord(specs, recorded, skipped, len(task_names), items, forgetting=forgetting)
+                ItemRecord(
+                    specs,
+                    recorded,
+                    skipped,
+                    len(task_names),
+                    items,
+                    forgetting=forgetting,
+                    primary=next(iter(specs)),
+                    reference=reference_items[0],
+                    reference_note=reference_items[1],
+                )
             )
     return RunRecord(
         specs,

@@ -20,6 +20,13 @@ Accepted (every form holds scores of the callback's primary scorer, one per task
   ``task_1/results.json``, ...: what ``train_reference(..., kind="isolated" or "cumulative",
   dirpath=...)`` and ``continual-eval fit`` write), ``R[0, 0]`` of each, with the areas of their
   curves when they were recorded; the kind from their ``metadata["reference_run"]``.
+
+Per-item values (`reference_items`, the intransigence interval of ``item_records=``): a
+[`Reference`][continual_eval.Reference] holds them in ``items`` when its runs recorded the primary
+matrix's items (``train_reference(..., callback_kwargs={"item_records": ...})``). A reference
+run's ``results.json`` does not hold them (its ``items`` section holds counts and transitions
+only); its directory's stage journal (``stages.jsonl``, beside ``results.json``) does, and a path
+reads them from there. Tensors, mappings and paths without a journal of items give none.
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from continual_eval.functional.intervals import PackedBits
 from continual_eval.functional.plasticity import stage_auc
-from continual_eval.results.files import RESULTS_FILE
+from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE
 from continual_eval.results.model import REFERENCE_SCORE_KINDS, ContinualResults, ReferenceScores
 from continual_eval.results.schema import MAX_TEXT_LENGTH
 
@@ -44,8 +52,12 @@ __all__ = [
     "ReferenceCurve",
     "check_reference_length",
     "curve_auc",
+    "reference_items",
     "resolve_reference",
 ]
+
+#: one task's per-item values: ``[n_j]`` bool or packed (0/1 items), else float64
+Items = Tensor | PackedBits
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,11 @@ class Reference:
             on task ``j``; else ``None``.
         results_dirs: where each reference run's ``results.json`` went (empty without
             ``dirpath``).
+        items: with per-item records of the primary matrix (``item_records`` in
+            ``callback_kwargs``): per task ``j`` the reference's ``[n_j]`` items on task ``j``'s
+            test set, in its order (the cells of ``scores``: isolated and cumulative, copy ``j``'s;
+            joint, the joint copy's), [`PackedBits`][continual_eval.functional.PackedBits] for 0/1
+            items, else float64; ``None`` otherwise.
     """
 
     kind: str
@@ -98,6 +115,7 @@ class Reference:
     task_names: tuple[str, ...]
     curves: tuple[ReferenceCurve, ...] | None = None
     results_dirs: tuple[Path, ...] = ()
+    items: tuple[Items, ...] | None = None
 
     def to_list(self) -> list[float | None]:
         """``scores`` as JSON cells (``None`` for a NaN), as ``results.json`` stores
@@ -289,6 +307,63 @@ def _from_mapping(value: Mapping[Any, Any]) -> ReferenceScores:
         if auc.shape != scores.shape:
             raise ValueError(f"{_WHAT}: 'auc' has {auc.numel()} values for {scores.numel()} scores")
     return ReferenceScores(_kind(value.get("kind", "given"), "the mapping"), scores, auc, "mapping")
+
+
+def _journal_items(directory: Path, stage: int | None, task: int | None) -> list[Items] | None:
+    """The primary matrix's items a run's stage journal holds (``stage=None``: its last stage;
+    ``task``: that task's alone), ``None`` without a journal or items of the primary matrix."""
+    if not (directory / JOURNAL_FILE).is_file():
+        return None
+    from continual_eval._stage_journal import replay  # lazily: the record's modules
+
+    record = replay(directory / JOURNAL_FILE)
+    section = record.sections.get("items")
+    primary = next(iter(record.specs))
+    if section is None or primary not in getattr(section, "binary", {}) or not section.stages:
+        return None
+    values = section.values(primary, len(section.stages) - 1 if stage is None else stage)
+    tasks = sorted(values) if task is None else [task]
+    if any(j not in values for j in tasks):
+        return None
+    return [values[j] for j in tasks]
+
+
+def _items_of_path(path: Path) -> list[Items] | None:
+    directory = path.parent if path.is_file() else path
+    if (directory / RESULTS_FILE).is_file():
+        return _journal_items(directory, None, None)
+    parts = []
+    while (directory / f"task_{len(parts)}" / RESULTS_FILE).is_file():
+        part = _journal_items(directory / f"task_{len(parts)}", 0, 0)
+        if part is None:
+            return None
+        parts.extend(part)
+    return parts or None
+
+
+def reference_items(
+    value: Any, resolved: ReferenceScores | None
+) -> tuple[list[Items] | None, str | None]:
+    """``(items, note)`` of ``reference=`` ``value`` (resolved as ``resolved``): the reference
+    model's per-item values of the primary matrix, one ``[n_j]`` entry per task (a
+    [`Reference`][continual_eval.Reference]'s ``items``, a path's stage journal), and, when it has
+    none, why (what the ``intervals`` section states for intransigence); ``(None, None)`` without
+    a reference."""
+    if resolved is None:
+        return None, None
+    items: list[Items] | None = None
+    if isinstance(value, Reference) and value.items is not None:
+        items = list(value.items)
+    elif isinstance(value, (str, os.PathLike)):
+        items = _items_of_path(Path(value))
+    if items is not None:
+        return items, None
+    where = f"{resolved.kind!r} from {resolved.source or 'the argument'}"
+    return None, (
+        f"the reference ({where}) holds scores only, not its per-item values: the paired "
+        "interval of intransigence resamples the reference's items of each task with the run's "
+        "(train_reference with item_records in callback_kwargs records them)"
+    )
 
 
 def resolve_reference(value: Any, scorer: Any) -> ReferenceScores | None:

@@ -1,0 +1,256 @@
+"""The paired interval of intransigence (``item_records=`` with ``reference=``): the reference
+runs of ``train_reference`` record their per-item values when ``callback_kwargs`` holds
+``item_records`` (equal to a plain-torch loop over plain-trained weights, per kind), and the
+continual run's ``intervals`` section gains intransigence, equal to the functional
+``paired_bootstrap`` of the plain loops' items of the run and of the reference (from the object
+and from the reference's results directory, through its stage journal); a reference of scores
+only states why it has no interval; a reference of other test-set sizes is refused naming the
+task; the reference items survive a checkpoint and a journal replay."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from test_references import (
+    EPOCHS,
+    SEED,
+    TEST,
+    TRAIN,
+    Tiny,
+    eval_loaders,
+    plain_training,
+    reference,
+    train_loaders,
+)
+from torch import nn
+from torch.utils.data import ConcatDataset
+
+from continual_eval import ContinualEvalCallback, fit_tasks
+from continual_eval.functional import PackedBits, pack_bits, paired_bootstrap, unpack_bits
+
+T = len(TRAIN)
+RESAMPLES = 400
+ITEMS = {"resamples": RESAMPLES, "seed": 5}
+
+
+def right(net: nn.Module, j: int) -> torch.Tensor:
+    """Plain loop: each test item of task j correct or not, dataset order."""
+    x, y = TEST[j].tensors
+    with torch.no_grad():
+        return net(x).argmax(dim=1) == y
+
+
+def linear(weights: dict) -> nn.Linear:
+    net = nn.Linear(4, 2)
+    net.load_state_dict({k.removeprefix("net."): v for k, v in weights.items()})
+    return net
+
+
+def plain_reference_items(initial: dict, kind: str) -> list[torch.Tensor]:
+    """The reference's items by plain-torch training (the budgets of `train_reference`)."""
+    if kind == "joint":
+        net, _ = plain_training(initial, ConcatDataset(TRAIN), EPOCHS, seed=SEED)
+        return [right(net, j) for j in range(T)]
+    out = []
+    for j in range(T):
+        data = TRAIN[j] if kind == "isolated" else ConcatDataset(TRAIN[: j + 1])
+        net, _ = plain_training(initial, data, EPOCHS, seed=SEED + j)
+        out.append(right(net, j))
+    return out
+
+
+class Snapshots(pl.Callback):
+    """The weights at the baseline and after every stage."""
+
+    def __init__(self) -> None:
+        self.weights: list[dict] = []
+
+    def on_fit_start(self, trainer, pl_module):
+        if not self.weights:
+            self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+    def on_train_end(self, trainer, pl_module):
+        self.weights.append({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+
+@pytest.fixture(scope="module")
+def initial() -> tuple[Tiny, dict]:
+    torch.manual_seed(0)
+    model = Tiny()
+    return model, {k: v.clone() for k, v in model.net.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def trained(initial, tmp_path_factory) -> dict:
+    model, _ = initial
+    root = tmp_path_factory.mktemp("refs")
+    kw = {"callback_kwargs": {"item_records": ITEMS}}
+    return {
+        kind: (reference(model, kind, root / kind, **kw), root / kind)
+        for kind in ("isolated", "joint", "cumulative")
+    }
+
+
+def continual_run(model: Tiny, ref, root, **kwargs):
+    cb = ContinualEvalCallback(
+        eval_loaders(), dirpath=root, verbose=False, reference=ref, item_records=ITEMS, **kwargs
+    )
+    snapshots = Snapshots()
+
+    def factory(task):
+        return pl.Trainer(
+            max_epochs=EPOCHS,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[snapshots, cb],
+        )
+
+    fit_tasks(factory, model, train_loaders(), seed=SEED, checkpoint_dir=root / "ckpt")
+    return cb, snapshots
+
+
+@pytest.mark.parametrize("kind", ["isolated", "joint", "cumulative"])
+def test_reference_items_equal_a_plain_loop(initial, trained, kind) -> None:
+    _, weights = initial
+    ref, _ = trained[kind]
+    expected = plain_reference_items(weights, kind)
+    assert ref.items is not None and len(ref.items) == T
+    for j, packed in enumerate(ref.items):
+        assert isinstance(packed, PackedBits) and packed.num_items == len(TEST[j])
+        assert torch.equal(unpack_bits(packed), expected[j]), (kind, j)
+        # the reference score is the mean of its items
+        assert expected[j].double().mean().item() == ref.scores[j].item()
+
+
+def test_no_items_without_item_records(initial) -> None:
+    model, _ = initial
+    assert reference(model, "joint").items is None
+
+
+@pytest.fixture(scope="module")
+def runs(initial, trained, tmp_path_factory) -> dict:
+    """One continual run per form of the isolated reference (the object, its directory)."""
+    model, _ = initial
+    root = tmp_path_factory.mktemp("continual")
+    ref, directory = trained["isolated"]
+    out = {}
+    for name, given in (("object", ref), ("directory", directory)):
+        torch.manual_seed(0)
+        fresh = Tiny()
+        fresh.load_state_dict(model.state_dict())
+        out[name] = (*continual_run(fresh, given, root / name), root / name)
+    return out
+
+
+@pytest.mark.parametrize("form", ["object", "directory"])
+def test_intransigence_interval_equals_the_functional_layer(initial, runs, form) -> None:
+    _, weights = initial
+    cb, snapshots, root = runs[form]
+    rows = [[right(linear(w), j) for j in range(T)] for w in snapshots.weights]
+    items = [torch.stack([rows[i + 1][j] for i in range(T)]) for j in range(T)]
+    ref_items = plain_reference_items(weights, "isolated")
+    expected = paired_bootstrap(
+        items, baseline=rows[0], reference=ref_items, resamples=RESAMPLES, seed=5
+    )
+    document = json.loads((root / "results.json").read_text())
+    section = document["intervals"]["matrices"]["accuracy"]
+    got = section["metrics"]["intransigence"]
+    want = expected.metrics["intransigence"]
+    assert [got["estimate"], got["low"], got["high"]] == [
+        float(want.estimate),
+        float(want.low),
+        float(want.high),
+    ]
+    assert section["unavailable"] == {}
+    # the estimate is the reference section's intransigence; the interval is a real one
+    assert got["estimate"] == pytest.approx(document["reference"]["intransigence"], abs=1e-12)
+    assert got["low"] < got["estimate"] < got["high"]
+    # the other metrics are unchanged by the reference
+    for key in ("acc", "bwt", "fwt", "forgetting"):
+        assert section["metrics"][key]["low"] == float(expected.metrics[key].low), key
+
+
+def test_a_reference_of_scores_only_states_why_it_has_no_interval(initial, trained, tmp_path):
+    model, _ = initial
+    ref, _ = trained["isolated"]
+    fresh = Tiny()
+    fresh.load_state_dict(model.state_dict())
+    cb, _ = continual_run(fresh, ref.scores, tmp_path)
+    section = json.loads((tmp_path / "results.json").read_text())["intervals"]
+    primary = section["matrices"]["accuracy"]
+    assert "intransigence" not in primary["metrics"] and "acc" in primary["metrics"]
+    reason = primary["unavailable"]["intransigence"]
+    assert "holds scores only" in reason and "tensor" in reason
+    assert cb.continual_results().intervals.matrices["accuracy"].unavailable == {
+        "intransigence": reason
+    }
+
+
+def test_a_reference_of_other_test_items_is_refused_naming_the_task(initial, trained, tmp_path):
+    model, _ = initial
+    ref, _ = trained["joint"]
+    assert ref.items is not None
+    short = list(ref.items)
+    short[1] = pack_bits(unpack_bits(short[1])[:-3])
+    bad = dataclasses.replace(ref, items=tuple(short))
+    with pytest.raises(ValueError, match=r"397 items of task 1 .*test set has 400"):
+        continual_run(Tiny(), bad, tmp_path)
+
+
+def test_reference_items_survive_a_checkpoint_and_the_journal(initial, runs, tmp_path) -> None:
+    from continual_eval._stage_journal import replay
+    from continual_eval.results import ContinualResults
+    from continual_eval.results.files import JOURNAL_FILE
+
+    cb, _, root = runs["object"]
+    live = cb.record.sections["items"]
+    expected = cb.results()["intervals"]
+    assert "intransigence" in expected["matrices"]["accuracy"]["metrics"]
+    # the checkpoint: a new callback without a reference restores the items from the state
+    state = torch.load(root / "ckpt" / f"task_{T - 1}.ckpt", weights_only=True)
+    held = state["callbacks"][cb.state_key]["record"]["sections"]["items"]["reference"]
+    assert held["num_items"] == [len(ds) for ds in TEST]
+    other = ContinualEvalCallback(eval_loaders(), verbose=False, item_records=ITEMS)
+    other.load_state_dict(state["callbacks"][cb.state_key])
+    restored = other.record.sections["items"]
+    for j in range(T):
+        assert torch.equal(unpack_bits(restored.reference[j]), unpack_bits(live.reference[j]))
+    assert other.results()["intervals"]["matrices"]["accuracy"]["metrics"]["intransigence"] == (
+        expected["matrices"]["accuracy"]["metrics"]["intransigence"]
+    )
+    # another reference's items than the checkpoint's: refused, naming the task
+    ref = runs["object"][0].record.sections["items"].reference
+    flipped = [unpack_bits(ref[j]) for j in range(T)]
+    flipped[2] = ~flipped[2]
+    given = dataclasses.replace(
+        _any_reference(), items=tuple(flipped), scores=torch.tensor([0.5] * T, dtype=torch.float64)
+    )
+    third = ContinualEvalCallback(eval_loaders(), verbose=False, item_records=ITEMS, reference=given)
+    with pytest.raises(ValueError, match="items of task 2 differ"):
+        third.load_state_dict(state["callbacks"][cb.state_key])
+    # the journal's header carries them: its replay gives the same intervals
+    replayed = replay(root / JOURNAL_FILE)
+    assert replayed.continual_results().to_dict()["intervals"] == expected
+    assert ContinualResults.load(root).to_dict()["intervals"] == expected
+
+
+def _any_reference():
+    from continual_eval import Reference
+
+    return Reference(
+        kind="isolated",
+        scores=torch.zeros(T, dtype=torch.float64),
+        baseline=torch.zeros(T, dtype=torch.float64),
+        epochs=EPOCHS,
+        steps_trained=(0,) * T,
+        score_name="accuracy",
+        higher_is_better=True,
+        task_names=tuple(f"task_{j}" for j in range(T)),
+    )
