@@ -160,7 +160,7 @@ def test_intransigence_interval_equals_the_functional_layer(initial, runs, form)
         items, baseline=rows[0], reference=ref_items, resamples=RESAMPLES, seed=5
     )
     document = json.loads((root / "results.json").read_text())
-    section = document["intervals"]["matrices"]["accuracy"]
+    section = document["intervals"]["matrices"][cb.primary]
     got = section["metrics"]["intransigence"]
     want = expected.metrics["intransigence"]
     assert [got["estimate"], got["low"], got["high"]] == [
@@ -184,11 +184,11 @@ def test_a_reference_of_scores_only_states_why_it_has_no_interval(initial, train
     fresh.load_state_dict(model.state_dict())
     cb, _ = continual_run(fresh, ref.scores, tmp_path)
     section = json.loads((tmp_path / "results.json").read_text())["intervals"]
-    primary = section["matrices"]["accuracy"]
+    primary = section["matrices"][cb.primary]
     assert "intransigence" not in primary["metrics"] and "acc" in primary["metrics"]
     reason = primary["unavailable"]["intransigence"]
     assert "holds scores only" in reason and "tensor" in reason
-    assert cb.continual_results().intervals.matrices["accuracy"].unavailable == {
+    assert cb.continual_results().intervals.matrices[cb.primary].unavailable == {
         "intransigence": reason
     }
 
@@ -212,7 +212,7 @@ def test_reference_items_survive_a_checkpoint_and_the_journal(initial, runs, tmp
     cb, _, root = runs["object"]
     live = cb.record.sections["items"]
     expected = cb.results()["intervals"]
-    assert "intransigence" in expected["matrices"]["accuracy"]["metrics"]
+    assert "intransigence" in expected["matrices"][cb.primary]["metrics"]
     # the checkpoint: a new callback without a reference restores the items from the state
     state = torch.load(root / "ckpt" / f"task_{T - 1}.ckpt", weights_only=True)
     held = state["callbacks"][cb.state_key]["record"]["sections"]["items"]["reference"]
@@ -222,8 +222,8 @@ def test_reference_items_survive_a_checkpoint_and_the_journal(initial, runs, tmp
     restored = other.record.sections["items"]
     for j in range(T):
         assert torch.equal(unpack_bits(restored.reference[j]), unpack_bits(live.reference[j]))
-    assert other.results()["intervals"]["matrices"]["accuracy"]["metrics"]["intransigence"] == (
-        expected["matrices"]["accuracy"]["metrics"]["intransigence"]
+    assert other.results()["intervals"]["matrices"][cb.primary]["metrics"]["intransigence"] == (
+        expected["matrices"][cb.primary]["metrics"]["intransigence"]
     )
     # another reference's items than the checkpoint's: refused, naming the task
     ref = runs["object"][0].record.sections["items"].reference
