@@ -116,7 +116,9 @@ def _reference_items(
     for j, entry in enumerate(items):
         if isinstance(entry, PackedBits):
             if binary:
-                out[j] = PackedBits(entry.bits.detach().to("cpu", torch.uint8).clone(), entry.num_items)
+                out[j] = PackedBits(
+                    entry.bits.detach().to("cpu", torch.uint8).clone(), entry.num_items
+                )
                 continue
             entry = unpack_bits(entry)
         if not isinstance(entry, Tensor) or entry.ndim != 1:
@@ -372,7 +374,9 @@ class ItemRecord:
         self.num_items = None if sizes is None else [int(n) for n in sizes]
         self.baseline = restored(state["baseline"])
         self.stages = [restored(stage) for stage in state["stages"]]
-        self._restore_reference(state.get("reference"), "the checkpoint")  # absent in older checkpoints
+        self._restore_reference(
+            state.get("reference"), "the checkpoint"
+        )  # absent in older checkpoints
         if self.num_items is not None:
             self._check_reference(self.num_items)
         self._cache = None

@@ -22,15 +22,16 @@ from test_references import (
     TRAIN,
     Tiny,
     eval_loaders,
+    new_trainer,
     plain_training,
     reference,
     train_loaders,
 )
 from torch import nn
-from torch.utils.data import ConcatDataset
+from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
-from continual_eval import ContinualEvalCallback, fit_tasks
-from continual_eval.functional import PackedBits, pack_bits, paired_bootstrap, unpack_bits
+from continual_eval import ContinualEvalCallback, fit_tasks, train_reference
+from continual_eval.functional import PackedBits, paired_bootstrap, unpack_bits
 
 T = len(TRAIN)
 RESAMPLES = 400
@@ -193,15 +194,27 @@ def test_a_reference_of_scores_only_states_why_it_has_no_interval(initial, train
     }
 
 
-def test_a_reference_of_other_test_items_is_refused_naming_the_task(initial, trained, tmp_path):
+def test_a_reference_of_other_test_items_is_refused_naming_the_task(initial, tmp_path):
+    """A reference scored on other test sets (task 1's without its last 3 items): refused at
+    the baseline, before anything is trained, naming the task and both sizes."""
     model, _ = initial
-    ref, _ = trained["joint"]
-    assert ref.items is not None
-    short = list(ref.items)
-    short[1] = pack_bits(unpack_bits(short[1])[:-3])
-    bad = dataclasses.replace(ref, items=tuple(short))
+    loaders = eval_loaders()
+    x, y = TEST[1].tensors
+    loaders[1] = DataLoader(TensorDataset(x[:-3], y[:-3]), batch_size=128)
+    ref = train_reference(
+        model,
+        train_loaders(),
+        loaders,
+        kind="joint",
+        trainer_factory=new_trainer,
+        seed=SEED,
+        callback_kwargs={"item_records": ITEMS},
+    )
+    assert ref.items is not None and ref.items[1].num_items == len(TEST[1]) - 3
+    fresh = Tiny()
     with pytest.raises(ValueError, match=r"397 items of task 1 .*test set has 400"):
-        continual_run(Tiny(), bad, tmp_path)
+        continual_run(fresh, ref, tmp_path)
+    assert not (tmp_path / "ckpt").exists()  # nothing trained
 
 
 def test_reference_items_survive_a_checkpoint_and_the_journal(initial, runs, tmp_path) -> None:
@@ -222,17 +235,19 @@ def test_reference_items_survive_a_checkpoint_and_the_journal(initial, runs, tmp
     restored = other.record.sections["items"]
     for j in range(T):
         assert torch.equal(unpack_bits(restored.reference[j]), unpack_bits(live.reference[j]))
-    assert other.results()["intervals"]["matrices"][cb.primary]["metrics"]["intransigence"] == (
-        expected["matrices"][cb.primary]["metrics"]["intransigence"]
+    assert (
+        other.results()["intervals"]["matrices"][cb.primary]["metrics"]["intransigence"]
+        == (expected["matrices"][cb.primary]["metrics"]["intransigence"])
     )
     # another reference's items than the checkpoint's: refused, naming the task
     ref = runs["object"][0].record.sections["items"].reference
     flipped = [unpack_bits(ref[j]) for j in range(T)]
     flipped[2] = ~flipped[2]
-    given = dataclasses.replace(
-        _any_reference(), items=tuple(flipped), scores=torch.tensor([0.5] * T, dtype=torch.float64)
+    means = torch.stack([f.double().mean() for f in flipped])
+    given = dataclasses.replace(_any_reference(), items=tuple(flipped), scores=means)
+    third = ContinualEvalCallback(
+        eval_loaders(), verbose=False, item_records=ITEMS, reference=given
     )
-    third = ContinualEvalCallback(eval_loaders(), verbose=False, item_records=ITEMS, reference=given)
     with pytest.raises(ValueError, match="items of task 2 differ"):
         third.load_state_dict(state["callbacks"][cb.state_key])
     # the journal's header carries them: its replay gives the same intervals
@@ -253,4 +268,57 @@ def _any_reference():
         score_name="accuracy",
         higher_is_better=True,
         task_names=tuple(f"task_{j}" for j in range(T)),
+    )
+
+
+def test_items_and_scores_of_different_runs_are_refused(trained) -> None:
+    isolated, _ = trained["isolated"]
+    joint, _ = trained["joint"]
+    mixed = dataclasses.replace(isolated, items=joint.items)
+    with pytest.raises(ValueError, match=r"items of task \d have mean .* its score is"):
+        ContinualEvalCallback(eval_loaders(), item_records=ITEMS, reference=mixed)
+
+
+def test_per_sample_losses_of_the_reference(initial, tmp_path) -> None:
+    """A floating primary matrix (per-sample cross-entropy, lower is better): the reference's
+    losses are float64 items, and intransigence's interval is the functional layer's of the plain
+    loops' losses (to float32 rounding of the scorer's per-item losses)."""
+    model, weights = initial
+    scorers = {"loss": "cross_entropy"}
+    kw = {"callback_kwargs": {"scorers": scorers, "item_records": ITEMS}}
+    ref = reference(model, "joint", **kw)
+    net, _ = plain_training(weights, ConcatDataset(TRAIN), EPOCHS, seed=SEED)
+
+    def losses(net: nn.Module) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [
+                nn.functional.cross_entropy(
+                    net(ds.tensors[0]), ds.tensors[1], reduction="none"
+                ).double()
+                for ds in TEST
+            ]
+
+    assert ref.items is not None
+    for j, values in enumerate(losses(net)):
+        assert ref.items[j].dtype == torch.float64
+        torch.testing.assert_close(ref.items[j], values, rtol=0, atol=1e-5)
+    fresh = Tiny()
+    fresh.load_state_dict(model.state_dict())
+    cb, snapshots = continual_run(fresh, ref, tmp_path, scorers=scorers)
+    rows = [losses(linear(w)) for w in snapshots.weights]
+    items = [torch.stack([rows[i + 1][j] for i in range(T)]) for j in range(T)]
+    expected = paired_bootstrap(
+        items,
+        baseline=rows[0],
+        reference=losses(net),
+        higher_is_better=False,
+        resamples=RESAMPLES,
+        seed=5,
+    ).metrics["intransigence"]
+    got = cb.continual_results().intervals.matrices["loss"].metrics["intransigence"]
+    torch.testing.assert_close(
+        torch.tensor(got, dtype=torch.float64),
+        torch.stack([expected.estimate, expected.low, expected.high]).double(),
+        rtol=0,
+        atol=1e-5,
     )

@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional.intervals import PackedBits
+from continual_eval.functional.intervals import PackedBits, unpack_bits
 from continual_eval.functional.plasticity import stage_auc
-from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE
+from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE, read_run_id
 from continual_eval.results.model import REFERENCE_SCORE_KINDS, ContinualResults, ReferenceScores
 from continual_eval.results.schema import MAX_TEXT_LENGTH
 
@@ -314,12 +314,15 @@ def _journal_items(directory: Path, stage: int | None, task: int | None) -> list
     ``task``: that task's alone), ``None`` without a journal or items of the primary matrix."""
     if not (directory / JOURNAL_FILE).is_file():
         return None
-    from continual_eval._stage_journal import replay  # lazily: the record's modules
+    from continual_eval._item_record import ItemRecord  # lazily: the record's modules
+    from continual_eval._stage_journal import replay
 
     record = replay(directory / JOURNAL_FILE)
+    if read_run_id(directory)[1] not in (None, record.run_id):
+        return None  # another run's journal
     section = record.sections.get("items")
     primary = next(iter(record.specs))
-    if section is None or primary not in getattr(section, "binary", {}) or not section.stages:
+    if not isinstance(section, ItemRecord) or primary not in section.binary or not section.stages:
         return None
     values = section.values(primary, len(section.stages) - 1 if stage is None else stage)
     tasks = sorted(values) if task is None else [task]
@@ -332,13 +335,30 @@ def _items_of_path(path: Path) -> list[Items] | None:
     directory = path.parent if path.is_file() else path
     if (directory / RESULTS_FILE).is_file():
         return _journal_items(directory, None, None)
-    parts = []
+    parts: list[Items] = []
     while (directory / f"task_{len(parts)}" / RESULTS_FILE).is_file():
         part = _journal_items(directory / f"task_{len(parts)}", 0, 0)
         if part is None:
             return None
         parts.extend(part)
     return parts or None
+
+
+def _check_item_means(items: Sequence[Items], resolved: ReferenceScores) -> None:
+    """Each task's reference score must be the mean of its items (the same reference)."""
+    if len(items) != resolved.scores.numel():
+        raise ValueError(
+            f"{_WHAT}: the reference holds items of {len(items)} tasks and "
+            f"{resolved.scores.numel()} scores"
+        )
+    for j, entry in enumerate(items):
+        values = unpack_bits(entry) if isinstance(entry, PackedBits) else entry
+        mean, score = float(values.double().mean()), float(resolved.scores[j])
+        if score == score and abs(mean - score) > 1e-9 + 1e-6 * abs(score):
+            raise ValueError(
+                f"{_WHAT}: the reference's items of task {j} have mean {mean!r}, its score is "
+                f"{score!r}: items and scores of different reference runs"
+            )
 
 
 def reference_items(
@@ -357,6 +377,7 @@ def reference_items(
     elif isinstance(value, (str, os.PathLike)):
         items = _items_of_path(Path(value))
     if items is not None:
+        _check_item_means(items, resolved)
         return items, None
     where = f"{resolved.kind!r} from {resolved.source or 'the argument'}"
     return None, (
