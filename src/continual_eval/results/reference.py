@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from torch import Tensor
 
 from continual_eval.functional.intervals import PackedBits, unpack_bits
 from continual_eval.functional.plasticity import stage_auc
-from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE, read_run_id
+from continual_eval.results.files import RESULTS_FILE
 from continual_eval.results.model import REFERENCE_SCORE_KINDS, ContinualResults, ReferenceScores
 from continual_eval.results.schema import MAX_TEXT_LENGTH
 
@@ -309,41 +309,6 @@ def _from_mapping(value: Mapping[Any, Any]) -> ReferenceScores:
     return ReferenceScores(_kind(value.get("kind", "given"), "the mapping"), scores, auc, "mapping")
 
 
-def _journal_items(directory: Path, stage: int | None, task: int | None) -> list[Items] | None:
-    """The primary matrix's items a run's stage journal holds (``stage=None``: its last stage;
-    ``task``: that task's alone), ``None`` without a journal or items of the primary matrix."""
-    if not (directory / JOURNAL_FILE).is_file():
-        return None
-    from continual_eval._item_record import ItemRecord  # lazily: the record's modules
-    from continual_eval._stage_journal import replay
-
-    record = replay(directory / JOURNAL_FILE)
-    if read_run_id(directory)[1] not in (None, record.run_id):
-        return None  # another run's journal
-    section = record.sections.get("items")
-    primary = next(iter(record.specs))
-    if not isinstance(section, ItemRecord) or primary not in section.binary or not section.stages:
-        return None
-    values = section.values(primary, len(section.stages) - 1 if stage is None else stage)
-    tasks = sorted(values) if task is None else [task]
-    if any(j not in values for j in tasks):
-        return None
-    return [values[j] for j in tasks]
-
-
-def _items_of_path(path: Path) -> list[Items] | None:
-    directory = path.parent if path.is_file() else path
-    if (directory / RESULTS_FILE).is_file():
-        return _journal_items(directory, None, None)
-    parts: list[Items] = []
-    while (directory / f"task_{len(parts)}" / RESULTS_FILE).is_file():
-        part = _journal_items(directory / f"task_{len(parts)}", 0, 0)
-        if part is None:
-            return None
-        parts.extend(part)
-    return parts or None
-
-
 def _check_item_means(items: Sequence[Items], resolved: ReferenceScores) -> None:
     """Each task's reference score must be the mean of its items (the same reference)."""
     if len(items) != resolved.scores.numel():
@@ -362,20 +327,23 @@ def _check_item_means(items: Sequence[Items], resolved: ReferenceScores) -> None
 
 
 def reference_items(
-    value: Any, resolved: ReferenceScores | None
+    value: Any,
+    resolved: ReferenceScores | None,
+    path_items: Callable[[Path], list[Items] | None] | None = None,
 ) -> tuple[list[Items] | None, str | None]:
     """``(items, note)`` of ``reference=`` ``value`` (resolved as ``resolved``): the reference
     model's per-item values of the primary matrix, one ``[n_j]`` entry per task (a
-    [`Reference`][continual_eval.Reference]'s ``items``, a path's stage journal), and, when it has
-    none, why (what the ``intervals`` section states for intransigence); ``(None, None)`` without
-    a reference."""
+    [`Reference`][continual_eval.Reference]'s ``items``; for a path, ``path_items(path)``: the
+    callback reads its stage journal, a module the results do not import), checked against the
+    scores, and, when it has none, why (what the ``intervals`` section states for
+    intransigence); ``(None, None)`` without a reference."""
     if resolved is None:
         return None, None
     items: list[Items] | None = None
     if isinstance(value, Reference) and value.items is not None:
         items = list(value.items)
-    elif isinstance(value, (str, os.PathLike)):
-        items = _items_of_path(Path(value))
+    elif isinstance(value, (str, os.PathLike)) and path_items is not None:
+        items = path_items(Path(value))
     if items is not None:
         _check_item_means(items, resolved)
         return items, None
