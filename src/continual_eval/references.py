@@ -428,8 +428,9 @@ def train_reference(
             `Reference.curves` (the reference learning curves of plasticity metrics such as
             Continual World's normalised forward transfer, which compares areas under them).
         callback_kwargs: further [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]
-            arguments (``scorers``, ``metric``, ``inference_mode``, ...), the continual run's, so
-            the reference is scored the same way. Those that
+            arguments (``scorers``, ``metric``, ``inference_mode``, ``item_records``, ...), the
+            continual run's, so the reference is scored the same way (``item_records`` recording
+            the primary scorer: the reference's per-item values in `Reference.items`). Those that
             [`train_reference`][continual_eval.train_reference] sets itself (test loaders, names,
             dirpath, metadata, ``evaluate="all"``, ``verbose=False``, ``log_images=False``,
             ``eval_every_n_steps``, ``reference``, ``lca_beta``) are ignored; ``epochs_per_task`` is
