@@ -322,3 +322,21 @@ def test_per_sample_losses_of_the_reference(initial, tmp_path) -> None:
         rtol=0,
         atol=1e-5,
     )
+
+
+def test_the_unavailable_field_is_checked_on_load(initial, runs, tmp_path) -> None:
+    from continual_eval.results import ContinualResults, InvalidResultsError
+
+    cb, _, root = runs["object"]
+    document = json.loads((root / "results.json").read_text())
+    name = cb.primary
+    # absent in files written before the field: read as empty
+    del document["intervals"]["matrices"][name]["unavailable"]
+    (tmp_path / "results.json").write_text(json.dumps(document))
+    loaded = ContinualResults.load(tmp_path)
+    assert loaded.intervals is not None and loaded.intervals.matrices[name].unavailable == {}
+    # a metric with an interval and a reason it has none: refused, naming the field
+    document["intervals"]["matrices"][name]["unavailable"] = {"intransigence": "no items"}
+    (tmp_path / "results.json").write_text(json.dumps(document))
+    with pytest.raises(InvalidResultsError, match=rf"intervals\.matrices\.{name}\.unavailable"):
+        ContinualResults.load(tmp_path)
