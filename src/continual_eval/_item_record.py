@@ -198,10 +198,13 @@ class ItemRecord:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held now."""
+        """Bytes held now (the reference's items included)."""
         if self.num_items is None:
             return 0
         held = 0
+        if self.reference is not None and self.primary is not None:
+            binary = self.binary[self.primary]
+            held += sum(_nbytes(binary, _num(v)) for v in self.reference.values())
         for evaluation in [self.baseline, *self.stages]:
             for name, tasks in evaluation.items():
                 held += sum(_nbytes(self.binary[name], self.num_items[j]) for j in tasks)

@@ -322,6 +322,16 @@ def test_per_sample_losses_of_the_reference(initial, tmp_path) -> None:
         rtol=0,
         atol=1e-5,
     )
+    # the journal's header carries the float64 items: its replay gives the same interval
+    from continual_eval._stage_journal import replay
+    from continual_eval.results.files import JOURNAL_FILE
+
+    replayed = replay(tmp_path / JOURNAL_FILE).continual_results().intervals
+    assert replayed is not None and replayed.matrices["loss"].metrics["intransigence"] == got
+    # the bytes held count the reference's items (64 bits each) beside the run's evaluations
+    record = cb.record.sections["items"]
+    n = sum(len(ds) for ds in TEST)
+    assert record.memory_bytes == (T + 1) * 8 * n + 8 * n
 
 
 def test_the_unavailable_field_is_checked_on_load(initial, runs, tmp_path) -> None:
