@@ -259,8 +259,10 @@ class ContinualEvalCallback(Callback):
         #: the ``reference=`` argument resolved (checked against the primary scorer)
         self.reference = resolve_reference(reference, self.scorer)
         #: the reference's per-item values (or why it has none), for the intransigence interval
-        self._reference_items = reference_items(
-            reference, self.reference, args.path_reference_items
+        self._reference_items = (
+            (None, None)
+            if self.item_settings is None
+            else reference_items(reference, self.reference, args.path_reference_items)
         )
         self._loaders_given = test_dataloaders is not None
         self.reset()

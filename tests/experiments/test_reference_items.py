@@ -277,6 +277,8 @@ def test_items_and_scores_of_different_runs_are_refused(trained) -> None:
     mixed = dataclasses.replace(isolated, items=joint.items)
     with pytest.raises(ValueError, match=r"items of task \d have mean .* its score is"):
         ContinualEvalCallback(eval_loaders(), item_records=ITEMS, reference=mixed)
+    # without item_records the items are not read (nor checked): the scores alone are used
+    assert ContinualEvalCallback(eval_loaders(), reference=mixed).reference is not None
 
 
 def test_per_sample_losses_of_the_reference(initial, tmp_path) -> None:
