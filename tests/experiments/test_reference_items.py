@@ -173,6 +173,13 @@ def test_intransigence_interval_equals_the_functional_layer(initial, runs, form)
     # the estimate is the reference section's intransigence; the interval is a real one
     assert got["estimate"] == pytest.approx(document["reference"]["intransigence"], abs=1e-12)
     assert got["low"] < got["estimate"] < got["high"]
+    # the loggers' scalars of the last stage carry its ends beside the value
+    from continual_eval.loggers import stage_scalars
+
+    scalars = stage_scalars(cb.continual_results(), T - 1)
+    assert scalars["continual/intransigence/lo"] == got["low"]
+    assert scalars["continual/intransigence/hi"] == got["high"]
+    assert "continual/intransigence/lo" not in stage_scalars(cb.continual_results(), T - 2)
     # the other metrics are unchanged by the reference
     for key in ("acc", "bwt", "fwt", "forgetting"):
         assert section["metrics"][key]["low"] == float(expected.metrics[key].low), key
