@@ -173,6 +173,13 @@ def test_intransigence_interval_equals_the_functional_layer(initial, runs, form)
     # the estimate is the reference section's intransigence; the interval is a real one
     assert got["estimate"] == pytest.approx(document["reference"]["intransigence"], abs=1e-12)
     assert got["low"] < got["estimate"] < got["high"]
+    # the report's table of the run's intervals has its row
+    from continual_eval._items_report import items_run_lines
+
+    lines = items_run_lines(cb.continual_results(), "run", "run", root, str)
+    assert any(
+        line.startswith("| intransigence | ") and "no interval" not in line for line in lines
+    )
     # the loggers' scalars of the last stage carry its ends beside the value
     from continual_eval.loggers import stage_scalars
 
@@ -199,6 +206,11 @@ def test_a_reference_of_scores_only_states_why_it_has_no_interval(initial, train
     assert cb.continual_results().intervals.matrices[cb.primary].unavailable == {
         "intransigence": reason
     }
+    # the report's table of the run's intervals says so
+    from continual_eval._items_report import items_run_lines
+
+    lines = items_run_lines(cb.continual_results(), "run", "run", tmp_path, str)
+    assert any(line.startswith("| intransigence | no interval: the reference") for line in lines)
 
 
 def test_a_reference_of_other_test_items_is_refused_naming_the_task(initial, tmp_path):
