@@ -371,3 +371,26 @@ def test_the_unavailable_field_is_checked_on_load(initial, runs, tmp_path) -> No
     (tmp_path / "results.json").write_text(json.dumps(document))
     with pytest.raises(InvalidResultsError, match=rf"intervals\.matrices\.{name}\.unavailable"):
         ContinualResults.load(tmp_path)
+
+
+def test_the_fit_command_gives_intransigence_its_interval(tmp_path, capfd, caplog, monkeypatch):
+    """``continual-eval fit`` passes the continual callback's options (``item_records``
+    included) to the reference runs, so intransigence gets its paired interval; the written
+    reference directory gives the same items back."""
+    from test_references import _fit
+
+    from continual_eval._arguments import path_reference_items
+
+    monkeypatch.chdir(tmp_path)
+    code, text = _fit(capfd, caplog, "--stream.reference=isolated", "--continual.item_records=true")
+    assert code == 0, text
+    run = tmp_path / "runs" / "logistic" / "version_0"
+    results = json.loads((run / "results.json").read_text())
+    primary = next(iter(results["matrices"]))
+    got = results["intervals"]["matrices"][primary]["metrics"]["intransigence"]
+    assert got["estimate"] == pytest.approx(results["reference"]["intransigence"], abs=1e-12)
+    assert got["low"] <= got["estimate"] <= got["high"]
+    items = path_reference_items(run / "isolated_reference")
+    assert items is not None
+    ref = results["reference"]["scores"]
+    assert [v.double().mean().item() for v in items] == pytest.approx(ref, abs=1e-12)
