@@ -9,6 +9,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from continual_eval._class_incremental_recorder import (
@@ -20,6 +21,7 @@ from continual_eval._item_record import DEFAULT_MAX_BYTES, ItemRecord, ItemSetti
 from continual_eval._loader_list import as_loader_list
 from continual_eval._predictions import PredictionsRecord, generation_scorers
 from continual_eval._stage_budget import StageBudget, StageBudgetRecord
+from continual_eval._stage_journal import replay
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
 from continual_eval.evaluation.scorers import (
     AccuracyScorer,
@@ -32,6 +34,7 @@ from continual_eval.evaluation.task_loaders import TaskLoaders
 from continual_eval.functional.intervals import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 from continual_eval.options import StepEvaluation
 from continual_eval.record import MatrixSpec, RecordSection, RunRecord
+from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE, read_run_id
 from continual_eval.results.schema import MAX_NAME_LENGTH, MAX_TASKS
 
 __all__ = [
@@ -389,13 +392,15 @@ def run_record(
     predictions: int | None = None,
     budget: StageBudget | None = None,
     items: ItemSettings | None = None,
+    reference_items: tuple[Sequence[Any] | None, str | None] = (None, None),
     **settings: Any,
 ) -> RunRecord:
     """The run record of the callback's scorers (a matrix each, the primary first) and settings
     (``forgetting``, ``metadata``, ``run_id``, ``reference``, ``lca_beta``), with the step curves
     when ``steps``, the class-incremental section when the scorers hold the task-agnostic one,
     the held-out section when ``held_out`` names sets and the predictions section with
-    ``predictions`` (the item bound)."""
+    ``predictions`` (the item bound); ``reference_items``: the reference's per-item values of the
+    primary matrix, or why it has none (`reference_items`)."""
     sections: list[RecordSection] = []
     specs = {name: MatrixSpec.of(scorer) for name, scorer in scorers.items()}
     agnostic = scorers.get(AGNOSTIC_NAME)
@@ -413,7 +418,17 @@ def run_record(
         if recorded:
             forgetting = settings.get("forgetting", "peak")
             sections.append(
-                ItemRecord(specs, recorded, skipped, len(task_names), items, forgetting=forgetting)
+                ItemRecord(
+                    specs,
+                    recorded,
+                    skipped,
+                    len(task_names),
+                    items,
+                    forgetting=forgetting,
+                    primary=next(iter(specs)),
+                    reference=reference_items[0],
+                    reference_note=reference_items[1],
+                )
             )
     return RunRecord(
         specs,
@@ -443,3 +458,41 @@ def describe_stage_subsets(record: RunRecord, loaders: TaskLoaders) -> None:
     section = record.sections.get(StageBudgetRecord.key)
     if isinstance(section, StageBudgetRecord):
         section.set_subsets([len(i) for i in loaders.stage_indices], loaders.stage_rules)
+
+
+def _journal_items(directory: Path, stage: int | None, task: int | None) -> list[Any] | None:
+    """The primary matrix's items a run's stage journal holds (``stage=None``: its last stage;
+    ``task``: that task's alone); ``None`` without a journal of this ``results.json``'s run or
+    without items of the primary matrix."""
+    if not (directory / JOURNAL_FILE).is_file():
+        return None
+    record = replay(directory / JOURNAL_FILE)
+    if read_run_id(directory)[1] not in (None, record.run_id):
+        return None  # another run's journal
+    section = record.sections.get("items")
+    primary = next(iter(record.specs))
+    if not isinstance(section, ItemRecord) or primary not in section.binary or not section.stages:
+        return None
+    values = section.values(primary, len(section.stages) - 1 if stage is None else stage)
+    tasks = sorted(values) if task is None else [task]
+    if any(j not in values for j in tasks):
+        return None
+    return [values[j] for j in tasks]
+
+
+def path_reference_items(path: Path) -> list[Any] | None:
+    """The per-item values of the primary matrix behind a reference path's scores (what
+    `continual_eval.results.reference.resolve_reference` reads): a run's last stage from the
+    stage journal beside its ``results.json`` (``results.json`` itself holds no per-item values),
+    or ``R[0, 0]``'s items of each ``task_j`` run of an isolated or cumulative directory;
+    ``None`` where a journal or its items are missing."""
+    directory = path.parent if path.is_file() else path
+    if (directory / RESULTS_FILE).is_file():
+        return _journal_items(directory, None, None)
+    parts: list[Any] = []
+    while (directory / f"task_{len(parts)}" / RESULTS_FILE).is_file():
+        part = _journal_items(directory / f"task_{len(parts)}", 0, 0)
+        if part is None:
+            return None
+        parts.extend(part)
+    return parts or None

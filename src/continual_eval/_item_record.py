@@ -11,6 +11,15 @@ evaluation (``"baseline"``, then ``stages[i]``), so each stage's part stands alo
 
 Intervals and transitions are a function of the record (`ItemRecord.results`), computed when
 the results are built and kept until the next stage is recorded.
+
+Intransigence: with the reference model's items of the primary matrix (``reference=`` a
+[`Reference`][continual_eval.Reference] of ``train_reference(..., callback_kwargs={"item_records":
+...})``, or its results directory's ``stages.jsonl``), task ``j``'s reference items are resampled
+with the same weights as its ``R[j, j]`` (the reference is scored on the same test items; a
+reference with another item count for a task is refused at the baseline, naming the task). They
+are part of the record's settings (the checkpoint's state and the journal's header). A reference
+of scores only has no intransigence interval: the section states why (``unavailable``); an
+interval holding ``ref[j]`` fixed would ignore the reference's own test-set error.
 """
 
 from __future__ import annotations
@@ -50,7 +59,15 @@ __all__ = ["DEFAULT_MAX_BYTES", "ItemRecord", "ItemSettings"]
 #: the default bound of the per-item records (bytes, every matrix and evaluation together)
 DEFAULT_MAX_BYTES = 256 * 2**20
 #: the bootstrap's metrics as ``results.json`` names them (``acc`` ... as the matrices do)
-_METRICS = ("acc", "bwt", "fwt", "forgetting", "learning_accuracy", "average_incremental_accuracy")
+_METRICS = (
+    "acc",
+    "bwt",
+    "fwt",
+    "forgetting",
+    "learning_accuracy",
+    "average_incremental_accuracy",
+    "intransigence",
+)
 
 Stored = PackedBits | Tensor
 
@@ -85,6 +102,44 @@ def _values(stored: Stored) -> Tensor:
     return unpack_bits(stored) if isinstance(stored, PackedBits) else stored
 
 
+def _reference_items(
+    items: Sequence[Tensor | PackedBits], binary: bool, num_tasks: int
+) -> dict[int, Stored]:
+    """The reference's items, task ``j`` -> stored like the matrix's (packed 0/1 or float64),
+    checked: one ``[n_j]`` entry per task, 0/1 for a 0/1 matrix."""
+    if len(items) != num_tasks:
+        raise ValueError(
+            f"per-item records: the reference holds items of {len(items)} tasks, the run has "
+            f"{num_tasks}"
+        )
+    out: dict[int, Stored] = {}
+    for j, entry in enumerate(items):
+        if isinstance(entry, PackedBits):
+            if binary:
+                out[j] = PackedBits(
+                    entry.bits.detach().to("cpu", torch.uint8).clone(), entry.num_items
+                )
+                continue
+            entry = unpack_bits(entry)
+        if not isinstance(entry, Tensor) or entry.ndim != 1:
+            raise ValueError(
+                f"per-item records: the reference's items of task {j} must be a [n_j] tensor or "
+                f"PackedBits, got {type(entry).__name__}"
+                + (f" of shape {tuple(entry.shape)}" if isinstance(entry, Tensor) else "")
+            )
+        if binary and entry.dtype != torch.bool:
+            raise ValueError(
+                f"per-item records: the reference's items of task {j} are {entry.dtype}, the "
+                "primary matrix's items are 0/1 (bool)"
+            )
+        out[j] = _store(entry, binary)
+    return out
+
+
+def _num(stored: Stored) -> int:
+    return stored.num_items if isinstance(stored, PackedBits) else int(stored.numel())
+
+
 class ItemRecord:
     """Per-item records of the matrices ``binary`` names (matrix -> 0/1 items), a record
     section (see the module docstring).
@@ -96,6 +151,12 @@ class ItemRecord:
         num_tasks: ``T``.
         settings: the bound and the intervals' settings.
         forgetting: the run's forgetting convention (the bootstrap's).
+        primary: the primary matrix's name (the one ``reference`` scores).
+        reference: the reference model's items of the primary matrix, one ``[n_j]`` entry per
+            task (bool or [`PackedBits`][continual_eval.functional.PackedBits] for 0/1 items,
+            else floating): the intransigence interval.
+        reference_note: why the run's reference has no items (stated in the ``intervals``
+            section as intransigence's ``unavailable`` reason); ``None``: no reference.
     """
 
     key = "items"
@@ -109,6 +170,9 @@ class ItemRecord:
         settings: ItemSettings,
         *,
         forgetting: str = "peak",
+        primary: str | None = None,
+        reference: Sequence[Tensor | PackedBits] | None = None,
+        reference_note: str | None = None,
     ) -> None:
         self.specs = {name: specs[name] for name in binary}
         self.binary = dict(binary)
@@ -116,6 +180,12 @@ class ItemRecord:
         self.num_tasks = num_tasks
         self.settings = settings
         self.forgetting = forgetting
+        self.primary = primary if primary in self.binary else None
+        #: the reference's items of the primary matrix, task -> stored (``None``: none)
+        self.reference: dict[int, Stored] | None = None
+        if reference is not None and self.primary is not None:
+            self.reference = _reference_items(reference, self.binary[self.primary], num_tasks)
+        self.reference_note = reference_note
         self.num_items: list[int] | None = None
         self.baseline: dict[str, dict[int, Stored]] = {}
         self.stages: list[dict[str, dict[int, Stored]]] = []
@@ -128,10 +198,13 @@ class ItemRecord:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held now."""
+        """Bytes held now (the reference's items included)."""
         if self.num_items is None:
             return 0
         held = 0
+        if self.reference is not None and self.primary is not None:
+            binary = self.binary[self.primary]
+            held += sum(_nbytes(binary, _num(v)) for v in self.reference.values())
         for evaluation in [self.baseline, *self.stages]:
             for name, tasks in evaluation.items():
                 held += sum(_nbytes(self.binary[name], self.num_items[j]) for j in tasks)
@@ -151,6 +224,19 @@ class ItemRecord:
                 f"{per} bytes per evaluation), over item_records max_bytes="
                 f"{self.settings.max_bytes}; raise max_bytes or record fewer matrices"
             )
+
+    def _check_reference(self, sizes: Sequence[int]) -> None:
+        """The reference's items must be the test items: the same count per task."""
+        if self.reference is None:
+            return
+        for j, stored in self.reference.items():
+            if _num(stored) != sizes[j]:
+                raise ValueError(
+                    f"per-item records: the reference holds {_num(stored)} items of task {j} "
+                    f"({self.primary!r}), its test set has {sizes[j]}: the intransigence interval "
+                    "pairs the reference's and the run's items of the same test set; score the "
+                    "reference on the run's test loaders"
+                )
 
     def summary_line(self) -> str:
         """What is recorded, its bound over the run, and what is skipped and why (one line)."""
@@ -195,6 +281,7 @@ class ItemRecord:
         if empty:
             raise ValueError(f"per-item records: task {empty[0]}'s test set has no item")
         self._check_size(sizes)
+        self._check_reference(sizes)
         self.num_items = sizes
         self.baseline = {
             name: {j: _store(v, self.binary[name]) for j, v in tasks_.items()}
@@ -237,7 +324,37 @@ class ItemRecord:
             "num_items": None if self.num_items is None else list(self.num_items),
             "baseline": self._plain(self.baseline),
             "stages": [self._plain(stage) for stage in self.stages],
+            "reference": None if self.reference is None else self._reference_state(),
         }
+
+    def _reference_state(self) -> dict[str, Any]:
+        assert self.reference is not None and self.primary is not None
+        return {
+            "num_items": [_num(self.reference[j]) for j in range(self.num_tasks)],
+            "items": self._plain({self.primary: self.reference})[self.primary],
+        }
+
+    def _restore_reference(self, state: Mapping[str, Any] | None, source: str) -> None:
+        """The reference items of a checkpoint or journal; they must equal the ones given now
+        (``reference=`` again at a resume) when both are given."""
+        if state is None:
+            return
+        if self.primary is None:
+            raise ValueError(f"per-item records: {source} holds reference items, no primary")
+        binary, sizes = self.binary[self.primary], [int(n) for n in state["num_items"]]
+        items = state["items"]
+        restored: dict[int, Stored] = {
+            int(j): PackedBits(t.to(torch.uint8), sizes[int(j)]) if binary else t.double()
+            for j, t in items.items()
+        }
+        if self.reference is not None:
+            for j, stored in self.reference.items():
+                if not torch.equal(_values(stored), _values(restored[j])):
+                    raise ValueError(
+                        f"per-item records: the reference's items of task {j} differ from "
+                        f"those {source} holds (another reference than the run's)"
+                    )
+        self.reference = restored
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         recorded = None if state is None else dict(state["matrices"])
@@ -260,6 +377,11 @@ class ItemRecord:
         self.num_items = None if sizes is None else [int(n) for n in sizes]
         self.baseline = restored(state["baseline"])
         self.stages = [restored(stage) for stage in state["stages"]]
+        self._restore_reference(
+            state.get("reference"), "the checkpoint"
+        )  # absent in older checkpoints
+        if self.num_items is not None:
+            self._check_reference(self.num_items)
         self._cache = None
 
     # ------------------------------------------------------------------ journal
@@ -270,6 +392,23 @@ class ItemRecord:
             "num_tasks": self.num_tasks,
             "settings": self.settings.to_dict(),
             "forgetting": self.forgetting,
+            "primary": self.primary,
+            "reference": None if self.reference is None else self._reference_journal(),
+            "reference_note": self.reference_note,
+        }
+
+    def _reference_journal(self) -> dict[str, Any]:
+        from continual_eval.record import tensor_to_json
+
+        assert self.reference is not None
+        return {
+            "num_items": [_num(self.reference[j]) for j in range(self.num_tasks)],
+            "items": {
+                str(j): v.bits.numpy().tobytes().hex()
+                if isinstance(v, PackedBits)
+                else tensor_to_json(v)
+                for j, v in self.reference.items()
+            },
         }
 
     @classmethod
@@ -279,14 +418,35 @@ class ItemRecord:
         given = dict(settings["settings"])
         matrices = given.pop("matrices")
         options = ItemSettings(None if matrices is None else tuple(matrices), **given)
-        return cls(
+        record = cls(
             specs,
             {str(k): bool(v) for k, v in settings["matrices"].items()},
             {str(k): str(v) for k, v in settings["skipped"].items()},
             int(settings["num_tasks"]),
             options,
             forgetting=str(settings["forgetting"]),
+            primary=settings.get("primary"),
+            reference_note=settings.get("reference_note"),
         )
+        reference = settings.get("reference")
+        if reference is not None:
+            record._restore_reference(record._reference_from_journal(reference), "the journal")
+        return record
+
+    def _reference_from_journal(self, part: Mapping[str, Any]) -> dict[str, Any]:
+        from continual_eval.record import tensor_from_json
+
+        assert self.primary is not None
+        binary = self.binary[self.primary]
+        return {
+            "num_items": part["num_items"],
+            "items": {
+                int(key): torch.frombuffer(bytearray(bytes.fromhex(value)), dtype=torch.uint8)
+                if binary
+                else tensor_from_json(value)
+                for key, value in part["items"].items()
+            },
+        }
 
     def journal_part(self, stage: int | None) -> dict[str, Any]:
         """The items of the baseline (with the test-set sizes) or of ``stage``: per matrix and
@@ -376,14 +536,24 @@ class ItemRecord:
         parts = torch.split(values, self.num_items, dim=1)[:s]
         return [p[1:] for p in parts], [p[0] for p in parts]
 
+    def _unavailable(self, name: str) -> dict[str, str]:
+        """Metric -> why it has no interval (intransigence of a reference without items)."""
+        if name != self.primary or self.reference is not None or self.reference_note is None:
+            return {}
+        return {"intransigence": self.reference_note}
+
     def _bootstrap(self, name: str, s: int) -> dict[str, tuple[float, float, float]]:
         if s == 0:
             return {}
         items, baseline = self._per_task_items(name, s)
         settings = self.settings
+        reference = None
+        if name == self.primary and self.reference is not None:
+            reference = [self.reference[j] for j in range(s)]
         result = paired_bootstrap(
             items,
             baseline=baseline,
+            reference=reference,
             forgetting=self.forgetting,
             higher_is_better=self.specs[name].higher_is_better,
             confidence=settings.confidence,
@@ -433,6 +603,7 @@ class ItemRecord:
                     baseline_high=high[0],
                     metrics={} if light else self._bootstrap(name, s),
                     num_items=tuple(self.num_items),
+                    unavailable=self._unavailable(name),
                 )
             settings = self.settings
             intervals = IntervalResults(

@@ -106,6 +106,8 @@ def items_run_lines(
                 f"| {escape_markdown(key)} | {_number(estimate)} | {_number(low)} | "
                 f"{_number(high)} |"
             )
+        for key, why in held.unavailable.items():
+            lines.append(f"| {escape_markdown(key)} | no interval: {escape_markdown(why)} | | |")
         lines.append("")
     if items is not None and items.skipped:
         skipped = "; ".join(

@@ -65,7 +65,11 @@ from continual_eval.metric import ContinualMetrics
 from continual_eval.options import StepEvaluation
 from continual_eval.record import RunRecord
 from continual_eval.results import ContinualResults
-from continual_eval.results.reference import check_reference_length, resolve_reference
+from continual_eval.results.reference import (
+    check_reference_length,
+    reference_items,
+    resolve_reference,
+)
 from continual_eval.rng import collect_rng_states, set_rng_states
 from continual_eval.stage_cost import StageCostRecorder
 from continual_eval.step_curves import StepCurves
@@ -254,6 +258,12 @@ class ContinualEvalCallback(Callback):
         self.scorer: Scorer = self.scorers[self.primary]
         #: the ``reference=`` argument resolved (checked against the primary scorer)
         self.reference = resolve_reference(reference, self.scorer)
+        #: the reference's per-item values (or why it has none), for the intransigence interval
+        self._reference_items = (
+            (None, None)
+            if self.item_settings is None
+            else reference_items(reference, self.reference, args.path_reference_items)
+        )
         self._loaders_given = test_dataloaders is not None
         self.reset()
         if test_dataloaders is not None:
@@ -375,6 +385,7 @@ class ContinualEvalCallback(Callback):
         settings["predictions"] = self.predictions
         settings["budget"] = self.stage_budget
         settings["items"] = self.item_settings
+        settings["reference_items"] = self._reference_items
         return args.run_record(self.scorers, task_names, steps=steps, held_out=held_out, **settings)
 
     def _set_loaders(self, loaders: list[Any]) -> None:

@@ -336,7 +336,9 @@ def _plasticity_values(plasticity: Plasticity) -> tuple[tuple[str, float | None]
 
 
 def _reference_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:
-    """``{prefix}intransigence`` and ``{prefix}fwt_isolated`` after ``stage`` (where defined)."""
+    """``{prefix}intransigence`` and ``{prefix}fwt_isolated`` after ``stage`` (where defined),
+    and ``{prefix}intransigence/lo`` and ``.../hi`` at the last stage where the ``intervals``
+    section holds them."""
     reference = results.reference_metrics
     scalars: dict[str, float] = {}
     if reference is None:
@@ -345,6 +347,15 @@ def _reference_scalars(results: ContinualResults, stage: int, prefix: str) -> di
         values = reference.per_stage.get(key)
         if values is not None and stage < len(values) and _finite(float(values[stage])):
             scalars[f"{prefix}{key}"] = float(values[stage])
+    # intransigence's paired interval (item_records with a reference of items): the last stage
+    held = (
+        None if results.intervals is None else results.intervals.matrices.get(results.primary_name)
+    )
+    ends = None if held is None else held.metrics.get("intransigence")
+    if ends is not None and stage == results.primary.num_stages - 1:
+        _, low, high = ends
+        found = {f"{prefix}intransigence/lo": low, f"{prefix}intransigence/hi": high}
+        scalars |= {key: value for key, value in found.items() if _finite(value)}
     return scalars
 
 

@@ -75,8 +75,10 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from continual_eval._item_record import ItemRecord
 from continual_eval.callback import ContinualEvalCallback
 from continual_eval.evaluation.strategy import parameter_sharding
+from continual_eval.functional.intervals import PackedBits, pack_bits
 from continual_eval.options import StepEvaluation
 from continual_eval.results.reference import Reference, ReferenceCurve
 from continual_eval.rng import collect_rng_states, loader_generators, set_rng_states
@@ -426,8 +428,9 @@ def train_reference(
             `Reference.curves` (the reference learning curves of plasticity metrics such as
             Continual World's normalised forward transfer, which compares areas under them).
         callback_kwargs: further [`ContinualEvalCallback`][continual_eval.ContinualEvalCallback]
-            arguments (``scorers``, ``metric``, ``inference_mode``, ...), the continual run's, so
-            the reference is scored the same way. Those that
+            arguments (``scorers``, ``metric``, ``inference_mode``, ``item_records``, ...), the
+            continual run's, so the reference is scored the same way (``item_records`` recording
+            the primary scorer: the reference's per-item values in `Reference.items`). Those that
             [`train_reference`][continual_eval.train_reference] sets itself (test loaders, names,
             dirpath, metadata, ``evaluate="all"``, ``verbose=False``, ``log_images=False``,
             ``eval_every_n_steps``, ``reference``, ``lca_beta``) are ignored; ``epochs_per_task`` is
@@ -455,7 +458,9 @@ def train_reference(
 
     Returns:
         The [`Reference`][continual_eval.Reference] (``scores`` = ``ref`` ``[T]`` float64, ``kind``,
-        curves).
+        curves; ``items``, the reference's per-item values of the primary matrix behind ``ref``,
+        when ``callback_kwargs`` holds ``item_records`` recording it: what the continual run's
+        ``item_records`` needs for the paired interval of intransigence).
 
     Raises:
         ValueError: an unknown ``kind``, loader counts that differ, a Trainer without an epoch
@@ -629,6 +634,7 @@ class _ReferenceFits:
                 for step, _, values in (callback.curves() for callback in callbacks)
             )
         primary = callbacks[0].scorer
+        items = _reference_items(callbacks, self.kind)
         return Reference(
             kind=self.kind,
             scores=scores.to(torch.float64).clone(),
@@ -644,7 +650,29 @@ class _ReferenceFits:
                 for callback in callbacks
                 if keep_dirs and callback.results_dir is not None
             ),
+            items=items,
         )
+
+
+def _reference_items(
+    callbacks: Sequence[ContinualEvalCallback], kind: str
+) -> tuple[PackedBits | torch.Tensor, ...] | None:
+    """The primary matrix's per-item values of the cells of ``ref`` when the reference runs
+    recorded them (``item_records`` in ``callback_kwargs``): joint, the joint copy's items of
+    every task after its stage; isolated and cumulative, copy ``j``'s items of its task ``j``
+    (task 0 of its one-task run). Packed for 0/1 items."""
+    sections = [None if c.record is None else c.record.sections.get("items") for c in callbacks]
+    primary = callbacks[0].primary
+    if any(not isinstance(s, ItemRecord) or primary not in s.binary for s in sections):
+        return None
+    records = [s for s in sections if isinstance(s, ItemRecord)]
+    if kind == "joint":
+        values = records[0].values(primary, 0)
+        tasks = [values[j] for j in range(len(values))]
+    else:
+        tasks = [record.values(primary, 0)[0] for record in records]
+    binary = records[0].binary[primary]
+    return tuple(pack_bits(v) if binary else v.clone() for v in tasks)
 
 
 def _temporary() -> contextlib.AbstractContextManager[str]:

@@ -5,11 +5,13 @@ after every stage (`continual_eval._item_record`). From them:
 
 * ``intervals``: per recorded matrix, every cell's confidence interval (Wilson for 0/1 items,
   Student t otherwise: [`cell_intervals`][continual_eval.functional.cell_intervals]'s formulas),
-  and the metrics' (ACC, BWT, FWT, forgetting, learning accuracy, average incremental accuracy)
-  by the paired bootstrap over test items
+  and the metrics' (ACC, BWT, FWT, forgetting, learning accuracy, average incremental accuracy,
+  and intransigence when the reference holds its per-item values) by the paired bootstrap over
+  test items
   ([`paired_bootstrap`][continual_eval.functional.paired_bootstrap]: one resample of each
   task's items used in every cell of that task), with the confidence, resamples, weights and
-  seed stated;
+  seed stated; ``unavailable``: metric -> why it has no interval (intransigence against a
+  reference of scores only);
 * ``items``: the memory the records hold, the matrices not recorded and why, and per 0/1 matrix
   the item transitions of [`item_transitions`][continual_eval.functional.item_transitions]
   (right -> wrong and wrong -> right against the previous evaluation and against the diagonal,
@@ -22,7 +24,7 @@ variation between training runs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -37,7 +39,8 @@ __all__ = ["IntervalResults", "ItemResults", "MatrixIntervals", "Transitions"]
 class MatrixIntervals:
     """One matrix's intervals: ``low``/``high`` ``[s, T]`` per cell and ``baseline_low`` /
     ``baseline_high`` ``[T]`` (NaN: not evaluated) by ``cell_method``; ``metrics``: name ->
-    ``(estimate, low, high)`` by the paired bootstrap; ``num_items`` ``[T]``."""
+    ``(estimate, low, high)`` by the paired bootstrap; ``num_items`` ``[T]``; ``unavailable``:
+    metric -> why it has no interval."""
 
     cell_method: str
     low: Tensor
@@ -46,6 +49,7 @@ class MatrixIntervals:
     baseline_high: Tensor
     metrics: Mapping[str, tuple[float, float, float]]
     num_items: tuple[int, ...]
+    unavailable: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class IntervalResults:
                         for key, (e, lo, hi) in m.metrics.items()
                     },
                     num_items=list(m.num_items),
+                    unavailable=dict(m.unavailable),
                 )
                 for name, m in self.matrices.items()
             },
@@ -114,6 +119,7 @@ class IntervalResults:
                         for key, v in m.metrics.items()
                     },
                     num_items=tuple(m.num_items),
+                    unavailable=dict(m.unavailable),
                 )
                 for name, m in section.matrices.items()
             },

@@ -20,13 +20,20 @@ Accepted (every form holds scores of the callback's primary scorer, one per task
   ``task_1/results.json``, ...: what ``train_reference(..., kind="isolated" or "cumulative",
   dirpath=...)`` and ``continual-eval fit`` write), ``R[0, 0]`` of each, with the areas of their
   curves when they were recorded; the kind from their ``metadata["reference_run"]``.
+
+Per-item values (`reference_items`, the intransigence interval of ``item_records=``): a
+[`Reference`][continual_eval.Reference] holds them in ``items`` when its runs recorded the primary
+matrix's items (``train_reference(..., callback_kwargs={"item_records": ...})``). A reference
+run's ``results.json`` does not hold them (its ``items`` section holds counts and transitions
+only); its directory's stage journal (``stages.jsonl``, beside ``results.json``) does, and a path
+reads them from there. Tensors, mappings and paths without a journal of items give none.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from continual_eval.functional.intervals import PackedBits, unpack_bits
 from continual_eval.functional.plasticity import stage_auc
 from continual_eval.results.files import RESULTS_FILE
 from continual_eval.results.model import REFERENCE_SCORE_KINDS, ContinualResults, ReferenceScores
@@ -44,8 +52,12 @@ __all__ = [
     "ReferenceCurve",
     "check_reference_length",
     "curve_auc",
+    "reference_items",
     "resolve_reference",
 ]
+
+#: one task's per-item values: ``[n_j]`` bool or packed (0/1 items), else float64
+Items = Tensor | PackedBits
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,11 @@ class Reference:
             on task ``j``; else ``None``.
         results_dirs: where each reference run's ``results.json`` went (empty without
             ``dirpath``).
+        items: with per-item records of the primary matrix (``item_records`` in
+            ``callback_kwargs``): per task ``j`` the reference's ``[n_j]`` items on task ``j``'s
+            test set, in its order (the cells of ``scores``: isolated and cumulative, copy ``j``'s;
+            joint, the joint copy's), [`PackedBits`][continual_eval.functional.PackedBits] for 0/1
+            items, else float64; ``None`` otherwise.
     """
 
     kind: str
@@ -98,6 +115,7 @@ class Reference:
     task_names: tuple[str, ...]
     curves: tuple[ReferenceCurve, ...] | None = None
     results_dirs: tuple[Path, ...] = ()
+    items: tuple[Items, ...] | None = None
 
     def to_list(self) -> list[float | None]:
         """``scores`` as JSON cells (``None`` for a NaN), as ``results.json`` stores
@@ -289,6 +307,52 @@ def _from_mapping(value: Mapping[Any, Any]) -> ReferenceScores:
         if auc.shape != scores.shape:
             raise ValueError(f"{_WHAT}: 'auc' has {auc.numel()} values for {scores.numel()} scores")
     return ReferenceScores(_kind(value.get("kind", "given"), "the mapping"), scores, auc, "mapping")
+
+
+def _check_item_means(items: Sequence[Items], resolved: ReferenceScores) -> None:
+    """Each task's reference score must be the mean of its items (the same reference)."""
+    if len(items) != resolved.scores.numel():
+        raise ValueError(
+            f"{_WHAT}: the reference holds items of {len(items)} tasks and "
+            f"{resolved.scores.numel()} scores"
+        )
+    for j, entry in enumerate(items):
+        values = unpack_bits(entry) if isinstance(entry, PackedBits) else entry
+        mean, score = float(values.double().mean()), float(resolved.scores[j])
+        if score == score and abs(mean - score) > 1e-9 + 1e-6 * abs(score):
+            raise ValueError(
+                f"{_WHAT}: the reference's items of task {j} have mean {mean!r}, its score is "
+                f"{score!r}: items and scores of different reference runs"
+            )
+
+
+def reference_items(
+    value: Any,
+    resolved: ReferenceScores | None,
+    path_items: Callable[[Path], list[Items] | None] | None = None,
+) -> tuple[list[Items] | None, str | None]:
+    """``(items, note)`` of ``reference=`` ``value`` (resolved as ``resolved``): the reference
+    model's per-item values of the primary matrix, one ``[n_j]`` entry per task (a
+    [`Reference`][continual_eval.Reference]'s ``items``; for a path, ``path_items(path)``: the
+    callback reads its stage journal, a module the results do not import), checked against the
+    scores, and, when it has none, why (what the ``intervals`` section states for
+    intransigence); ``(None, None)`` without a reference."""
+    if resolved is None:
+        return None, None
+    items: list[Items] | None = None
+    if isinstance(value, Reference) and value.items is not None:
+        items = list(value.items)
+    elif isinstance(value, (str, os.PathLike)) and path_items is not None:
+        items = path_items(Path(value))
+    if items is not None:
+        _check_item_means(items, resolved)
+        return items, None
+    where = f"{resolved.kind!r} from {resolved.source or 'the argument'}"
+    return None, (
+        f"the reference ({where}) holds scores only, not its per-item values: the paired "
+        "interval of intransigence resamples the reference's items of each task with the run's "
+        "(train_reference with item_records in callback_kwargs records them)"
+    )
 
 
 def resolve_reference(value: Any, scorer: Any) -> ReferenceScores | None:

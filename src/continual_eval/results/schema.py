@@ -413,7 +413,9 @@ class MatrixIntervalsSection(Struct, kw_only=True):
     """One matrix's intervals from its per-item records: every cell's ``low``/``high``
     ``[s, T]`` and the baseline's ``[T]`` (``null``: not evaluated) by ``cell_method``
     (``wilson`` for 0/1 items, ``t`` otherwise), the metrics' (ACC, BWT, FWT, forgetting, ...)
-    by the paired bootstrap, and ``num_items`` ``[T]``."""
+    by the paired bootstrap, ``num_items`` ``[T]`` and ``unavailable``: metric -> why it has no
+    interval (intransigence against a reference without per-item values; never also in
+    ``metrics``)."""
 
     cell_method: Literal["wilson", "t"]
     low: Rows
@@ -422,6 +424,7 @@ class MatrixIntervalsSection(Struct, kw_only=True):
     baseline_high: Cells
     metrics: dict[Name, MetricIntervalSection]
     num_items: list[Count]
+    unavailable: dict[Name, Text] = msgspec.field(default_factory=dict)
 
 
 class IntervalsSection(Struct, kw_only=True):
@@ -1077,6 +1080,12 @@ def _check_intervals(
                     check.length(value, f"{field}.{key}", T)
                 check.within(value, f"{field}.{key}", bounds, "the matrix's bounds")
             _check_ordered(check, f"{field}.{low_key}", low, high, high_key)
+        both = sorted(set(m.unavailable) & set(m.metrics))
+        if both:
+            check.fail(
+                key_path(f"{field}.unavailable", both[0]),
+                "is also in metrics (a metric has an interval or a reason it has none)",
+            )
         for key, interval in m.metrics.items():
             _check_ordered(
                 check,
