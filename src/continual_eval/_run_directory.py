@@ -9,13 +9,15 @@ across fits, checkpoints and the ``ddp_spawn`` hand-over.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
 from continual_eval._stage_journal import StageJournal, rebuild_due
-from continual_eval.results.files import choose_results_dir, claim_or_refuse
+from continual_eval.results.files import choose_results_dir, claim_or_refuse, prepare_commit
 
 if TYPE_CHECKING:
     from continual_eval.record import RunRecord
@@ -37,6 +39,8 @@ class RunDirectory:
         self._built: int | None = None  # stages in the results.json this process last wrote
         #: whether the last `write` rebuilt results.json
         self.rebuilt = False
+        self._pending: threading.Thread | None = None  # the background write of the last stage
+        self._failure: BaseException | None = None  # its error, raised by the next `wait`
 
     def choose(self, trainer: Any, run_id: str, dirpath: str | os.PathLike[str] | None) -> None:
         """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
@@ -60,7 +64,15 @@ class RunDirectory:
             )
 
     def __getstate__(self) -> dict[str, Any]:  # a pickled copy (ddp_spawn) writes afresh
-        return {**self.__dict__, "_journal": None, "_built": None}
+        if self._pending is not None:
+            self._pending.join()  # its error (if any) stays here, for this copy's next `wait`
+        return {
+            **self.__dict__,
+            "_journal": None,
+            "_built": None,
+            "_pending": None,
+            "_failure": None,
+        }
 
     def write(
         self, record: RunRecord, results: ContinualResults, *, stage: int | None = None
@@ -69,7 +81,14 @@ class RunDirectory:
         ``stage``'s line appended to the journal (``None``: the journal rewritten from the
         record, for the baseline, a resume or the end of a run), then ``results`` (the record's)
         written as ``results.json`` and CSV files when `rebuild_due` (always with ``stage=None``).
-        Returns whether ``results.json`` was rewritten."""
+        Returns whether ``results.json`` is rewritten.
+
+        Off the critical path: the journal line is written and flushed to the OS here (a killed
+        process loses no stage; a rewritten journal is fsync'd here too), the bytes of
+        ``results.json`` and the CSV files are made here; the fsyncs and the atomic replacement
+        of the files run on a background thread (`wait`), which the next write, `flush`, the
+        fit's end, the ``ddp_spawn`` hand-over and a failed fit wait for."""
+        self.wait()
         if self.path is None:
             self.rebuilt = True  # nothing written: every logger output is up to date anyway
             return False
@@ -77,24 +96,63 @@ class RunDirectory:
             self._journal = StageJournal(self.path)
         completed = record.num_stages
         self.rebuilt = self.due(record, stage)
+        jobs: list[Callable[[], Any]] = []
         if stage is None:
             self._journal.rewrite(record)
         else:  # one fsync a stage: the journal's, or the rebuilt results.json's
-            self._journal.append(record, stage, durable=not self.rebuilt)
+            sync = self._journal.append(record, stage, durable=not self.rebuilt, deferred=True)
+            if sync is not None:
+                jobs.append(sync)
         if self.rebuilt:
-            results.write(self.path)
-            self._built = completed
+            jobs.append(prepare_commit(self.path, results._document()))
+            jobs.append(lambda: setattr(self, "_built", completed))
+        self._start(jobs)
         return self.rebuilt
+
+    def _start(self, jobs: list[Callable[[], Any]]) -> None:
+        """Run ``jobs`` in order on a new (non-daemon: an exiting interpreter finishes it)
+        thread; the first error stops them and is kept for `wait`."""
+        if not jobs:
+            return
+
+        def run() -> None:
+            try:
+                for job in jobs:
+                    job()
+            except BaseException as err:  # raised by the next `wait`
+                self._failure = err
+
+        self._pending = threading.Thread(target=run, name="continual-eval writer")
+        self._pending.start()
+
+    def wait(self) -> None:
+        """Wait for the background write (if any); its error (a ``ResultsWriteError``: a full
+        disk) is raised here, once."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
     def due(self, record: RunRecord, stage: int | None) -> bool:
         """Whether `write` of ``stage`` (``None``: a full rewrite) rebuilds ``results.json``
         (always where no directory is written: every output is then the stage's own)."""
         if self.path is None or stage is None:
             return True
+        self.wait()  # the last rebuild's count is set when its write has finished
         return rebuild_due(record.num_stages, self._built, record.num_tasks)
 
     def flush(self, record: RunRecord, results: ContinualResults) -> None:
-        """Rebuild ``results.json`` if it is behind the journal (a fit that raised)."""
-        if self.path is not None and self._built is not None and self._built != record.num_stages:
-            results.write(self.path)
-            self._built = record.num_stages
+        """Wait for the background write, then rebuild ``results.json`` if it is behind the
+        journal (a fit that raised)."""
+        try:
+            self.wait()
+        finally:
+            if (
+                self.path is not None
+                and self._built is not None
+                and self._built != record.num_stages
+            ):
+                results.write(self.path)
+                self._built = record.num_stages

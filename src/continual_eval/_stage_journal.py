@@ -33,6 +33,7 @@ file and the line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -123,25 +124,50 @@ class StageJournal:
             raise self._failed(err, record.num_stages) from None
         self.stages = record.num_stages if record.baseline_done else None
 
-    def append(self, record: RunRecord, stage: int, *, durable: bool = True) -> None:
+    def append(
+        self, record: RunRecord, stage: int, *, durable: bool = True, deferred: bool = False
+    ) -> Callable[[], None] | None:
         """Append recorded stage ``stage`` (the journal's next) and, when ``durable``, fsync it
         (not needed when a durable ``results.json`` of the stage follows); a journal this writer
-        did not bring to ``stage`` stages is rewritten instead."""
+        did not bring to ``stage`` stages is rewritten instead (durably, here). ``deferred``:
+        the line is written and flushed to the OS here (a killed process loses nothing) and the
+        returned function does the fsync (on a background thread: `RunDirectory`); if that
+        fails it removes the line again and raises."""
         if self.stages != stage or not self.path.exists():
             self.rewrite(record)
-            return
+            return None
         data = _line(record.journal_stage(stage))
         with open(self.path, "ab") as fh:
             size = fh.tell()
             try:
                 fh.write(data)
                 fh.flush()
-                if durable:
+                if durable and not deferred:
                     os.fsync(fh.fileno())
             except OSError as err:
                 fh.truncate(size)  # no torn line left behind
                 raise self._failed(err, stage + 1) from None
         self.stages = stage + 1
+        if durable and deferred:
+            return lambda: self._sync(size, stage)
+        return None
+
+    def _sync(self, size: int, stage: int) -> None:
+        """fsync the journal, whose last line (stage ``stage``) starts at byte ``size``; on a
+        failure the line is removed (the journal as before it) and the error raised."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError as err:
+            raise self._failed(err, stage + 1) from None
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            self.stages = None  # the next append rewrites the journal from the record
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise self._failed(err, stage + 1) from None
+        finally:
+            os.close(fd)
 
     def _failed(self, err: OSError, stages: int) -> ResultsWriteError:
         on_disk = read_run_id(self.path.parent)[2]

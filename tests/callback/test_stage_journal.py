@@ -92,6 +92,7 @@ def _run(out: Path, stages: int) -> tuple[RunRecord, list[int], RunDirectory]:
         record.record_step(record.steps_trained, stage, _scored(g, None).rows, full=True)
         if directory.write(record, record.continual_results(), stage=stage):
             rebuilt.append(stage + 1)
+    directory.wait()  # the last stage's background write (fsync, results.json) on disk
     return record, rebuilt, directory
 
 
@@ -178,8 +179,10 @@ def test_full_disk_on_the_journal_leaves_no_torn_line(tmp_path: Path, monkeypatc
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("continual_eval._stage_journal.os.fsync", no_space)
+    # the line is written here, its fsync on the background thread: the error is the wait's
+    directory.write(record, record.continual_results(), stage=33)
     with pytest.raises(ResultsWriteError, match=r"stages\.jsonl .*holds 33 stage") as info:
-        directory.write(record, record.continual_results(), stage=33)
+        directory.wait()
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
     assert (tmp_path / JOURNAL_FILE).read_bytes() == before
