@@ -27,6 +27,7 @@ top-5 + a torchmetrics F1 in one evaluation <= 1.25x accuracy alone).
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import tempfile
 import time
@@ -547,6 +548,7 @@ def run_hook_section(args: argparse.Namespace) -> None:
     ``fit_tasks`` runs; medians of paired ratios, of wall and CPU time (the CPU time counts
     every thread of the process, a background writer's included)."""
     warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no per-fit banners
     print("\nwhole stage hook: MLP 32-64-64-2, batch 128, torch threads", torch.get_num_threads())
     header = ("T x samples", "floor ms", "hook ms", "hook / floor", "(CPU)", "pairs")
     print(

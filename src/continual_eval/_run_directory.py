@@ -8,7 +8,9 @@ across fits, checkpoints and the ``ddp_spawn`` hand-over.
 
 from __future__ import annotations
 
+import atexit
 import os
+import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,63 @@ if TYPE_CHECKING:
 __all__ = ["RunDirectory"]
 
 
+class _Job:
+    """Writes of one stage, run in order on the writer thread; the first error stops them."""
+
+    def __init__(self, steps: list[Callable[[], Any]]) -> None:
+        self.steps = steps
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for step in self.steps:
+                step()
+        except BaseException as err:  # raised by the waiting `RunDirectory.wait`
+            self.error = err
+        finally:
+            self.done.set()
+
+
+class _Writer:
+    """The process's background writer: one daemon thread taking `_Job`s in order (started on the
+    first job, again in a forked child); an exiting interpreter finishes the queued jobs first
+    (`atexit`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.pid = -1
+        self.last: _Job | None = None
+
+    def submit(self, job: _Job) -> None:
+        with self.lock:
+            if self.pid != os.getpid() or self.thread is None or not self.thread.is_alive():
+                self.jobs, self.pid = queue.SimpleQueue(), os.getpid()
+                self.thread = threading.Thread(
+                    target=self._serve, args=(self.jobs,), name="continual-eval writer", daemon=True
+                )
+                self.thread.start()
+            self.last = job
+            self.jobs.put(job)
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+        while True:
+            jobs.get().run()
+
+    def drain(self) -> None:
+        """Wait for every job submitted (at interpreter exit)."""
+        last = self.last
+        if last is not None and self.pid == os.getpid():
+            last.done.wait()
+
+
+_WRITER = _Writer()
+atexit.register(_WRITER.drain)
+
+
 class RunDirectory:
     """Where one run's ``results.json`` and ``scores*.csv`` go (the callback's ``dirpath`` and
     ``overwrite`` are read when the directory is chosen and claimed, so changing them between
@@ -39,8 +98,7 @@ class RunDirectory:
         self._built: int | None = None  # stages in the results.json this process last wrote
         #: whether the last `write` rebuilt results.json
         self.rebuilt = False
-        self._pending: threading.Thread | None = None  # the background write of the last stage
-        self._failure: BaseException | None = None  # its error, raised by the next `wait`
+        self._pending: _Job | None = None  # the background write of the last stage
 
     def choose(self, trainer: Any, run_id: str, dirpath: str | os.PathLike[str] | None) -> None:
         """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
@@ -65,14 +123,8 @@ class RunDirectory:
 
     def __getstate__(self) -> dict[str, Any]:  # a pickled copy (ddp_spawn) writes afresh
         if self._pending is not None:
-            self._pending.join()  # its error (if any) stays here, for this copy's next `wait`
-        return {
-            **self.__dict__,
-            "_journal": None,
-            "_built": None,
-            "_pending": None,
-            "_failure": None,
-        }
+            self._pending.done.wait()  # its error (if any) stays here, for this copy's `wait`
+        return {**self.__dict__, "_journal": None, "_built": None, "_pending": None}
 
     def write(
         self, record: RunRecord, results: ContinualResults, *, stage: int | None = None
@@ -109,31 +161,21 @@ class RunDirectory:
         self._start(jobs)
         return self.rebuilt
 
-    def _start(self, jobs: list[Callable[[], Any]]) -> None:
-        """Run ``jobs`` in order on a new (non-daemon: an exiting interpreter finishes it)
-        thread; the first error stops them and is kept for `wait`."""
-        if not jobs:
-            return
-
-        def run() -> None:
-            try:
-                for job in jobs:
-                    job()
-            except BaseException as err:  # raised by the next `wait`
-                self._failure = err
-
-        self._pending = threading.Thread(target=run, name="continual-eval writer")
-        self._pending.start()
+    def _start(self, steps: list[Callable[[], Any]]) -> None:
+        """Run ``steps`` in order on the background writer (`_Writer`); the first error stops
+        them and is kept for `wait`."""
+        if steps:
+            self._pending = _Job(steps)
+            _WRITER.submit(self._pending)
 
     def wait(self) -> None:
         """Wait for the background write (if any); its error (a ``ResultsWriteError``: a full
         disk) is raised here, once."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.join()
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
+            pending.done.wait()
+            if pending.error is not None:
+                raise pending.error
 
     def due(self, record: RunRecord, stage: int | None) -> bool:
         """Whether `write` of ``stage`` (``None``: a full rewrite) rebuilds ``results.json``
