@@ -168,6 +168,12 @@ class RunDirectory:
             self._pending = _Job(steps)
             _WRITER.submit(self._pending)
 
+    def close(self) -> None:
+        """Wait for the background write, then close the journal's file (a run that ended)."""
+        self.wait()
+        if self._journal is not None:
+            self._journal.close()
+
     def wait(self) -> None:
         """Wait for the background write (if any); its error (a ``ResultsWriteError``: a full
         disk) is raised here, once."""

@@ -621,6 +621,8 @@ class ContinualEvalCallback(Callback):
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._directory.wait()  # every file of the fit on disk before it returns
+        if self._record is not None and self._record.num_stages == self._record.num_tasks:
+            self._directory.close()  # the run is complete: no append follows
         if self._record is not None:
             self._publish_to_owner(trainer)
 
