@@ -551,7 +551,9 @@ def log_stage(
     left to the stages where the callback rebuilds ``results.json``.
     """
     results = _as_results(results)
-    pictures = log_images and whole_matrices and results.steps is not None and results_dir is not None
+    pictures = (
+        log_images and whole_matrices and results.steps is not None and results_dir is not None
+    )
     if not loggers and not pictures:
         return  # nothing to log to and no picture to write: no scalars made
     scalars = stage_scalars(results, stage, prefix=prefix)
