@@ -136,10 +136,10 @@ class RunDirectory:
         Returns whether ``results.json`` is rewritten.
 
         Off the critical path: the journal line is written and flushed to the OS here (a killed
-        process loses no stage; a rewritten journal is fsync'd here too), the bytes of
-        ``results.json`` and the CSV files are made here; the fsyncs and the atomic replacement
-        of the files run on a background thread (`wait`), which the next write, `flush`, the
-        fit's end, the ``ddp_spawn`` hand-over and a failed fit wait for."""
+        process loses no stage; a rewritten journal is fsync'd here too) and the document of
+        ``results.json`` made here (plain values); its bytes and the CSV files', the fsyncs and
+        the atomic replacement of the files run on a background thread (`wait`), which the next
+        write, `flush`, the fit's end, the ``ddp_spawn`` hand-over and a failed fit wait for."""
         self.wait()
         if self.path is None:
             self.rebuilt = True  # nothing written: every logger output is up to date anyway
@@ -156,7 +156,10 @@ class RunDirectory:
             if sync is not None:
                 jobs.append(sync)
         if self.rebuilt:
-            jobs.append(prepare_commit(self.path, results._document()))
+            # the document (plain lists, nothing the record changes later) is made here; its
+            # bytes (JSON, CSV, hashes) and the files on the writer thread
+            document, path = results._document(), self.path
+            jobs.append(lambda: prepare_commit(path, document)())
             jobs.append(lambda: setattr(self, "_built", completed))
         self._start(jobs)
         return self.rebuilt
