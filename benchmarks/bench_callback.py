@@ -16,6 +16,7 @@ per-step evaluation runs) with ``cache_test_batches=True`` and ``False``.
     python benchmarks/bench_callback.py --section workers    # num_workers=2: one pool vs per task
     python benchmarks/bench_callback.py --section scorers    # 4 scorers in one pass vs accuracy
     python benchmarks/bench_callback.py --section floor      # stage eval / floor, MLP 32-64-64-2
+    python benchmarks/bench_callback.py --section hook       # whole stage hook / floor, the same
     python benchmarks/bench_callback.py --quick              # every section, short
 
 Prints medians and ratios (targets: per-stage ratio <= 1.15; per-step evaluation with caching
@@ -26,6 +27,7 @@ top-5 + a torchmetrics F1 in one evaluation <= 1.25x accuracy alone).
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import tempfile
 import time
@@ -492,6 +494,78 @@ def run_floor_section(args: argparse.Namespace) -> None:
     print("  (target: eval / floor approaching 1.3; medians of paired ratios)")
 
 
+class HookTimedCallback(ContinualEvalCallback):
+    """Times each stage's whole hook (``_record_stage``: evaluation, recording, the stage journal,
+    ``results.json`` and the CSV files), wall and CPU time, and next to it the compute floor (the
+    same model over ``batches``, pre-collated); the order alternates between stages."""
+
+    def __init__(self, batches, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches = batches
+        self.times: dict[str, list[float]] = {"floor": [], "hook": []}
+        self.cpu: dict[str, list[float]] = {"floor": [], "hook": []}
+
+    def _timed(self, name: str, run) -> None:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        run()
+        self.cpu[name].append(time.process_time() - cpu_start)
+        self.times[name].append(time.perf_counter() - start)
+
+    def _record_stage(self, trainer, pl_module, stage):
+        runs = {
+            "floor": lambda: floor_pass(pl_module, self.batches),
+            "hook": lambda: super(HookTimedCallback, self)._record_stage(trainer, pl_module, stage),
+        }
+        for name in ("floor", "hook") if stage % 2 else ("hook", "floor"):
+            self._timed(name, runs[name])
+
+
+def hook_setting(tasks: int, size: int, runs: int) -> tuple[dict, dict]:
+    """Wall and CPU times of the whole stage hook and of the floor, one pair per stage of
+    ``runs`` runs of ``fit_tasks`` over ``tasks`` tasks (one training step each, logger=False)."""
+    train, test = make_data(tasks, size, 128, 128, classes=2, features=32)
+    times: dict[str, list[float]] = {"floor": [], "hook": []}
+    cpu: dict[str, list[float]] = {"floor": [], "hook": []}
+    for rep in range(runs + 1):  # the first: warm-up
+        with tempfile.TemporaryDirectory() as root:
+            pl.seed_everything(rep, verbose=False)
+            batches = [list(dl) for dl in test]
+            common = dict(verbose=False, log_images=False, cache_test_batches=False)
+            cb = HookTimedCallback(batches, test, dirpath=f"{root}/h", **common)
+            fit_tasks(trainer(root, [cb]), MLP(classes=2, features=32, hidden=64), train)
+        if rep:
+            for name in times:
+                times[name] += cb.times[name]
+                cpu[name] += cb.cpu[name]
+    return times, cpu
+
+
+def run_hook_section(args: argparse.Namespace) -> None:
+    """The whole stage hook (``_record_stage``: a stage's evaluation of every task, recording the
+    rows, the stage journal line, ``results.json`` and the CSV files; logger=False) against the
+    compute floor (the same model over pre-collated batches), for the MLP 32-64-64-2 at batch
+    128: T = 10 and 20 tasks x 2000 test samples and 10 x 10000, one pair per stage of real
+    ``fit_tasks`` runs; medians of paired ratios, of wall and CPU time (the CPU time counts
+    every thread of the process, a background writer's included)."""
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no per-fit banners
+    print("\nwhole stage hook: MLP 32-64-64-2, batch 128, torch threads", torch.get_num_threads())
+    header = ("T x samples", "floor ms", "hook ms", "hook / floor", "(CPU)", "pairs")
+    print(
+        f"  {header[0]:>14s} {header[1]:>9s} {header[2]:>9s} {header[3]:>13s} {header[4]:>7s} "
+        f"{header[5]:>6s}"
+    )
+    for tasks, size in FLOOR_SETTINGS:
+        times, cpu = hook_setting(tasks, size, args.hook_runs)
+        floor, hook = statistics.median(times["floor"]), statistics.median(times["hook"])
+        wall, cpu_ratio = paired_ratio(times, "hook", "floor"), paired_ratio(cpu, "hook", "floor")
+        print(
+            f"  {f'{tasks} x {size}':>14s} {floor * 1e3:9.2f} {hook * 1e3:9.2f} "
+            f"{wall:13.3f} {cpu_ratio:7.3f} {len(times['hook']):6d}"
+        )
+    print("  (target: hook / floor <= 1.3; medians of paired ratios, one pair per stage)")
+
+
 def run(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore")
     train, test = make_data(args.tasks, args.test_size, args.train_size, args.batch_size)
@@ -548,11 +622,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
         "--section",
-        choices=("stage", "step", "eval", "workers", "scorers", "floor", "all"),
+        choices=("stage", "step", "eval", "workers", "scorers", "floor", "hook", "all"),
         default="all",
     )
     parser.add_argument("--step-test-size", type=int, default=2_000, help="step/eval sections")
     parser.add_argument("--step-repeats", type=int, default=15, help="step/eval sections")
+    parser.add_argument("--hook-runs", type=int, default=3, help="hook section: fit_tasks runs")
     parser.add_argument("--worker-tasks", type=int, default=20, help="workers section")
     parser.add_argument("--worker-test-size", type=int, default=500, help="workers section")
     parser.add_argument("--worker-repeats", type=int, default=3, help="workers section")
@@ -563,6 +638,7 @@ def main() -> None:
     if args.quick:
         args.tasks, args.test_size, args.repeats = 5, 2_000, 1
         args.step_repeats, args.worker_tasks, args.worker_repeats = 5, 5, 2
+        args.hook_runs = 1
     torch.set_num_threads(args.threads)
     if args.section in ("stage", "all"):
         run(args)
@@ -576,6 +652,8 @@ def main() -> None:
         run_scorers_section(args)
     if args.section in ("floor", "all"):
         run_floor_section(args)
+    if args.section in ("hook", "all"):
+        run_hook_section(args)
 
 
 if __name__ == "__main__":

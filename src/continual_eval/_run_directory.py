@@ -8,20 +8,81 @@ across fits, checkpoints and the ``ddp_spawn`` hand-over.
 
 from __future__ import annotations
 
+import atexit
 import os
+import queue
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
 from continual_eval._stage_journal import StageJournal, rebuild_due
-from continual_eval.results.files import choose_results_dir, claim_or_refuse
+from continual_eval.results.files import choose_results_dir, claim_or_refuse, prepare_commit
 
 if TYPE_CHECKING:
     from continual_eval.record import RunRecord
     from continual_eval.results import ContinualResults
 
 __all__ = ["RunDirectory"]
+
+
+class _Job:
+    """Writes of one stage, run in order on the writer thread; the first error stops them."""
+
+    def __init__(self, steps: list[Callable[[], Any]]) -> None:
+        self.steps = steps
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for step in self.steps:
+                step()
+        except BaseException as err:  # raised by the waiting `RunDirectory.wait`
+            self.error = err
+        finally:
+            self.done.set()
+
+
+class _Writer:
+    """The process's background writer: one daemon thread taking `_Job`s in order (started on the
+    first job, again in a forked child); an exiting interpreter finishes the queued jobs first
+    (`atexit`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.pid = -1
+        self.last: _Job | None = None
+
+    def submit(self, job: _Job) -> None:
+        with self.lock:
+            if self.pid != os.getpid() or self.thread is None or not self.thread.is_alive():
+                self.jobs, self.pid = queue.SimpleQueue(), os.getpid()
+                self.thread = threading.Thread(
+                    target=self._serve, args=(self.jobs,), name="continual-eval writer", daemon=True
+                )
+                self.thread.start()
+            self.last = job
+            self.jobs.put(job)
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+        while True:
+            jobs.get().run()
+
+    def drain(self) -> None:
+        """Wait for every job submitted (at interpreter exit)."""
+        last = self.last
+        if last is not None and self.pid == os.getpid():
+            last.done.wait()
+
+
+_WRITER = _Writer()
+atexit.register(_WRITER.drain)
 
 
 class RunDirectory:
@@ -37,6 +98,7 @@ class RunDirectory:
         self._built: int | None = None  # stages in the results.json this process last wrote
         #: whether the last `write` rebuilt results.json
         self.rebuilt = False
+        self._pending: _Job | None = None  # the background write of the last stage
 
     def choose(self, trainer: Any, run_id: str, dirpath: str | os.PathLike[str] | None) -> None:
         """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
@@ -60,7 +122,9 @@ class RunDirectory:
             )
 
     def __getstate__(self) -> dict[str, Any]:  # a pickled copy (ddp_spawn) writes afresh
-        return {**self.__dict__, "_journal": None, "_built": None}
+        if self._pending is not None:
+            self._pending.done.wait()  # its error (if any) stays here, for this copy's `wait`
+        return {**self.__dict__, "_journal": None, "_built": None, "_pending": None}
 
     def write(
         self, record: RunRecord, results: ContinualResults, *, stage: int | None = None
@@ -69,7 +133,14 @@ class RunDirectory:
         ``stage``'s line appended to the journal (``None``: the journal rewritten from the
         record, for the baseline, a resume or the end of a run), then ``results`` (the record's)
         written as ``results.json`` and CSV files when `rebuild_due` (always with ``stage=None``).
-        Returns whether ``results.json`` was rewritten."""
+        Returns whether ``results.json`` is rewritten.
+
+        Off the critical path: the journal line is written and flushed to the OS here (a killed
+        process loses no stage; a rewritten journal is fsync'd here too) and the document of
+        ``results.json`` made here (plain values); its bytes and the CSV files', the fsyncs and
+        the atomic replacement of the files run on a background thread (`wait`), which the next
+        write, `flush`, the fit's end, the ``ddp_spawn`` hand-over and a failed fit wait for."""
+        self.wait()
         if self.path is None:
             self.rebuilt = True  # nothing written: every logger output is up to date anyway
             return False
@@ -77,24 +148,62 @@ class RunDirectory:
             self._journal = StageJournal(self.path)
         completed = record.num_stages
         self.rebuilt = self.due(record, stage)
+        jobs: list[Callable[[], Any]] = []
         if stage is None:
             self._journal.rewrite(record)
         else:  # one fsync a stage: the journal's, or the rebuilt results.json's
-            self._journal.append(record, stage, durable=not self.rebuilt)
+            sync = self._journal.append(record, stage, durable=not self.rebuilt, deferred=True)
+            if sync is not None:
+                jobs.append(sync)
         if self.rebuilt:
-            results.write(self.path)
-            self._built = completed
+            # the document (plain lists, nothing the record changes later) is made here; its
+            # bytes (JSON, CSV, hashes) and the files on the writer thread
+            document, path = results._document(), self.path
+            jobs.append(lambda: prepare_commit(path, document)())
+            jobs.append(lambda: setattr(self, "_built", completed))
+        self._start(jobs)
         return self.rebuilt
+
+    def _start(self, steps: list[Callable[[], Any]]) -> None:
+        """Run ``steps`` in order on the background writer (`_Writer`); the first error stops
+        them and is kept for `wait`."""
+        if steps:
+            self._pending = _Job(steps)
+            _WRITER.submit(self._pending)
+
+    def close(self) -> None:
+        """Wait for the background write, then close the journal's file (a run that ended)."""
+        self.wait()
+        if self._journal is not None:
+            self._journal.close()
+
+    def wait(self) -> None:
+        """Wait for the background write (if any); its error (a ``ResultsWriteError``: a full
+        disk) is raised here, once."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.done.wait()
+            if pending.error is not None:
+                raise pending.error
 
     def due(self, record: RunRecord, stage: int | None) -> bool:
         """Whether `write` of ``stage`` (``None``: a full rewrite) rebuilds ``results.json``
         (always where no directory is written: every output is then the stage's own)."""
         if self.path is None or stage is None:
             return True
+        self.wait()  # the last rebuild's count is set when its write has finished
         return rebuild_due(record.num_stages, self._built, record.num_tasks)
 
     def flush(self, record: RunRecord, results: ContinualResults) -> None:
-        """Rebuild ``results.json`` if it is behind the journal (a fit that raised)."""
-        if self.path is not None and self._built is not None and self._built != record.num_stages:
-            results.write(self.path)
-            self._built = record.num_stages
+        """Wait for the background write, then rebuild ``results.json`` if it is behind the
+        journal (a fit that raised)."""
+        try:
+            self.wait()
+        finally:
+            if (
+                self.path is not None
+                and self._built is not None
+                and self._built != record.num_stages
+            ):
+                results.write(self.path)
+                self._built = record.num_stages

@@ -33,12 +33,13 @@ file and the line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 
@@ -109,9 +110,21 @@ class StageJournal:
         self.path = Path(dirpath) / JOURNAL_FILE
         #: stages in the journal as this writer last wrote it (``None``: not written by it)
         self.stages: int | None = None
+        self._file: BinaryIO | None = None  # kept open for appends (opening costs per stage)
+
+    def close(self) -> None:
+        """Close the file kept open for appends (the next append opens it again)."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     def rewrite(self, record: RunRecord) -> None:
         """Replace the journal by the whole of ``record`` (header, baseline, every stage)."""
+        self.close()  # replaced: appends go to the new file
         lines = [_line({"journal": FORMAT, "version": VERSION, "record": record.journal_header()})]
         if record.baseline_done:
             lines.append(_line(record.journal_baseline()))
@@ -123,25 +136,46 @@ class StageJournal:
             raise self._failed(err, record.num_stages) from None
         self.stages = record.num_stages if record.baseline_done else None
 
-    def append(self, record: RunRecord, stage: int, *, durable: bool = True) -> None:
+    def append(
+        self, record: RunRecord, stage: int, *, durable: bool = True, deferred: bool = False
+    ) -> Callable[[], None] | None:
         """Append recorded stage ``stage`` (the journal's next) and, when ``durable``, fsync it
         (not needed when a durable ``results.json`` of the stage follows); a journal this writer
-        did not bring to ``stage`` stages is rewritten instead."""
+        did not bring to ``stage`` stages is rewritten instead (durably, here). ``deferred``:
+        the line is written and flushed to the OS here (a killed process loses nothing) and the
+        returned function does the fsync (on a background thread: `RunDirectory`); if that
+        fails it removes the line again and raises."""
         if self.stages != stage or not self.path.exists():
             self.rewrite(record)
-            return
+            return None
         data = _line(record.journal_stage(stage))
-        with open(self.path, "ab") as fh:
-            size = fh.tell()
-            try:
-                fh.write(data)
-                fh.flush()
-                if durable:
-                    os.fsync(fh.fileno())
-            except OSError as err:
-                fh.truncate(size)  # no torn line left behind
-                raise self._failed(err, stage + 1) from None
+        if self._file is None:
+            self._file = open(self.path, "ab")  # noqa: SIM115 (kept open: `close`)
+        fh = self._file
+        size = fh.tell()
+        try:
+            fh.write(data)
+            fh.flush()
+            if durable and not deferred:
+                os.fsync(fh.fileno())
+        except OSError as err:
+            fh.truncate(size)  # no torn line left behind
+            raise self._failed(err, stage + 1) from None
         self.stages = stage + 1
+        if durable and deferred:
+            return lambda: self._sync(fh, size, stage)
+        return None
+
+    def _sync(self, fh: BinaryIO, size: int, stage: int) -> None:
+        """fsync the journal ``fh``, whose last line (stage ``stage``) starts at byte ``size``; on
+        a failure the line is removed (the journal as before it) and the error raised."""
+        try:
+            os.fsync(fh.fileno())
+        except OSError as err:
+            self.stages = None  # the next append rewrites the journal from the record
+            with contextlib.suppress(OSError):
+                fh.truncate(size)
+            raise self._failed(err, stage + 1) from None
 
     def _failed(self, err: OSError, stages: int) -> ResultsWriteError:
         on_disk = read_run_id(self.path.parent)[2]

@@ -499,6 +499,7 @@ class ContinualEvalCallback(Callback):
         """Rank 0 of a spawned process group hands its state to the creating process."""
         if self._handover.in_owner() or not trainer.is_global_zero:
             return
+        self._directory.wait()  # the creating process reads the files this rank wrote
         state, directory = self._state(with_rng=False), self._directory
         self._handover.publish(state, results_dir=directory.path, dir_checked=directory.claimed)
 
@@ -630,6 +631,9 @@ class ContinualEvalCallback(Callback):
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._directory.wait()  # every file of the fit on disk before it returns
+        if self._record is not None and self._record.num_stages == self._record.num_tasks:
+            self._directory.close()  # the run is complete: no append follows
         if self._record is not None:
             self._publish_to_owner(trainer)
 
@@ -723,6 +727,7 @@ class ContinualEvalCallback(Callback):
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._directory.wait()  # a background write's error is the fit's
         stage = self.stages_completed
         if self.epochs_per_task is None and not self._trained_this_fit:
             raise empty_fit(stage, self.task_names or [], self._directory.path)

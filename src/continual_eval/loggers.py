@@ -562,14 +562,18 @@ def log_stage(
     left to the stages where the callback rebuilds ``results.json``.
     """
     results = _as_results(results)
+    pictures = (
+        log_images and whole_matrices and results.steps is not None and results_dir is not None
+    )
+    if not loggers and not pictures:
+        return  # nothing to log to and no picture to write: no scalars made
     scalars = stage_scalars(results, stage, prefix=prefix)
     tags = _tags(results, prefix, "matrix")
     image_loggers = any(
         isinstance(lg, (TensorBoardLogger, WandbLogger, MLFlowLogger)) for lg in loggers
     )
     figures: dict[str, Any] = {}
-    wanted = image_loggers or (results.steps is not None and results_dir is not None)
-    if log_images and whole_matrices and wanted:
+    if (log_images and whole_matrices and image_loggers) or pictures:
         try:
             figures = _stage_figures(results, stage, prefix, results_dir, image_loggers)
         except ModuleNotFoundError as err:

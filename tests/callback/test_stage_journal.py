@@ -92,6 +92,7 @@ def _run(out: Path, stages: int) -> tuple[RunRecord, list[int], RunDirectory]:
         record.record_step(record.steps_trained, stage, _scored(g, None).rows, full=True)
         if directory.write(record, record.continual_results(), stage=stage):
             rebuilt.append(stage + 1)
+    directory.wait()  # the last stage's background write (fsync, results.json) on disk
     return record, rebuilt, directory
 
 
@@ -178,8 +179,10 @@ def test_full_disk_on_the_journal_leaves_no_torn_line(tmp_path: Path, monkeypatc
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("continual_eval._stage_journal.os.fsync", no_space)
+    # the line is written here, its fsync on the background thread: the error is the wait's
+    directory.write(record, record.continual_results(), stage=33)
     with pytest.raises(ResultsWriteError, match=r"stages\.jsonl .*holds 33 stage") as info:
-        directory.write(record, record.continual_results(), stage=33)
+        directory.wait()
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
     assert (tmp_path / JOURNAL_FILE).read_bytes() == before
@@ -199,3 +202,36 @@ def test_kill_between_two_rebuilds_loses_no_stage(tmp_path: Path) -> None:
     assert torch.equal(loaded.primary.scores, reference.primary.scores[:36])
     assert torch.equal(loaded.primary.baseline, reference.primary.baseline)
     assert all(math.isfinite(v) for v in loaded.primary.metrics.values() if v is not None)
+
+
+def test_the_fsync_and_the_rebuild_run_on_the_writer_thread(tmp_path: Path, monkeypatch) -> None:
+    """A stage's write returns with its journal line in the file while the writer thread is held
+    inside the rebuild of results.json; the wait then finds the rebuilt file, complete."""
+    import threading
+
+    import continual_eval.results.files as files
+
+    record, _, directory = _run(tmp_path, 3)  # every stage of the first 31 rebuilds results.json
+    lines = (tmp_path / JOURNAL_FILE).read_bytes().count(b"\n")
+    g = torch.Generator().manual_seed(1)
+    record.record_stage(3, _scored(g, 3), _cost(3))
+    held, entered = threading.Event(), threading.Event()
+    real = files._write_bytes
+
+    def held_write(path: Path, data: bytes, *, durable: bool) -> None:
+        entered.set()
+        held.wait(timeout=20)
+        real(path, data, durable=durable)
+
+    monkeypatch.setattr(files, "_write_bytes", held_write)
+    assert directory.write(record, record.continual_results(), stage=3)  # a rebuild stage
+    assert entered.wait(timeout=20)  # the writer thread is inside the rebuild, held
+    assert (tmp_path / JOURNAL_FILE).read_bytes().count(b"\n") == lines + 1  # the line: written
+    assert read_run_id(tmp_path)[2] == 3  # results.json: the last rebuild's, complete
+    assert ContinualResults.load(tmp_path).stages_completed == 4  # the journal replays stage 4
+    held.set()
+    directory.wait()
+    assert read_run_id(tmp_path)[2] == 4
+    assert torch.equal(
+        ContinualResults.load(tmp_path).primary.scores, record.continual_results().primary.scores
+    )

@@ -93,7 +93,12 @@ from continual_eval.evaluation.scorers import (
     make_scorer,
 )
 from continual_eval.evaluation.sources import _batch_sources, _TaskSource
-from continual_eval.evaluation.step import BatchStep, _step_pair, default_batch_step
+from continual_eval.evaluation.step import (
+    BatchStep,
+    _model_scores,
+    _step_pair,
+    default_batch_step,
+)
 
 __all__ = ["EvaluationProgress", "TaskEvaluation", "evaluate_tasks"]
 
@@ -163,6 +168,12 @@ class _Forward:
         self.module, self.device, self.step = module, device, step
         self.context = None if forward_context is nullcontext else forward_context
         self.convert_input = convert_input
+        #: the default step on a module without ``continual_eval_step``: an ``(x, y)`` list or
+        #: tuple batch is ``module(x), y``, called here without the step's per-batch checks
+        #: (the same pair; anything else goes through the step and its errors)
+        self.plain = step is default_batch_step and not callable(
+            getattr(module, "continual_eval_step", None)
+        )
 
     def prepare(self, batch: Any, on_device: bool) -> Any:
         if not on_device:
@@ -172,6 +183,16 @@ class _Forward:
         return batch
 
     def __call__(self, batch: Any, task: int) -> tuple[Tensor, Tensor]:
+        if self.plain and (type(batch) is list or type(batch) is tuple) and len(batch) == 2:
+            x, y = batch
+            if self.context is None:
+                preds = self.module(x)
+            else:
+                with self.context():
+                    preds = self.module(x)
+            if isinstance(preds, Tensor) and isinstance(y, Tensor):
+                return preds, y
+            return _step_pair((_model_scores(preds), y), self.step)  # the step's own errors
         if self.context is None:
             return _step_pair(self.step(self.module, batch, task), self.step)
         with self.context():

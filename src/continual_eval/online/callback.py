@@ -910,6 +910,8 @@ class OnlineEvalCallback(Callback):
         directory = self.files_dir
         if directory is None or self.results is None:
             return
+        if self._owner is not None:  # its background write of the same file first
+            self._owner._directory.wait()
         self.continual_results().write(directory)
         self._last_write = time.monotonic()
 

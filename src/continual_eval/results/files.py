@@ -85,6 +85,7 @@ __all__ = [
     "default_results_dir",
     "file_records",
     "new_version_dir",
+    "prepare_commit",
     "read_document",
     "read_run_id",
     "release_claim",
@@ -246,6 +247,14 @@ def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     Raises `ResultsWriteError` (one line: the file, what is on disk, how to resume) when a
     file cannot be written; the files already on disk stay complete.
     """
+    return prepare_commit(dirpath, document)()
+
+
+def prepare_commit(dirpath: str | os.PathLike[str], document: Document) -> Callable[[], Path]:
+    """`commit_results` in two parts: the bytes of every file are made now (and the ``online``
+    section on disk read), the returned function writes them (the files, fsync, rename, the
+    claim's release) and may run on another thread, provided no other write of ``dirpath`` runs
+    in between."""
     dirpath = Path(dirpath)
     if document.online is None and document.run_id is not None:
         kept = _online_on_disk(dirpath, document.run_id)
@@ -255,20 +264,26 @@ def commit_results(dirpath: str | os.PathLike[str], document: Document) -> Path:
     files = _file_records(csv_files, document.stages_completed)
     stages = document.stages_completed
     data = msgspec.json.format(_ENCODER.encode(msgspec.structs.replace(document, files=files)))
-    path = dirpath
-    try:
-        for name, csv_data in csv_files.items():
-            path = dirpath / name
-            # one fsync per stage: results.json, the commit record naming each CSV's hash, is
-            # the durable one; a CSV lost to a power cut is detected and rewritten on resume
-            _write_bytes(path, csv_data, durable=False)
-        path = dirpath / RESULTS_FILE
-        _write_bytes(path, data + b"\n", durable=True)
-    except OSError as err:
-        raise _write_failed(path, err, stages) from None
-    if stages == document.num_tasks and document.num_tasks and document.run_id is not None:
-        release_claim(dirpath, document.run_id)
-    return path
+    release = stages == document.num_tasks and document.num_tasks and document.run_id is not None
+    run_id = document.run_id
+
+    def commit() -> Path:
+        path = dirpath
+        try:
+            for name, csv_data in csv_files.items():
+                path = dirpath / name
+                # one fsync per stage: results.json, the commit record naming each CSV's hash, is
+                # the durable one; a CSV lost to a power cut is detected and rewritten on resume
+                _write_bytes(path, csv_data, durable=False)
+            path = dirpath / RESULTS_FILE
+            _write_bytes(path, data + b"\n", durable=True)
+        except OSError as err:
+            raise _write_failed(path, err, stages) from None
+        if release and run_id is not None:
+            release_claim(dirpath, run_id)
+        return path
+
+    return commit
 
 
 class _OnlinePart(msgspec.Struct):
