@@ -34,6 +34,7 @@ def end_run(callback: ContinualEvalCallback, trainer: Trainer) -> Coverage | Non
         return None
     if trainer.is_global_zero:  # the callback's own write (results files, spawn hand-over)
         callback._write(trainer)
+        callback._directory.wait()  # outside any fit: on disk before the caller reads it
         if callback.verbose:
             rank_zero_info(coverage.line())
     return coverage
