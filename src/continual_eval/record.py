@@ -24,6 +24,7 @@ hooks; everything here runs without a Trainer.
 
 from __future__ import annotations
 
+import bisect
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -550,11 +551,15 @@ class RunRecord:
         """The journal line of recorded stage ``stage``: its rows, its cost, the step curves'
         evaluations inside it, the run's step counter and coverage, the sections' parts (what
         the stage added: the line's size does not grow with the stage index)."""
-        points = [k for k, s in enumerate(self.curves.stages) if s == stage]
+        # the curve's stages never decrease: stage ``stage``'s points are one run of them
+        stages = self.curves.stages
+        points = range(bisect.bisect_left(stages, stage), bisect.bisect_right(stages, stage))
         cost = next((c.to_dict() for c in self.costs if c.stage == stage), None)
         return {
             "stage": stage,
-            "rows": {name: m.scores[stage].tolist() for name, m in self.matrices.items()},
+            # the row itself, not `scores` (a copy of every row: O(s T) a line, O(s^2 T) a
+            # rewrite)
+            "rows": {name: m.scores_state[stage].tolist() for name, m in self.matrices.items()},
             "cost": cost,
             "steps_trained": self.steps_trained,
             "step_subset": self.step_subset,
@@ -629,11 +634,8 @@ class RunRecord:
             self.costs.append(StageCost.from_dict(line["cost"]))
         curves = line["curves"]
         for k, step in enumerate(curves["step"]):
-            self.curves.steps.append(int(step))
-            self.curves.stages.append(stage)
-            self.curves.full.append(bool(curves["full"][k]))
-            for name, rows in self.curves.rows.items():
-                rows.append(_row(curves["rows"][name][k]))
+            rows = {name: _row(curves["rows"][name][k]) for name in self.curves.names}
+            self.curves.add(int(step), stage, rows, full=bool(curves["full"][k]))
         self.steps_trained = int(line["steps_trained"])
         self.step_subset = line["step_subset"]
         self.ended_early = bool(line["ended_early"])
