@@ -158,7 +158,7 @@ class RunDirectory:
         if self.rebuilt:
             # the document (plain lists, nothing the record changes later) is made here; its
             # bytes (JSON, CSV, hashes) and the files on the writer thread
-            document, path = results._document(), self.path
+            document, path = results.to_document(with_files=False), self.path
             jobs.append(lambda: prepare_commit(path, document)())
             jobs.append(lambda: setattr(self, "_built", completed))
         self._start(jobs)

@@ -1132,12 +1132,16 @@ class ContinualResults:
         return cls.from_document(document)
 
     # ------------------------------------------------------------------ output
-    def to_document(self) -> schema.Document:
+    def to_document(self, *, with_files: bool = True) -> schema.Document:
         """The ``results.json`` document as a `Document`
         (see that module for its shape; [`to_dict`][continual_eval.results.ContinualResults.to_dict]
         is its ``dict``), with the ``files`` entry
-        [`write`][continual_eval.results.ContinualResults.write] writes."""
+        [`write`][continual_eval.results.ContinualResults.write] writes (``with_files=False``:
+        without it, whose CSV hashes cost as much as the files; what a writer of the files
+        computes itself)."""
         document = self._document()
+        if not with_files:
+            return document
         # the commit record results.json is written with (the CSVs follow from the document)
         return msgspec.structs.replace(document, files=files.file_records(document))
 
