@@ -549,8 +549,10 @@ class RunRecord:
 
     def journal_stage(self, stage: int) -> dict[str, Any]:
         """The journal line of recorded stage ``stage``: its rows, its cost, the step curves'
-        evaluations inside it, the run's step counter and coverage, the sections' parts (what
-        the stage added: the line's size does not grow with the stage index)."""
+        evaluations inside it, the run's coverage, the sections' parts (what the stage added: the
+        line's size does not grow with the stage index). The run's step counter
+        (``steps_trained``) is the callback's live state, not a result: not journaled (a line
+        rewritten later would carry the counter of then, not of its stage)."""
         # the curve's stages never decrease: stage ``stage``'s points are one run of them
         stages = self.curves.stages
         points = range(bisect.bisect_left(stages, stage), bisect.bisect_right(stages, stage))
@@ -561,7 +563,6 @@ class RunRecord:
             # rewrite)
             "rows": {name: m.scores_state[stage].tolist() for name, m in self.matrices.items()},
             "cost": cost,
-            "steps_trained": self.steps_trained,
             "step_subset": self.step_subset,
             "curves": {
                 "step": [self.curves.steps[k] for k in points],
@@ -636,6 +637,5 @@ class RunRecord:
         for k, step in enumerate(curves["step"]):
             rows = {name: _row(curves["rows"][name][k]) for name in self.curves.names}
             self.curves.add(int(step), stage, rows, full=bool(curves["full"][k]))
-        self.steps_trained = int(line["steps_trained"])
         self.step_subset = line["step_subset"]
         self.ended_early = bool(line["ended_early"])

@@ -17,8 +17,14 @@ from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loa
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from continual_eval import ContinualEvalCallback, fit_tasks, scheduled_task
+from continual_eval._stage_journal import read_journal
 from continual_eval.results import ContinualResults, ScoreMatrix, check_results_files, files
-from continual_eval.results.files import RESULTS_FILE, SCORES_FILE, remove_stale_temporaries
+from continual_eval.results.files import (
+    JOURNAL_FILE,
+    RESULTS_FILE,
+    SCORES_FILE,
+    remove_stale_temporaries,
+)
 from script_runner import run_script
 
 HERE = Path(__file__).parent
@@ -169,6 +175,15 @@ def test_kill_inside_stage_evaluation_then_resume_equals_uninterrupted(tmp_path)
     costs = [[{k: c[k] for k in counted} for c in d.pop("cost")["per_stage"]] for d in (x, y)]
     assert costs[0] == costs[1]  # the clocks differ; what was trained does not
     assert x == y
+    # the stage journal the resume rewrote holds the uninterrupted run's lines (but the clocks)
+    journals = [read_journal(d / JOURNAL_FILE) for d in (full_dir, cut_dir)]
+    for header, lines in journals:
+        header.pop("run_id")
+        for line in lines:
+            if line.get("cost"):
+                line["cost"] = {k: line["cost"][k] for k in counted}
+    assert journals[0] == journals[1]
+    assert len(journals[1][1]) == 1 + 3  # the baseline and three stages
     assert check_results_files(cut_dir) is None
     assert not list(cut_dir.glob(".*.tmp"))
 
