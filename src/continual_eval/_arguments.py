@@ -428,6 +428,7 @@ def run_record(
                     primary=next(iter(specs)),
                     reference=reference_items[0],
                     reference_note=reference_items[1],
+                    held_out=held_out,
                 )
             )
     return RunRecord(

@@ -36,6 +36,7 @@ from continual_eval.functional.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
     PackedBits,
+    held_out_bootstrap,
     pack_bits,
     paired_bootstrap,
     student_t_interval,
@@ -44,6 +45,7 @@ from continual_eval.functional.intervals import (
 )
 from continual_eval.functional.items import item_transitions
 from continual_eval.results.intervals import (
+    HeldOutIntervals,
     IntervalResults,
     ItemResults,
     MatrixIntervals,
@@ -70,6 +72,21 @@ _METRICS = (
 )
 
 Stored = PackedBits | Tensor
+
+#: the numbers a run reports that one run's per-item records give no interval, and why (stated
+#: in the ``intervals`` section's ``unavailable``)
+UNAVAILABLE = {
+    "stability": (
+        "min-ACC, WC-ACC and the stability gap read the per-step evaluations, which keep no "
+        "per-item values (item_records covers the baseline and stage-end evaluations); a minimum "
+        "over steps of noisy curves has no one-run interval here"
+    ),
+    "plasticity": (
+        "the learning-curve area and AUC forward transfer read the per-step evaluations, which "
+        "keep no per-item values"
+    ),
+    "cost": "measured (times, samples, memory), not estimated from test items",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +174,8 @@ class ItemRecord:
             else floating): the intransigence interval.
         reference_note: why the run's reference has no items (stated in the ``intervals``
             section as intransigence's ``unavailable`` reason); ``None``: no reference.
+        held_out: the held-out sets (task ids ``T + h`` of the evaluations): their items are
+            kept beside the tasks' and give the ``intervals`` section's ``held_out`` part.
     """
 
     key = "items"
@@ -173,6 +192,7 @@ class ItemRecord:
         primary: str | None = None,
         reference: Sequence[Tensor | PackedBits] | None = None,
         reference_note: str | None = None,
+        held_out: Sequence[str] = (),
     ) -> None:
         self.specs = {name: specs[name] for name in binary}
         self.binary = dict(binary)
@@ -186,15 +206,24 @@ class ItemRecord:
         if reference is not None and self.primary is not None:
             self.reference = _reference_items(reference, self.binary[self.primary], num_tasks)
         self.reference_note = reference_note
+        self.held_out = list(held_out)
         self.num_items: list[int] | None = None
+        #: the held-out sets' item counts (ids ``T + h`` in the evaluations)
+        self.held_out_sizes: list[int] = []
         self.baseline: dict[str, dict[int, Stored]] = {}
         self.stages: list[dict[str, dict[int, Stored]]] = []
         self._cache: tuple[tuple[int, bool], IntervalResults | None, ItemResults] | None = None
 
     # ------------------------------------------------------------------ memory
     def evaluation_bytes(self, num_items: Sequence[int]) -> int:
-        """Bytes of one evaluation of every task and recorded matrix."""
-        return sum(_nbytes(b, n) for b in self.binary.values() for n in num_items)
+        """Bytes of one evaluation of every task (and held-out set) and recorded matrix."""
+        sizes = [*num_items, *self.held_out_sizes]
+        return sum(_nbytes(b, n) for b in self.binary.values() for n in sizes)
+
+    def _size(self, j: int) -> int:
+        """Item count of task ``j`` (``j >= T``: held-out set ``j - T``)."""
+        assert self.num_items is not None
+        return self.num_items[j] if j < self.num_tasks else self.held_out_sizes[j - self.num_tasks]
 
     @property
     def memory_bytes(self) -> int:
@@ -207,7 +236,7 @@ class ItemRecord:
             held += sum(_nbytes(binary, _num(v)) for v in self.reference.values())
         for evaluation in [self.baseline, *self.stages]:
             for name, tasks in evaluation.items():
-                held += sum(_nbytes(self.binary[name], self.num_items[j]) for j in tasks)
+                held += sum(_nbytes(self.binary[name], self._size(j)) for j in tasks)
         return held
 
     def _check_size(self, num_items: Sequence[int]) -> None:
@@ -220,7 +249,8 @@ class ItemRecord:
             raise ValueError(
                 f"per-item records would hold {total / 2**20:.1f} MiB ({total} bytes: "
                 f"{self.num_tasks + 1} evaluations (the baseline and {self.num_tasks} stages) x "
-                f"{sum(num_items)} test items x {len(self.binary)} matrices ({kinds}); "
+                f"{sum(num_items) + sum(self.held_out_sizes)} test items x "
+                f"{len(self.binary)} matrices ({kinds}); "
                 f"{per} bytes per evaluation), over item_records max_bytes="
                 f"{self.settings.max_bytes}; raise max_bytes or record fewer matrices"
             )
@@ -250,13 +280,30 @@ class ItemRecord:
         return line
 
     # ------------------------------------------------------------------ recording
-    def _checked(self, scored: Scored, what: str, tasks: Sequence[int]) -> dict[str, dict]:
-        """Each recorded matrix's items of ``tasks``, checked against the test-set sizes."""
+    def _checked(self, scored: Scored, what: str, tasks: Sequence[int]) -> dict[str, dict[int, Tensor]]:
+        """Each recorded matrix's items of ``tasks`` and of the held-out sets (ids ``T + h``),
+        checked against the test-set sizes."""
         out: dict[str, dict[int, Tensor]] = {}
+        T = self.num_tasks
+        held = [T + h for h in range(len(self.held_out))] if scored.held_out else []
         for name in self.binary:
             given = scored.items.get(name)
             if given is None:
                 raise ValueError(f"{what} holds no per-item values of matrix {name!r}")
+            absent = [j - T for j in held if j not in given]
+            if absent:
+                raise ValueError(
+                    f"{what} holds no per-item values of matrix {name!r} for the held-out set "
+                    f"{self.held_out[absent[0]]!r}"
+                )
+            if self.num_items is not None and self.held_out_sizes:
+                for j in held:
+                    if given[j].numel() != self._size(j):
+                        raise ValueError(
+                            f"{what}: matrix {name!r} has {given[j].numel()} items of the "
+                            f"held-out set {self.held_out[j - T]!r}, the baseline had "
+                            f"{self._size(j)} (a test set changed size)"
+                        )
             missing = [j for j in tasks if j not in given]
             if missing:
                 raise ValueError(
@@ -269,7 +316,7 @@ class ItemRecord:
                             f"{what}: matrix {name!r} has {given[j].numel()} items of task {j}, "
                             f"the baseline had {self.num_items[j]} (a test set changed size)"
                         )
-            out[name] = {j: given[j] for j in tasks}
+            out[name] = {j: given[j] for j in [*tasks, *held]}
         return out
 
     def record_baseline(self, scored: Scored) -> None:
@@ -277,6 +324,10 @@ class ItemRecord:
         items = self._checked(scored, "the baseline", tasks)
         first = next(iter(items.values()))
         sizes = [int(first[j].numel()) for j in tasks]
+        self.held_out_sizes = [int(first[j].numel()) for j in sorted(first) if j >= self.num_tasks]
+        if 0 in self.held_out_sizes:
+            h = self.held_out_sizes.index(0)
+            raise ValueError(f"per-item records: the held-out set {self.held_out[h]!r} has no item")
         empty = [j for j in tasks if sizes[j] == 0]
         if empty:
             raise ValueError(f"per-item records: task {empty[0]}'s test set has no item")
@@ -322,6 +373,7 @@ class ItemRecord:
         return {
             "matrices": {name: bool(b) for name, b in self.binary.items()},
             "num_items": None if self.num_items is None else list(self.num_items),
+            "held_out_sizes": list(self.held_out_sizes),
             "baseline": self._plain(self.baseline),
             "stages": [self._plain(stage) for stage in self.stages],
             "reference": None if self.reference is None else self._reference_state(),
@@ -362,11 +414,14 @@ class ItemRecord:
             raise ValueError(f"per-item records: recorded matrices {recorded}, now {self.binary}")
         assert state is not None
         sizes = state["num_items"]
+        self.held_out_sizes = [int(n) for n in state.get("held_out_sizes", [])]
+        every = None if sizes is None else [*sizes, *self.held_out_sizes]
 
-        def restored(evaluation: Mapping[str, Mapping[int, Tensor]]) -> dict:
+        def restored(evaluation: Mapping[str, Mapping[int, Tensor]]) -> dict[str, dict[int, Stored]]:
+            assert every is not None or not evaluation
             return {
                 name: {
-                    int(j): PackedBits(t.to(torch.uint8), sizes[int(j)])
+                    int(j): PackedBits(t.to(torch.uint8), every[int(j)])  # type: ignore[index]
                     if self.binary[name]
                     else t.double()
                     for j, t in tasks.items()
@@ -395,6 +450,7 @@ class ItemRecord:
             "primary": self.primary,
             "reference": None if self.reference is None else self._reference_journal(),
             "reference_note": self.reference_note,
+            "held_out": list(self.held_out),
         }
 
     def _reference_journal(self) -> dict[str, Any]:
@@ -427,6 +483,7 @@ class ItemRecord:
             forgetting=str(settings["forgetting"]),
             primary=settings.get("primary"),
             reference_note=settings.get("reference_note"),
+            held_out=[str(h) for h in settings.get("held_out", [])],
         )
         reference = settings.get("reference")
         if reference is not None:
@@ -467,6 +524,7 @@ class ItemRecord:
         }
         if stage is None:
             part["num_items"] = None if self.num_items is None else list(self.num_items)
+            part["held_out_sizes"] = list(self.held_out_sizes)
         return part
 
     def replay_part(self, stage: int | None, part: Mapping[str, Any]) -> None:
@@ -474,8 +532,9 @@ class ItemRecord:
 
         if stage is None:
             self.num_items = [int(n) for n in part["num_items"]]
+            self.held_out_sizes = [int(n) for n in part.get("held_out_sizes", [])]
         assert self.num_items is not None
-        sizes = self.num_items
+        sizes = [*self.num_items, *self.held_out_sizes]
         evaluation: dict[str, dict[int, Stored]] = {}
         for name, tasks in part["items"].items():
             evaluation[name] = {}
@@ -504,6 +563,8 @@ class ItemRecord:
         evaluated = torch.zeros(s + 1, T, dtype=torch.bool)
         for row, evaluation in enumerate([self.baseline, *self.stages[:s]]):
             for j, stored in evaluation.get(name, {}).items():
+                if j >= T:  # a held-out set
+                    continue
                 values[row, int(start[j]) : int(start[j]) + self.num_items[j]] = _values(stored)
                 evaluated[row, j] = True
         return values, evaluated, torch.repeat_interleave(torch.arange(T), sizes)
@@ -542,9 +603,12 @@ class ItemRecord:
             return {}
         return {"intransigence": self.reference_note}
 
-    def _bootstrap(self, name: str, s: int) -> dict[str, tuple[float, float, float]]:
+    def _bootstrap(
+        self, name: str, s: int
+    ) -> tuple[dict[str, tuple[float, float, float]], dict[str, tuple[Tensor, Tensor, Tensor]]]:
+        """The metrics' paired-bootstrap intervals and the per-task values' (same resamples)."""
         if s == 0:
-            return {}
+            return {}, {}
         items, baseline = self._per_task_items(name, s)
         settings = self.settings
         reference = None
@@ -569,7 +633,45 @@ class ItemRecord:
                     float(interval.low),
                     float(interval.high),
                 )
-        return out
+        per_task = {key: tuple(v) for key, v in result.per_task.items()}
+        return out, per_task  # type: ignore[return-value]
+
+    def _held_out_intervals(self, name: str, s: int) -> HeldOutIntervals | None:
+        """Held-out set cells (Wilson / t) and ``delta`` / ``worst_drop`` by the paired
+        bootstrap over each set's items; ``None`` without held-out items."""
+        T, H = self.num_tasks, len(self.held_out_sizes)
+        if not H:
+            return None
+        evaluations = [self.baseline, *self.stages[:s]]
+        rows = [
+            torch.stack([_values(e[name][T + h]) for e in evaluations]) for h in range(H)
+        ]  # per set [s + 1, n_h]
+        n = torch.tensor(self.held_out_sizes, dtype=torch.float64)
+        confidence, binary = self.settings.confidence, self.binary[name]
+        if binary:
+            hits = torch.stack([r.sum(dim=1) for r in rows], dim=1).double()  # [s + 1, H]
+            low, high = wilson_interval(hits, n.expand_as(hits), confidence=confidence)
+        else:
+            mean = torch.stack([r.mean(dim=1) for r in rows], dim=1)
+            std = torch.stack([r.std(dim=1) for r in rows], dim=1)
+            low, high = student_t_interval(mean, std, n.expand_as(mean), confidence=confidence)
+        delta, worst = held_out_bootstrap(
+            rows,
+            higher_is_better=self.specs[name].higher_is_better,
+            confidence=confidence,
+            resamples=self.settings.resamples,
+            seed=self.settings.seed,
+        )
+        return HeldOutIntervals(
+            cell_method="wilson" if binary else "t",
+            low=low[1:],
+            high=high[1:],
+            baseline_low=low[0],
+            baseline_high=high[0],
+            delta=tuple(delta),  # type: ignore[arg-type]
+            worst_drop=tuple(worst),  # type: ignore[arg-type]
+            num_items=tuple(self.held_out_sizes),
+        )
 
     def _transitions(self, name: str, s: int) -> Transitions:
         assert self.num_items is not None
@@ -593,17 +695,23 @@ class ItemRecord:
         intervals = None
         if self.num_items is not None:
             matrices = {}
+            held_out: dict[str, HeldOutIntervals] = {}
             for name in self.binary:
                 method, low, high = self._cells(name, s)
+                metrics, per_task = ({}, {}) if light else self._bootstrap(name, s)
+                held = None if light else self._held_out_intervals(name, s)
+                if held is not None:
+                    held_out[name] = held
                 matrices[name] = MatrixIntervals(
                     cell_method=method,
                     low=low[1:],
                     high=high[1:],
                     baseline_low=low[0],
                     baseline_high=high[0],
-                    metrics={} if light else self._bootstrap(name, s),
+                    metrics=metrics,
                     num_items=tuple(self.num_items),
                     unavailable=self._unavailable(name),
+                    per_task=per_task,
                 )
             settings = self.settings
             intervals = IntervalResults(
@@ -615,6 +723,9 @@ class ItemRecord:
                 forgetting_convention=self.forgetting,
                 fwt_convention="gem",
                 matrices=matrices,
+                held_out=held_out,
+                held_out_names=tuple(self.held_out) if held_out else (),
+                unavailable=dict(UNAVAILABLE),
             )
         items = ItemResults(
             bits_per_item={name: 1 if b else 64 for name, b in self.binary.items()},

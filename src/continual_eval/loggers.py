@@ -275,7 +275,34 @@ def held_out_scalars(results: ContinualResults, stage: int, prefix: str) -> dict
                 scalars[f"{prefix}held_out/{h}/{name}"] = value
             if deltas is not None and _finite(deltas[k]):
                 scalars[f"{prefix}held_out/{h}/{name}/delta"] = deltas[k]
-    return scalars
+    return scalars | _held_out_interval_scalars(results, stage, prefix)
+
+
+def _held_out_interval_scalars(
+    results: ContinualResults, stage: int, prefix: str
+) -> dict[str, float]:
+    """``.../{name}/lo|hi`` and ``.../{name}/delta/lo|hi`` of the held-out sets at ``stage``
+    (``-1``: the baseline, no delta) where the ``intervals`` section holds them."""
+    intervals = results.intervals
+    if intervals is None or not intervals.held_out:
+        return {}
+    out: dict[str, float] = {}
+    for name, held in intervals.held_out.items():
+        if stage < 0:
+            low, high, delta = held.baseline_low, held.baseline_high, None
+        elif stage < held.low.shape[0]:
+            low, high, delta = held.low[stage], held.high[stage], held.delta
+        else:
+            continue
+        for k, h in enumerate(intervals.held_out_names):
+            key = f"{prefix}held_out/{h}/{name}"
+            out |= {f"{key}/lo": float(low[k]), f"{key}/hi": float(high[k])}
+            if delta is not None:
+                out |= {
+                    f"{key}/delta/lo": float(delta[1][stage, k]),
+                    f"{key}/delta/hi": float(delta[2][stage, k]),
+                }
+    return {key: value for key, value in out.items() if _finite(value)}
 
 
 def _plasticity_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:

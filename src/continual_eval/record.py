@@ -97,7 +97,8 @@ class Scored:
         predictions: the generation scorers' kept items, gathered from every rank
             (`continual_eval._predictions.PredictionItem`; ``None`` when not kept).
         items: matrix name -> task id -> its per-item values ``[n_j]`` in test-set order (the
-            matrices with per-item records; empty without).
+            matrices with per-item records; empty without); ids ``num_tasks + h``: the held-out
+            set ``h``'s items.
     """
 
     rows: Mapping[str, Tensor]
@@ -132,7 +133,7 @@ class Scored:
         }
         task_ids = tuple(int(j) for j in ids[tasks])
         items = {
-            name: {j: v for j, v in zip(evaluation.task_ids, values, strict=True) if j < num_tasks}
+            name: dict(zip(evaluation.task_ids, values, strict=True))
             for name, values in zip(names, evaluation.items_by_scorer, strict=False)
             if values is not None
         }

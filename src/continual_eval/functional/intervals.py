@@ -952,3 +952,75 @@ def paired_bootstrap(
         higher_is_better=higher_is_better,
         num_items=layout.num_items[:T],
     )
+
+
+# ---------------------------------------------------------------------------- held-out rows
+def held_out_bootstrap(
+    rows: Sequence[Tensor],
+    *,
+    higher_is_better: bool = True,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> tuple[IntervalTensors, IntervalTensors]:
+    r"""Paired percentile bootstrap of a held-out set's change against its baseline: set ``h``'s
+    items ``[K, n_h]`` (row 0 the baseline ``b_h``, row ``i + 1`` stage ``i``; bool or floating),
+    one double-or-nothing resample of the set's items (Owen & Eckles 2012, module notes) used
+    in every row, so ``delta_h[i] = s_h[i] - b_h`` keeps its pairing. Returns ``delta``
+    ``[K - 1, H]`` and ``worst_drop`` ``[H]`` (``max_i (b_h - s_h[i])``, or ``max_i (s_h[i] -
+    b_h)`` when lower is better) as `IntervalTensors` (estimate: all items); each set's draws
+    from ``SeedSequence(seed, spawn_key=(3, h))``, a resample keeping no item drawn again. The
+    worst drop is a maximum over stages: as for forgetting, its interval is unreliable where
+    several stages tie (module notes)."""
+    _check_bootstrap_options(confidence, resamples, seed, "double_or_nothing")
+    check_direction(higher_is_better)
+    if isinstance(rows, Tensor) or not rows:
+        raise TypeError("rows must be a non-empty sequence with one [K, n_h] tensor per set")
+    K = int(rows[0].shape[0]) if isinstance(rows[0], Tensor) and rows[0].ndim == 2 else -1
+    alpha = 1 - float(confidence)
+    estimates, lows, highs, worst = [], [], [], []
+    for h, values in enumerate(rows):
+        if not isinstance(values, Tensor) or values.ndim != 2 or values.shape[0] != K or K < 1:
+            raise ValueError(
+                f"rows[{h}] must be a [K, n_h] tensor with K = {K} (the baseline and the "
+                f"stages), got {_describe(values)}"
+            )
+        if values.shape[1] == 0:
+            raise ValueError(f"rows[{h}] has no items: held-out set {h} is empty")
+        x = values.detach().cpu().to(torch.float64)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"rows[{h}] holds a non-finite item value")
+        n = int(x.shape[1])
+        rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(3, h)))
+        step = max(1, _BLOCK_CELLS // n)
+        means = []
+        for begin in range(0, int(resamples), step):
+            count = min(step, int(resamples) - begin)
+            kept = rng.integers(0, 2, size=(count, n), dtype=np.int8)
+            empty = np.flatnonzero(kept.sum(axis=1) == 0)
+            while empty.size:  # rare: 2^-n per resample
+                kept[empty] = rng.integers(0, 2, size=(empty.size, n), dtype=np.int8)
+                empty = empty[kept[empty].sum(axis=1) == 0]
+            w = torch.from_numpy(kept).to(torch.float64)
+            means.append((w @ x.T) / w.sum(dim=1, keepdim=True))  # [count, K]
+        sampled = torch.cat(means)  # [B, K]
+        full = x.mean(dim=1)  # [K]
+
+        def family(m: Tensor) -> tuple[Tensor, Tensor]:
+            delta = m[..., 1:] - m[..., :1]
+            drop = -delta if higher_is_better else delta
+            if drop.shape[-1] == 0:
+                return delta, torch.full(drop.shape[:-1], math.nan, dtype=torch.float64)
+            return delta, drop.amax(dim=-1)
+
+        delta, drop = family(full)
+        boot_delta, boot_drop = family(sampled)
+        stats = torch.cat([boot_delta, boot_drop.unsqueeze(-1)], dim=-1).numpy()
+        ends = torch.from_numpy(np.quantile(stats, [alpha / 2, 1 - alpha / 2], axis=0))
+        estimates.append(delta)
+        lows.append(ends[0, :-1])
+        highs.append(ends[1, :-1])
+        worst.append((drop, ends[0, -1], ends[1, -1]))
+    delta_table = IntervalTensors(*(torch.stack(v, dim=1) for v in (estimates, lows, highs)))
+    worst_table = IntervalTensors(*(torch.stack([w[k] for w in worst]) for k in range(3)))
+    return delta_table, worst_table

@@ -32,14 +32,20 @@ from torch import Tensor
 from continual_eval.results import schema
 from continual_eval.results._convert import cells, matrix, present, vector
 
-__all__ = ["IntervalResults", "ItemResults", "MatrixIntervals", "Transitions"]
+__all__ = ["HeldOutIntervals", "IntervalResults", "ItemResults", "MatrixIntervals", "Transitions"]
+
+
+#: ``(estimate, low, high)``, tensors of one shape (NaN: undefined)
+Triple = tuple[Tensor, Tensor, Tensor]
 
 
 @dataclass(frozen=True)
 class MatrixIntervals:
     """One matrix's intervals: ``low``/``high`` ``[s, T]`` per cell and ``baseline_low`` /
     ``baseline_high`` ``[T]`` (NaN: not evaluated) by ``cell_method``; ``metrics``: name ->
-    ``(estimate, low, high)`` by the paired bootstrap; ``num_items`` ``[T]``; ``unavailable``:
+    ``(estimate, low, high)`` by the paired bootstrap; ``per_task``: name -> ``(estimate, low,
+    high)`` ``[T-1]`` tensors each (``bwt``, ``forgetting``, ``fwt``: task ``j < s - 1``;
+    ``intransigence`` ``[s]``), by the same resamples; ``num_items`` ``[T]``; ``unavailable``:
     metric -> why it has no interval."""
 
     cell_method: str
@@ -50,6 +56,68 @@ class MatrixIntervals:
     metrics: Mapping[str, tuple[float, float, float]]
     num_items: tuple[int, ...]
     unavailable: Mapping[str, str] = field(default_factory=dict)
+    per_task: Mapping[str, Triple] = field(default_factory=dict)
+
+
+def _triple(section: schema.PerTaskIntervalSection) -> Triple:
+    return vector(section.estimate), vector(section.low), vector(section.high)
+
+
+def _triple_section(values: Triple) -> schema.PerTaskIntervalSection:
+    estimate, low, high = values
+    return schema.PerTaskIntervalSection(estimate=cells(estimate), low=cells(low), high=cells(high))
+
+
+def _rows_triple(section: schema.RowsIntervalSection, columns: int) -> Triple:
+    return tuple(matrix(v, columns) for v in (section.estimate, section.low, section.high))  # type: ignore[return-value]
+
+
+def _rows_section(values: Triple) -> schema.RowsIntervalSection:
+    estimate, low, high = values
+    return schema.RowsIntervalSection(estimate=cells(estimate), low=cells(low), high=cells(high))
+
+
+@dataclass(frozen=True)
+class HeldOutIntervals:
+    """One matrix's held-out intervals (sets ``h`` in columns, ``H`` of them): every score's
+    ``low``/``high`` ``[s, H]`` and the baseline's ``[H]`` by ``cell_method`` (Wilson / t, as the
+    task cells), and, by the paired bootstrap over each set's items (one resample of a set's
+    items used at the baseline and at every stage), ``delta`` ``s_h[i] - b_h`` ``[s, H]`` and
+    ``worst_drop`` ``[H]`` as ``(estimate, low, high)``; ``num_items`` ``[H]``."""
+
+    cell_method: str
+    low: Tensor
+    high: Tensor
+    baseline_low: Tensor
+    baseline_high: Tensor
+    delta: Triple
+    worst_drop: Triple
+    num_items: tuple[int, ...]
+
+    def to_section(self) -> schema.HeldOutIntervalsSection:
+        return schema.HeldOutIntervalsSection(
+            cell_method=self.cell_method,  # type: ignore[arg-type]
+            low=cells(self.low),
+            high=cells(self.high),
+            baseline_low=cells(self.baseline_low),
+            baseline_high=cells(self.baseline_high),
+            delta=_rows_section(self.delta),
+            worst_drop=_triple_section(self.worst_drop),
+            num_items=list(self.num_items),
+        )
+
+    @classmethod
+    def from_section(cls, section: schema.HeldOutIntervalsSection, H: int) -> HeldOutIntervals:
+        return cls(
+            cell_method=section.cell_method,
+            low=matrix(section.low, H),
+            high=matrix(section.high, H),
+            baseline_low=vector(section.baseline_low),
+            baseline_high=vector(section.baseline_high),
+            delta=_rows_triple(section.delta, H),
+            worst_drop=_triple(section.worst_drop),
+            num_items=tuple(section.num_items),
+        )
 
 
 @dataclass(frozen=True)
@@ -64,9 +132,16 @@ class IntervalResults:
     forgetting_convention: str
     fwt_convention: str
     matrices: Mapping[str, MatrixIntervals]
+    #: matrix -> the held-out sets' intervals (`HeldOutIntervals`; empty without held-out sets)
+    held_out: Mapping[str, HeldOutIntervals] = field(default_factory=dict)
+    #: the held-out sets, in the order of `HeldOutIntervals`' columns
+    held_out_names: tuple[str, ...] = ()
+    #: number (section or metric) -> why one run gives it no interval
+    unavailable: Mapping[str, str] = field(default_factory=dict)
 
     def to_section(self) -> schema.IntervalsSection:
         return schema.IntervalsSection(
+            held_out_names=list(self.held_out_names),
             method=self.method,
             confidence=self.confidence,
             resamples=self.resamples,
@@ -89,9 +164,12 @@ class IntervalResults:
                     },
                     num_items=list(m.num_items),
                     unavailable=dict(m.unavailable),
+                    per_task={key: _triple_section(v) for key, v in m.per_task.items()},
                 )
                 for name, m in self.matrices.items()
             },
+            held_out={name: h.to_section() for name, h in self.held_out.items()},
+            unavailable=dict(self.unavailable),
         )
 
     @classmethod
@@ -120,9 +198,16 @@ class IntervalResults:
                     },
                     num_items=tuple(m.num_items),
                     unavailable=dict(m.unavailable),
+                    per_task={key: _triple(v) for key, v in m.per_task.items()},
                 )
                 for name, m in section.matrices.items()
             },
+            held_out={
+                name: HeldOutIntervals.from_section(h, len(section.held_out_names))
+                for name, h in section.held_out.items()
+            },
+            held_out_names=tuple(section.held_out_names),
+            unavailable=dict(section.unavailable),
         )
 
 

@@ -409,6 +409,38 @@ class MetricIntervalSection(Struct, kw_only=True):
     high: Cell
 
 
+class PerTaskIntervalSection(Struct, kw_only=True):
+    """Estimates and interval ends of a vector ``[n]`` (per task, per held-out set), one length
+    for the three (``null``: undefined)."""
+
+    estimate: Cells
+    low: Cells
+    high: Cells
+
+
+class RowsIntervalSection(Struct, kw_only=True):
+    """Estimates and interval ends of rows ``[s, H]`` (a held-out delta per stage and set)."""
+
+    estimate: Rows
+    low: Rows
+    high: Rows
+
+
+class HeldOutIntervalsSection(Struct, kw_only=True):
+    """One matrix's held-out intervals (`HeldOutIntervals`): each score's ``low``/``high``
+    ``[s, H]`` and the baseline's ``[H]`` by ``cell_method``; ``delta`` ``[s, H]`` and
+    ``worst_drop`` ``[H]`` by the paired bootstrap over each set's items; ``num_items`` ``[H]``."""
+
+    cell_method: Literal["wilson", "t"]
+    low: Rows
+    high: Rows
+    baseline_low: Cells
+    baseline_high: Cells
+    delta: RowsIntervalSection
+    worst_drop: PerTaskIntervalSection
+    num_items: list[Count]
+
+
 class MatrixIntervalsSection(Struct, kw_only=True):
     """One matrix's intervals from its per-item records: every cell's ``low``/``high``
     ``[s, T]`` and the baseline's ``[T]`` (``null``: not evaluated) by ``cell_method``
@@ -425,6 +457,9 @@ class MatrixIntervalsSection(Struct, kw_only=True):
     metrics: dict[Name, MetricIntervalSection]
     num_items: list[Count]
     unavailable: dict[Name, Text] = msgspec.field(default_factory=dict)
+    #: the per-task values' intervals by the same resamples (``bwt``, ``forgetting``, ``fwt``
+    #: ``[max(s - 1, 0)]``, ``intransigence`` ``[s]``)
+    per_task: dict[Name, PerTaskIntervalSection] = msgspec.field(default_factory=dict)
 
 
 class IntervalsSection(Struct, kw_only=True):
@@ -441,6 +476,11 @@ class IntervalsSection(Struct, kw_only=True):
     forgetting_convention: Name
     fwt_convention: Name
     matrices: dict[Name, MatrixIntervalsSection]
+    #: the held-out sets (the columns of ``held_out``), as in the ``held_out`` section
+    held_out_names: list[Name] = msgspec.field(default_factory=list)
+    held_out: dict[Name, HeldOutIntervalsSection] = msgspec.field(default_factory=dict)
+    #: number -> why one run gives it no interval (``stability``, ``plasticity``, ...)
+    unavailable: dict[Name, Text] = msgspec.field(default_factory=dict)
 
 
 class TransitionsSection(Struct, kw_only=True):
@@ -818,7 +858,7 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
         H = 0 if document.held_out is None else len(document.held_out.names)
         _check_predictions(check, document.predictions, document.matrices, T + H, s)
     if document.intervals is not None:
-        _check_intervals(check, document.intervals, document.matrices, T, s)
+        _check_intervals(check, document.intervals, document.matrices, T, s, document.held_out)
     if document.items is not None:
         _check_items(check, document.items, document.matrices, T, s)
     if document.coverage is not None:
@@ -1060,6 +1100,7 @@ def _check_intervals(
     matrices: Mapping[str, MatrixSection],
     T: int,
     s: int,
+    held_out: HeldOutSection | None = None,
 ) -> None:
     """Entries of the document's matrices, ``[s, T]`` cells and ``[T]`` baselines within the
     matrix's bounds, ``low <= high`` where both are given, ``T`` item counts."""
@@ -1094,6 +1135,66 @@ def _check_intervals(
                 interval.high,
                 "high",
             )
+        for key, values in m.per_task.items():
+            where = key_path(f"{field}.per_task", key)
+            n = _PER_TASK_LENGTHS.get(key)
+            if n is None:
+                check.fail(where, f"expected one of {sorted(_PER_TASK_LENGTHS)}")
+            for part in ("estimate", "low", "high"):
+                check.length(getattr(values, part), f"{where}.{part}", n(s))
+            _check_ordered(check, f"{where}.low", values.low, values.high, "high")
+    _check_held_out_intervals(check, section, matrices, held_out, s)
+
+
+#: per-task interval name -> its length after ``s`` stages
+_PER_TASK_LENGTHS = {
+    "bwt": lambda s: max(s - 1, 0),
+    "forgetting": lambda s: max(s - 1, 0),
+    "fwt": lambda s: max(s - 1, 0),
+    "intransigence": lambda s: s,
+}
+
+
+def _check_held_out_intervals(
+    check: _Check,
+    section: IntervalsSection,
+    matrices: Mapping[str, MatrixSection],
+    held_out: HeldOutSection | None,
+    s: int,
+) -> None:
+    """``held_out_names`` those of the ``held_out`` section, entries of its matrices, scores
+    ``[s, H]`` and baselines ``[H]`` within the matrix's bounds, ``low <= high``."""
+    names = [] if held_out is None else list(held_out.names)
+    if section.held_out and list(section.held_out_names) != names:
+        check.fail(
+            "intervals.held_out_names",
+            f"expected the held_out section's names {names}, found {section.held_out_names}",
+        )
+    H = len(names)
+    known = {} if held_out is None else held_out.matrices
+    for name, h in section.held_out.items():
+        field = key_path("intervals.held_out", name)
+        if name not in known:
+            check.fail(field, "names no matrix of the held_out section")
+        bounds = matrices[name].bounds if name in matrices else None
+        check.length(h.num_items, f"{field}.num_items", H)
+        for key, rows in (("low", True), ("high", True), ("baseline_low", False)):
+            value = getattr(h, key)
+            if rows:
+                check.rows(value, f"{field}.{key}", s, H)
+            else:
+                check.length(value, f"{field}.{key}", H)
+            check.within(value, f"{field}.{key}", bounds, "the matrix's bounds")
+        check.length(h.baseline_high, f"{field}.baseline_high", H)
+        check.within(h.baseline_high, f"{field}.baseline_high", bounds, "the matrix's bounds")
+        _check_ordered(check, f"{field}.low", h.low, h.high, "high")
+        _check_ordered(check, f"{field}.baseline_low", h.baseline_low, h.baseline_high, "high")
+        for part in ("estimate", "low", "high"):
+            check.rows(getattr(h.delta, part), f"{field}.delta.{part}", s, H)
+            check.length(getattr(h.worst_drop, part), f"{field}.worst_drop.{part}", H)
+        _check_ordered(check, f"{field}.delta.low", h.delta.low, h.delta.high, "high")
+        worst = h.worst_drop
+        _check_ordered(check, f"{field}.worst_drop.low", worst.low, worst.high, "high")
 
 
 def _check_ordered(check: _Check, field: str, low: Any, high: Any, high_key: str) -> None:
