@@ -45,6 +45,7 @@ from continual_eval.functional.intervals import (
 )
 from continual_eval.functional.items import item_transitions
 from continual_eval.results.intervals import (
+    ClassIncrementalIntervals,
     HeldOutIntervals,
     IntervalResults,
     ItemResults,
@@ -280,7 +281,9 @@ class ItemRecord:
         return line
 
     # ------------------------------------------------------------------ recording
-    def _checked(self, scored: Scored, what: str, tasks: Sequence[int]) -> dict[str, dict[int, Tensor]]:
+    def _checked(
+        self, scored: Scored, what: str, tasks: Sequence[int]
+    ) -> dict[str, dict[int, Tensor]]:
         """Each recorded matrix's items of ``tasks`` and of the held-out sets (ids ``T + h``),
         checked against the test-set sizes."""
         out: dict[str, dict[int, Tensor]] = {}
@@ -417,7 +420,9 @@ class ItemRecord:
         self.held_out_sizes = [int(n) for n in state.get("held_out_sizes", [])]
         every = None if sizes is None else [*sizes, *self.held_out_sizes]
 
-        def restored(evaluation: Mapping[str, Mapping[int, Tensor]]) -> dict[str, dict[int, Stored]]:
+        def restored(
+            evaluation: Mapping[str, Mapping[int, Tensor]],
+        ) -> dict[str, dict[int, Stored]]:
             assert every is not None or not evaluation
             return {
                 name: {
@@ -743,10 +748,23 @@ class ItemRecord:
     def add_to(self, results: ContinualResults) -> ContinualResults:
         """``results`` with the ``intervals`` and ``items`` sections of its stages."""
         intervals, items = self.results(results.primary.num_stages)
+        intervals = self._with_class_il(intervals, results)
         return dataclasses.replace(results, intervals=intervals, items=items)
 
     def light_add_to(self, results: ContinualResults) -> ContinualResults:
         """`add_to` without the metrics' paired bootstrap (the per-stage results of a run in
         progress: cell intervals and transitions only)."""
         intervals, items = self.results(results.primary.num_stages, light=True)
+        intervals = self._with_class_il(intervals, results)
         return dataclasses.replace(results, intervals=intervals, items=items)
+
+    def _with_class_il(
+        self, intervals: IntervalResults | None, results: ContinualResults
+    ) -> IntervalResults | None:
+        """``intervals`` with the Wilson intervals of the class-incremental proportions (from
+        the ``class_incremental`` section's confusion counts) when the results have one."""
+        section = results.class_incremental
+        if intervals is None or section is None:
+            return intervals
+        class_il = ClassIncrementalIntervals.compute(section, self.settings.confidence)
+        return dataclasses.replace(intervals, class_incremental=class_il)

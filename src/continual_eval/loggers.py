@@ -255,6 +255,7 @@ def stage_scalars(
     scalars |= _reference_scalars(results, stage, prefix)
     scalars |= _cost_scalars(results, stage, prefix)
     scalars |= class_incremental_scalars(results, stage, prefix)
+    scalars |= _class_il_interval_scalars(results, stage, prefix)
     scalars |= held_out_scalars(results, stage, prefix)
     scalars[f"{prefix}stage"] = float(stage)
     return scalars
@@ -276,6 +277,27 @@ def held_out_scalars(results: ContinualResults, stage: int, prefix: str) -> dict
             if deltas is not None and _finite(deltas[k]):
                 scalars[f"{prefix}held_out/{h}/{name}/delta"] = deltas[k]
     return scalars | _held_out_interval_scalars(results, stage, prefix)
+
+
+def _class_il_interval_scalars(
+    results: ContinualResults, stage: int, prefix: str
+) -> dict[str, float]:
+    """``{prefix}class_il/seen_acc_sample|old_acc|new_acc/lo|hi`` of ``stage`` (Wilson, from
+    the confusion counts) where the ``intervals`` section holds them."""
+    held = None if results.intervals is None else results.intervals.class_incremental
+    if held is None or not 0 <= stage < held.seen_accuracy[0].shape[0]:
+        return {}
+    out: dict[str, float] = {}
+    for key, (_, low, high) in (
+        ("seen_acc_sample", held.seen_accuracy),
+        ("old_acc", held.old_accuracy),
+        ("new_acc", held.new_accuracy),
+    ):
+        out |= {
+            f"{prefix}class_il/{key}/lo": float(low[stage]),
+            f"{prefix}class_il/{key}/hi": float(high[stage]),
+        }
+    return {key: value for key, value in out.items() if _finite(value)}
 
 
 def _held_out_interval_scalars(

@@ -1,5 +1,7 @@
 """Standalone DDP run for the LM tests: token scorers on shards of other padding per rank, and
-synced decoding with per-rank stop lengths, on 2 CPU processes (gloo).
+synced decoding with per-rank stop lengths, and the generation scorers' per-item records
+(gathered by each prompt's position in its test set: odd shards, an unsharded task), on 2 CPU
+processes (gloo).
 
 Usage: python lm_ddp_script.py OUT_DIR. Lightning re-launches this script for rank 1. At
 ``on_fit_start`` a callback evaluates seeded models on its rank's shards (unpadded,
@@ -151,9 +153,11 @@ class Probe(pl.Callback):
                 rank=rank,
                 world_size=world,
                 unsharded={2},
+                item_scorers=[0, 1],
             )
             forwards.append(counting.calls - before)
             saved[f"counting_scores_{task}"] = result.scores_by_scorer
+            saved[f"counting_items_{task}"] = result.items_by_scorer
         saved["counting_forwards"] = forwards
         saved["counting_batches"] = [len(dl) for dl in gen[:2]]
 
@@ -168,8 +172,10 @@ class Probe(pl.Callback):
                 all_reduce=reduce,
                 rank=rank,
                 world_size=world,
+                item_scorers=[0, 1],
             )
             saved["gpt2_scores"] = result.scores_by_scorer
+            saved["gpt2_items"] = result.items_by_scorer
             saved["gpt2_forwards"] = calls[0]
         torch.save(saved, self.out / f"rank{rank}.pt")
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from lm_ddp_script import (
     EOS,
+    GENERATION_SIZES,
     generation_loaders,
     generation_scorers,
     gpt2,
@@ -347,15 +348,32 @@ def test_ddp_synced_decoding_with_per_rank_stop_lengths_equals_one_process(tmp_p
     assert ranks[0]["counting_forwards"] == ranks[1]["counting_forwards"]
     loaders = generation_loaders()
     for task in range(3):
-        alone = evaluate_tasks(CountingLM(), loaders, [task], scorers=generation_scorers())
+        alone = evaluate_tasks(
+            CountingLM(), loaders, [task], scorers=generation_scorers(), item_scorers=[0, 1]
+        )
         for r in ranks:
             assert r[f"counting_scores_{task}"] == tuple(alone.scores_by_scorer)
+            # per-item records (exact match bits, edit similarity floats) in test-set order,
+            # gathered across the odd shards (task 2: unsharded, rank 0 alone) as one process
+            for got, want in zip(r[f"counting_items_{task}"], alone.items_by_scorer, strict=True):
+                assert [t.dtype for t in got] == [t.dtype for t in want]
+                assert [t.tolist() for t in got] == [t.tolist() for t in want]
+        em = alone.items_by_scorer[0][0]
+        assert len(em) == GENERATION_SIZES[task] and float(em.double().mean()) == pytest.approx(
+            float(alone.scores_by_scorer[0][0])
+        )
     if "gpt2_scores" in ranks[0]:  # Hugging Face generate with synced_gpus
         assert ranks[0]["gpt2_forwards"] == ranks[1]["gpt2_forwards"]
-        alone = evaluate_tasks(gpt2(), loaders[:2], range(2), scorers=generation_scorers())
+        alone = evaluate_tasks(
+            gpt2(), loaders[:2], range(2), scorers=generation_scorers(), item_scorers=[0, 1]
+        )
         for r in ranks:
             for got, want in zip(r["gpt2_scores"], alone.scores_by_scorer, strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+            for got, want in zip(r["gpt2_items"], alone.items_by_scorer, strict=True):
+                for g, w in zip(got, want, strict=True):
+                    assert g.dtype == w.dtype
+                    torch.testing.assert_close(g, w, rtol=1e-12, atol=0)
 
 
 def test_single_process_decoding_stops_when_every_sequence_is_done():

@@ -23,16 +23,26 @@ variation between training runs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from continual_eval.functional.intervals import wilson_interval
 from continual_eval.results import schema
 from continual_eval.results._convert import cells, matrix, present, vector
 
-__all__ = ["HeldOutIntervals", "IntervalResults", "ItemResults", "MatrixIntervals", "Transitions"]
+__all__ = [
+    "ClassIncrementalIntervals",
+    "HeldOutIntervals",
+    "IntervalResults",
+    "ItemResults",
+    "MatrixIntervals",
+    "Transitions",
+]
 
 
 #: ``(estimate, low, high)``, tensors of one shape (NaN: undefined)
@@ -120,6 +130,119 @@ class HeldOutIntervals:
         )
 
 
+#: the class-incremental numbers without a one-run interval, and why
+CLASS_IL_UNAVAILABLE = {
+    "seen_accuracy_task": (
+        "a mean of task accuracies (acc_task_agnostic), whose scorer keeps no per-item values: "
+        "not built"
+    ),
+    "old_accuracy_task": "as seen_accuracy_task",
+    "average_incremental_accuracy": (
+        "a mean over stages of accuracies on the same test items (correlated): needs per-item "
+        "task-agnostic correctness, which the task-agnostic scorer does not keep"
+    ),
+    "mean_class_accuracy": "a mean of per-class proportions: not built",
+    "amca": "as average_incremental_accuracy",
+    "class_forgetting": (
+        "a difference of per-class accuracies on the same items across stages: pairing needs "
+        "per-item task-agnostic correctness, which the task-agnostic scorer does not keep"
+    ),
+    "recency_bias": "a share of predictions, not a mean of per-item scores: not built",
+}
+
+
+@dataclass(frozen=True)
+class ClassIncrementalIntervals:
+    """Wilson intervals of the class-incremental proportions, from the confusion counts of
+    [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults] (each a mean of
+    per-item 0/1: the task-agnostic prediction equals the label): ``per_class_accuracy``
+    ``[s, C]`` (``conf[i, c, c]`` of ``n_c``), and per stage ``i`` the sample-weighted
+    ``seen_accuracy`` (classes of tasks ``<= i``), ``old_accuracy`` (tasks ``< i``) and
+    ``new_accuracy`` (task ``i``), each ``(estimate, low, high)`` (NaN: undefined);
+    ``unavailable``: number -> why it has no interval."""
+
+    per_class_accuracy: Triple
+    seen_accuracy: Triple
+    old_accuracy: Triple
+    new_accuracy: Triple
+    method: str = "wilson"
+    unavailable: Mapping[str, str] = field(default_factory=lambda: dict(CLASS_IL_UNAVAILABLE))
+
+    @classmethod
+    def compute(cls, results: Any, confidence: float) -> ClassIncrementalIntervals:
+        """From ``results`` (a `ClassIncrementalResults`): its ``confusion``, ``test_samples``
+        and ``task_classes``."""
+        confusion = results.confusion.coalesce()
+        s, C = int(confusion.shape[0]), int(confusion.shape[-1])
+        index, count = confusion.indices(), confusion.values().to(torch.float64)
+        diagonal = index[1] == index[2]
+        correct = torch.zeros(s, C, dtype=torch.float64)
+        correct.index_put_(
+            (index[0][diagonal], index[1][diagonal]), count[diagonal], accumulate=True
+        )
+        n = results.test_samples.to(torch.float64)
+        class_task = torch.full((C,), -1, dtype=torch.int64)
+        for t, classes in enumerate(results.task_classes):
+            class_task[list(classes)] = t
+        stage = torch.arange(s).unsqueeze(1)
+        known = (class_task >= 0).unsqueeze(0)
+        pools = {
+            "seen": known & (class_task.unsqueeze(0) <= stage),
+            "old": known & (class_task.unsqueeze(0) < stage),
+            "new": class_task.unsqueeze(0) == stage,
+        }  # [s, C] each
+
+        def wilson(hits: Tensor, total: Tensor) -> Triple:
+            low, high = wilson_interval(hits, total, confidence=confidence)
+            return hits / total, low, high
+
+        seen = pools["seen"] & (n > 0)
+        estimate, low, high = wilson(correct, n.expand(s, C))
+        nan = torch.tensor(math.nan, dtype=torch.float64)
+        per_class = (
+            torch.where(seen, estimate, nan),
+            torch.where(seen, low, nan),
+            torch.where(seen, high, nan),
+        )
+
+        def pooled(mask: Tensor) -> Triple:
+            m = mask.to(torch.float64)
+            return wilson((correct * m).sum(1), (n * m).sum(1))
+
+        return cls(
+            per_class_accuracy=per_class,
+            seen_accuracy=pooled(pools["seen"]),
+            old_accuracy=pooled(pools["old"]),
+            new_accuracy=pooled(pools["new"]),
+        )
+
+    def to_section(self) -> schema.ClassIncrementalIntervalsSection:
+        return schema.ClassIncrementalIntervalsSection(
+            method=self.method,  # type: ignore[arg-type]
+            per_class_accuracy=_rows_section(self.per_class_accuracy),
+            seen_accuracy=_triple_section(self.seen_accuracy),
+            old_accuracy=_triple_section(self.old_accuracy),
+            new_accuracy=_triple_section(self.new_accuracy),
+            unavailable=dict(self.unavailable),
+        )
+
+    @classmethod
+    def from_section(
+        cls, section: schema.ClassIncrementalIntervalsSection
+    ) -> ClassIncrementalIntervals:
+        rows = section.per_class_accuracy.estimate
+        return cls(
+            per_class_accuracy=_rows_triple(
+                section.per_class_accuracy, len(rows[0]) if rows else 0
+            ),
+            seen_accuracy=_triple(section.seen_accuracy),
+            old_accuracy=_triple(section.old_accuracy),
+            new_accuracy=_triple(section.new_accuracy),
+            method=section.method,
+            unavailable=dict(section.unavailable),
+        )
+
+
 @dataclass(frozen=True)
 class IntervalResults:
     """The ``intervals`` section (module notes)."""
@@ -138,6 +261,8 @@ class IntervalResults:
     held_out_names: tuple[str, ...] = ()
     #: number (section or metric) -> why one run gives it no interval
     unavailable: Mapping[str, str] = field(default_factory=dict)
+    #: Wilson intervals of the class-incremental proportions (with ``task_classes``)
+    class_incremental: ClassIncrementalIntervals | None = None
 
     def to_section(self) -> schema.IntervalsSection:
         return schema.IntervalsSection(
@@ -170,6 +295,9 @@ class IntervalResults:
             },
             held_out={name: h.to_section() for name, h in self.held_out.items()},
             unavailable=dict(self.unavailable),
+            class_incremental=None
+            if self.class_incremental is None
+            else self.class_incremental.to_section(),
         )
 
     @classmethod
@@ -208,6 +336,9 @@ class IntervalResults:
             },
             held_out_names=tuple(section.held_out_names),
             unavailable=dict(section.unavailable),
+            class_incremental=None
+            if section.class_incremental is None
+            else ClassIncrementalIntervals.from_section(section.class_incremental),
         )
 
 

@@ -441,6 +441,19 @@ class HeldOutIntervalsSection(Struct, kw_only=True):
     num_items: list[Count]
 
 
+class ClassIncrementalIntervalsSection(Struct, kw_only=True):
+    """Wilson intervals of the class-incremental proportions (`ClassIncrementalIntervals`):
+    ``per_class_accuracy`` ``[s, C]``, the sample-weighted ``seen_accuracy``, ``old_accuracy``
+    and ``new_accuracy`` ``[s]``; ``unavailable``: number -> why it has no interval."""
+
+    method: Literal["wilson"]
+    per_class_accuracy: RowsIntervalSection
+    seen_accuracy: PerTaskIntervalSection
+    old_accuracy: PerTaskIntervalSection
+    new_accuracy: PerTaskIntervalSection
+    unavailable: dict[Name, Text] = msgspec.field(default_factory=dict)
+
+
 class MatrixIntervalsSection(Struct, kw_only=True):
     """One matrix's intervals from its per-item records: every cell's ``low``/``high``
     ``[s, T]`` and the baseline's ``[T]`` (``null``: not evaluated) by ``cell_method``
@@ -481,6 +494,7 @@ class IntervalsSection(Struct, kw_only=True):
     held_out: dict[Name, HeldOutIntervalsSection] = msgspec.field(default_factory=dict)
     #: number -> why one run gives it no interval (``stability``, ``plasticity``, ...)
     unavailable: dict[Name, Text] = msgspec.field(default_factory=dict)
+    class_incremental: ClassIncrementalIntervalsSection | None = None
 
 
 class TransitionsSection(Struct, kw_only=True):
@@ -858,7 +872,15 @@ def check_document(document: Document, source: str | os.PathLike[str]) -> Docume
         H = 0 if document.held_out is None else len(document.held_out.names)
         _check_predictions(check, document.predictions, document.matrices, T + H, s)
     if document.intervals is not None:
-        _check_intervals(check, document.intervals, document.matrices, T, s, document.held_out)
+        _check_intervals(
+            check,
+            document.intervals,
+            document.matrices,
+            T,
+            s,
+            document.held_out,
+            document.class_incremental,
+        )
     if document.items is not None:
         _check_items(check, document.items, document.matrices, T, s)
     if document.coverage is not None:
@@ -1101,6 +1123,7 @@ def _check_intervals(
     T: int,
     s: int,
     held_out: HeldOutSection | None = None,
+    class_incremental: ClassIncrementalSection | None = None,
 ) -> None:
     """Entries of the document's matrices, ``[s, T]`` cells and ``[T]`` baselines within the
     matrix's bounds, ``low <= high`` where both are given, ``T`` item counts."""
@@ -1144,6 +1167,34 @@ def _check_intervals(
                 check.length(getattr(values, part), f"{where}.{part}", n(s))
             _check_ordered(check, f"{where}.low", values.low, values.high, "high")
     _check_held_out_intervals(check, section, matrices, held_out, s)
+    _check_class_il_intervals(check, section.class_incremental, class_incremental, s)
+
+
+def _check_class_il_intervals(
+    check: _Check,
+    section: ClassIncrementalIntervalsSection | None,
+    class_incremental: ClassIncrementalSection | None,
+    s: int,
+) -> None:
+    """Present only with a ``class_incremental`` section; ``[s, C]`` / ``[s]`` within
+    ``[0, 1]``, ``low <= high``."""
+    if section is None:
+        return
+    field = "intervals.class_incremental"
+    if class_incremental is None:
+        check.fail(field, "is given without a class_incremental section")
+    C = class_incremental.num_classes
+    for key in ("per_class_accuracy", "seen_accuracy", "old_accuracy", "new_accuracy"):
+        part = getattr(section, key)
+        for end in ("estimate", "low", "high"):
+            where = f"{field}.{key}.{end}"
+            value = getattr(part, end)
+            if key == "per_class_accuracy":
+                check.rows(value, where, s, C)
+            else:
+                check.length(value, where, s)
+            check.within(value, where, [0.0, 1.0], "[0, 1]")
+        _check_ordered(check, f"{field}.{key}.low", part.low, part.high, "high")
 
 
 #: per-task interval name -> its length after ``s`` stages

@@ -1,0 +1,128 @@
+"""Class-incremental intervals (``task_classes`` + ``item_records``): the Wilson intervals of
+the per-class, seen, old and new accuracies in results.json equal those of a plain loop's
+correct/total counts over the hand-made logit tables of ``test_class_incremental``; the
+estimates are the class_incremental section's values; the numbers without an interval are
+named with a reason; round trip, logs and the load check naming the field."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from test_class_incremental import (
+    LABELS,
+    TABLES,
+    TASK_CLASSES,
+    TASK_OF_SAMPLE,
+    TableModel,
+    first_max,
+    task_loaders,
+    trainer_kwargs,
+)
+
+from continual_eval import ContinualEvalCallback, fit_tasks
+from continual_eval.functional import wilson_interval
+from continual_eval.results import ContinualResults, InvalidResultsError
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("class_il_intervals")
+    cb = ContinualEvalCallback(
+        task_loaders(),
+        task_classes=TASK_CLASSES,
+        dirpath=root / "out",
+        verbose=False,
+        log_images=False,
+        item_records={"resamples": 200},
+    )
+    logger = CSVLogger(root, name="csv")
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(root, logger=logger))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit_tasks(trainer, TableModel(), task_loaders())
+    return cb, root, logger
+
+
+def plain_counts():
+    """Per stage: (correct, total) per class, over the seen tasks' samples, predictions among
+    the seen classes (a loop over samples)."""
+    out = []
+    for stage in range(2):
+        allowed = [c for k in range(stage + 1) for c in TASK_CLASSES[k]]
+        correct, total = [0] * 4, [0] * 4
+        for index, (label, task) in enumerate(zip(LABELS, TASK_OF_SAMPLE, strict=True)):
+            if task > stage:
+                continue
+            total[label] += 1
+            correct[label] += first_max(TABLES[stage + 1][index].tolist(), allowed) == label
+        out.append((correct, total))
+    return out
+
+
+def test_class_il_intervals_equal_wilson_of_plain_counts(run):
+    _, root, _ = run
+    document = json.loads((root / "out" / "results.json").read_text())
+    got = document["intervals"]["class_incremental"]
+    assert got["method"] == "wilson"
+    counts = plain_counts()
+    for stage, (correct, total) in enumerate(counts):
+        seen = [c for k in range(stage + 1) for c in TASK_CLASSES[k]]
+        for c in range(4):
+            row = got["per_class_accuracy"]
+            if c not in seen:
+                assert row["low"][stage][c] is None
+                continue
+            low, high = wilson_interval(torch.tensor(correct[c]), torch.tensor(total[c]))
+            assert row["low"][stage][c] == pytest.approx(low.item(), abs=1e-12)
+            assert row["high"][stage][c] == pytest.approx(high.item(), abs=1e-12)
+        pools = {
+            "seen_accuracy": seen,
+            "old_accuracy": [c for k in range(stage) for c in TASK_CLASSES[k]],
+            "new_accuracy": TASK_CLASSES[stage],
+        }
+        for key, classes in pools.items():
+            hits, n = sum(correct[c] for c in classes), sum(total[c] for c in classes)
+            if n == 0:
+                assert got[key]["low"][stage] is None, key
+                continue
+            low, high = wilson_interval(torch.tensor(hits), torch.tensor(n))
+            assert got[key]["estimate"][stage] == pytest.approx(hits / n, abs=1e-12), key
+            assert got[key]["low"][stage] == pytest.approx(low.item(), abs=1e-12), key
+            assert got[key]["high"][stage] == pytest.approx(high.item(), abs=1e-12), key
+    # the estimates are the class_incremental section's (sample-weighted) values
+    section = document["class_incremental"]
+    assert got["seen_accuracy"]["estimate"] == pytest.approx(section["seen_accuracy"]["sample"])
+    assert got["new_accuracy"]["estimate"] == pytest.approx(section["new_accuracy"])
+    assert {"class_forgetting", "amca", "mean_class_accuracy"} <= set(got["unavailable"])
+
+
+def test_round_trip_logs_and_load_check(run, tmp_path):
+    cb, root, logger = run
+    loaded = ContinualResults.load(root / "out")
+    assert loaded.intervals is not None and loaded.intervals.class_incremental is not None
+    assert loaded.to_dict()["intervals"] == cb.results()["intervals"]
+    got = cb.results()["intervals"]["class_incremental"]
+    with open(f"{logger.log_dir}/metrics.csv") as file:
+        rows = list(csv.DictReader(file))
+    last = [r for r in rows if r.get("continual/class_il/seen_acc_sample/lo")][-1]
+    assert float(last["continual/class_il/seen_acc_sample/lo"]) == pytest.approx(
+        got["seen_accuracy"]["low"][1]
+    )
+    assert float(last["continual/class_il/old_acc/hi"]) == pytest.approx(
+        got["old_accuracy"]["high"][1]
+    )
+    bad = copy.deepcopy(json.loads((root / "out" / "results.json").read_text()))
+    bad["intervals"]["class_incremental"]["seen_accuracy"]["low"][1] = 1.5
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(
+        InvalidResultsError, match=r"intervals\.class_incremental\.seen_accuracy\.low"
+    ):
+        ContinualResults.load(path)
