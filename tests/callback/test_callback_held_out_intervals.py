@@ -201,3 +201,27 @@ def test_round_trip_logs_and_load_check(run, tmp_path):
     path.write_text(json.dumps(bad))
     with pytest.raises(InvalidResultsError, match=r"intervals\.matrices\.acc\.per_task\.bwt\.high"):
         ContinualResults.load(path)
+
+
+def test_journal_replay_and_state_round_trip_keep_the_held_out_items(run):
+    """The stage journal's lines and the checkpoint state carry the held-out items: a replay and
+    a restored record give the same intervals as the live run."""
+    from continual_eval._stage_journal import replay
+    from continual_eval.results.files import JOURNAL_FILE
+
+    cb, _, _, _, root, _ = run
+    live = cb.record.sections["items"]
+    replayed = replay(root / "out" / JOURNAL_FILE)
+    section = replayed.sections["items"]
+    assert section.held_out == list(SETS) and section.held_out_sizes == [37, 9]
+    for stage in (None, 0, 1, 2):
+        for name in ("acc", "loss"):
+            for j in (3, 4):
+                want = live.values(name, stage)[j]
+                assert torch.equal(section.values(name, stage)[j], want), (name, stage, j)
+    assert replayed.continual_results().to_dict()["intervals"] == cb.results()["intervals"]
+    restored = copy.deepcopy(live)
+    restored.load_state_dict(copy.deepcopy(live.state_dict()))
+    assert restored.held_out_sizes == [37, 9]
+    for j in (3, 4):
+        assert torch.equal(restored.values("acc", 2)[j], live.values("acc", 2)[j])
