@@ -4,7 +4,8 @@ Usage: python items_ddp_script.py OUT_DIR. Test sets of 37, 29 and 41 items (odd
 1-item task (rank 1 holds no sample of it), an iterable test set (not shardable: rank 0
 scores it alone) and one read through a shuffling, padding DistributedSampler. Rank 0 saves the
 weights at the baseline and after every stage and the tasks; every rank saves the items it
-recorded and its intervals.
+recorded and its intervals. A held-out set of 23 items (odd shards, ids ``T + h``) is recorded
+beside the tasks.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ def main(out: Path) -> None:
     test_set = TensorDataset(*tasks[1][1])
     padded = DistributedSampler(test_set, num_replicas=2, rank=0, shuffle=True, seed=3)
     loaders[1] = DataLoader(test_set, batch_size=8, sampler=padded)
+    ((_, general),) = make_tasks(1, seed=7, test_sizes=(23,))
     cb = ContinualEvalCallback(
         loaders,
+        held_out_dataloaders={"general": DataLoader(TensorDataset(*general), batch_size=5)},
         scorers={"acc": "accuracy", "loss": "cross_entropy"},
         dirpath=out / "acc",
         verbose=False,
@@ -84,6 +87,11 @@ def main(out: Path) -> None:
         name: [[record.values(name, stage)[j] for j in range(4)] for stage in (None, 0, 1, 2)]
         for name in ("acc", "loss")
     }
+    saved["held_out"] = {
+        name: [record.values(name, stage)[4] for stage in (None, 0, 1, 2)]
+        for name in ("acc", "loss")
+    }
+    saved["held_out_intervals"] = cb.results()["intervals"]["held_out"]
     intervals = cb.results()["intervals"]["matrices"]
     saved["intervals"] = {
         name: {k: [v["estimate"], v["low"], v["high"]] for k, v in m["metrics"].items()}
@@ -92,6 +100,7 @@ def main(out: Path) -> None:
     torch.save(saved, out / f"rank{trainer.global_rank}.pt")
     if trainer.is_global_zero:
         torch.save(tasks, out / "tasks.pt")
+        torch.save(general, out / "held_out.pt")
 
 
 if __name__ == "__main__":

@@ -330,6 +330,14 @@ def test_ddp_items_equal_a_plain_loop(tmp_path):
         assert (
             saved["intervals"] == torch.load(tmp_path / "rank0.pt", weights_only=True)["intervals"]
         )
+        # the held-out set's items (ids T + h, odd shards) equal a plain loop's on every rank
+        general = torch.load(tmp_path / "held_out.pt", weights_only=True)
+        for row, w in enumerate(weights):
+            right, losses = plain_items(w, [(None, general)])
+            assert torch.equal(saved["held_out"]["acc"][row], right[0]), (rank, row)
+            torch.testing.assert_close(saved["held_out"]["loss"][row], losses[0], rtol=0, atol=1e-5)
+        rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+        assert saved["held_out_intervals"] == rank0["held_out_intervals"]
     assert math.isfinite(saved["intervals"]["acc"]["bwt"][1])
 
 
