@@ -641,9 +641,12 @@ class ItemRecord:
         per_task = {key: tuple(v) for key, v in result.per_task.items()}
         return out, per_task  # type: ignore[return-value]
 
-    def _held_out_intervals(self, name: str, s: int) -> HeldOutIntervals | None:
+    def _held_out_intervals(
+        self, name: str, s: int, light: bool = False
+    ) -> HeldOutIntervals | None:
         """Held-out set cells (Wilson / t) and ``delta`` / ``worst_drop`` by the paired
-        bootstrap over each set's items; ``None`` without held-out items."""
+        bootstrap over each set's items (``light``: their estimates only, NaN ends, as the
+        metrics of a run in progress); ``None`` without held-out items."""
         T, H = self.num_tasks, len(self.held_out_sizes)
         if not H:
             return None
@@ -664,9 +667,16 @@ class ItemRecord:
             rows,
             higher_is_better=self.specs[name].higher_is_better,
             confidence=confidence,
-            resamples=self.settings.resamples,
+            resamples=1 if light else self.settings.resamples,
             seed=self.settings.seed,
         )
+        if light:
+            delta, worst = (
+                type(t)(
+                    t.estimate, torch.full_like(t.low, math.nan), torch.full_like(t.high, math.nan)
+                )
+                for t in (delta, worst)
+            )
         return HeldOutIntervals(
             cell_method="wilson" if binary else "t",
             low=low[1:],
@@ -704,7 +714,7 @@ class ItemRecord:
             for name in self.binary:
                 method, low, high = self._cells(name, s)
                 metrics, per_task = ({}, {}) if light else self._bootstrap(name, s)
-                held = None if light else self._held_out_intervals(name, s)
+                held = self._held_out_intervals(name, s, light)
                 if held is not None:
                     held_out[name] = held
                 matrices[name] = MatrixIntervals(

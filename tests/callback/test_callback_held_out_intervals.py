@@ -183,6 +183,10 @@ def test_round_trip_logs_and_load_check(run, tmp_path):
     with open(f"{logger.log_dir}/metrics.csv") as file:
         rows = list(csv.DictReader(file))
     last = [r for r in rows if r.get("continual/held_out/general/acc/delta/lo")][-1]
+    # every stage's scalars carry the held-out cells' intervals (the delta's at the end only)
+    first = next(r for r in rows if r.get("continual/stage") == "0.0")
+    held0 = document["intervals"]["held_out"]["loss"]
+    assert float(first["continual/held_out/small/loss/hi"]) == pytest.approx(held0["high"][0][1])
     held = document["intervals"]["held_out"]["acc"]
     assert float(last["continual/held_out/general/acc/lo"]) == pytest.approx(held["low"][2][0])
     assert float(last["continual/held_out/small/acc/delta/hi"]) == pytest.approx(
