@@ -151,13 +151,13 @@ def heatmap_figure(
     row_labels = [_label(r) for r in rows]
     spans = None
     if intervals is not None:
-        low, high = (torch.as_tensor(t, dtype=torch.float64) for t in intervals)
-        if low.shape != values.shape or high.shape != values.shape:
+        lows, highs = (torch.as_tensor(t, dtype=torch.float64) for t in intervals)
+        if lows.shape != values.shape or highs.shape != values.shape:
             raise ValueError(
-                f"intervals have shape {tuple(low.shape)} / {tuple(high.shape)} for a heatmap "
+                f"intervals have shape {tuple(lows.shape)} / {tuple(highs.shape)} for a heatmap "
                 f"of {tuple(values.shape)} cells"
             )
-        spans = interval_texts(values, low, high, digits=_digits(number_format))
+        spans = interval_texts(values, lows, highs, digits=_digits(number_format))
         ends = [
             [
                 f"[{lo:{number_format}}, {hi:{number_format}}]"
@@ -165,7 +165,7 @@ def heatmap_figure(
                 else "none"
                 for lo, hi in zip(low_row, high_row, strict=True)
             ]
-            for low_row, high_row in zip(low.tolist(), high.tolist(), strict=True)
+            for low_row, high_row in zip(lows.tolist(), highs.tolist(), strict=True)
         ]
         custom = [[[row_labels[i], col_labels[j], ends[i][j]] for j in xs] for i in ys]
         template = (
@@ -814,9 +814,7 @@ def html_report(
     )
     if any(s.mean[k] is not None for s in summaries for k in columns):
         body.append(figures.add(metric_panels_figure(summaries, columns, directions, confidence)))
-        body.extend(
-            _uncertainty_section(summaries, columns, directions, confidence, seed_caveats)
-        )
+        body.extend(_uncertainty_section(summaries, columns, directions, confidence, seed_caveats))
     for run in runs:
         body.extend(_run_section(run, run_title, figures, interval_label))
     return "\n".join(

@@ -190,7 +190,12 @@ def latex_table(
     for k, method in enumerate(methods):
         cells = [
             _cell(
-                c.stats[k], runs[k], spread, decimals, k in best[i], c.single[k] if c.single else None
+                c.stats[k],
+                runs[k],
+                spread,
+                decimals,
+                k in best[i],
+                c.single[k] if c.single else None,
             )
             for i, c in enumerate(columns)
         ]

@@ -77,8 +77,8 @@ from continual_eval.functional.family import METRIC_KEYS
 from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
 from continual_eval.results.files import scores_csv_name, write_scores_csv
-from continual_eval.results.schema import printable
 from continual_eval.results.intervals import MatrixIntervals, Transitions
+from continual_eval.results.schema import printable
 
 __all__ = [
     "CURVES_PNG",

@@ -147,7 +147,13 @@ def _annotate_cells(
     colours = text_colours(image.cmap(image.norm(np.nan_to_num(values))))
     for i, j in zip(*np.nonzero(texts != ""), strict=True):
         ax.text(
-            j, i + offset, str(texts[i, j]), ha="center", va="center", color=str(colours[i, j]), **kw
+            j,
+            i + offset,
+            str(texts[i, j]),
+            ha="center",
+            va="center",
+            color=str(colours[i, j]),
+            **kw,
         )
 
 
@@ -168,9 +174,7 @@ def interval_text(value: float, low: float, high: float, digits: int = 2) -> str
     return f"[{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def interval_texts(
-    values: Tensor, low: Tensor, high: Tensor, digits: int = 2
-) -> list[list[str]]:
+def interval_texts(values: Tensor, low: Tensor, high: Tensor, digits: int = 2) -> list[list[str]]:
     """`interval_text` of every cell of ``values`` (``""`` where the value or an end is NaN)."""
     return [
         [interval_text(v, lo, hi, digits) for v, lo, hi in zip(*rows, strict=True)]
@@ -232,7 +236,9 @@ def plot_accuracy_matrix(
         row_labels = ["untrained", *row_labels]
     if annotate is None:
         annotate = num_tasks <= 12
-    spans = _cell_intervals(R.shape, intervals, baseline_intervals if baseline is not None else None)
+    spans = _cell_intervals(
+        R.shape, intervals, baseline_intervals if baseline is not None else None
+    )
     with_spans = spans is not None and annotate and num_tasks <= MAX_INTERVAL_TASKS
     column = INTERVAL_CELL_INCHES if with_spans else 0.6
     row = 0.62 if with_spans else 0.5

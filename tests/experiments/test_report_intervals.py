@@ -139,7 +139,7 @@ def test_png_heatmap_cells_show_the_intervals(runs: Path) -> None:
     results = ContinualResults.load(runs / "runs" / "naive")
     document = _document(runs, "naive")
     held = results.intervals.matrices["acc"]
-    fig, ax = plot_accuracy_matrix(
+    _, ax = plot_accuracy_matrix(
         results.primary.scores,
         results.primary.baseline,
         intervals=(held.low, held.high),
@@ -221,9 +221,7 @@ def test_html_heatmap_cells_and_trajectories_show_the_intervals(runs: Path, repo
     for i in range(TASKS):
         value = naive["scores"][i][0]
         assert first["y"][i] + first["error_y"]["array"][i] == pytest.approx(held["high"][i][0])
-        assert first["y"][i] - first["error_y"]["arrayminus"][i] == pytest.approx(
-            held["low"][i][0]
-        )
+        assert first["y"][i] - first["error_y"]["arrayminus"][i] == pytest.approx(held["low"][i][0])
         assert first["y"][i] == pytest.approx(value)
 
 
@@ -308,9 +306,11 @@ def test_across_seed_tables_carry_the_small_sample_caveat(tmp_path: Path) -> Non
     f64 = torch.float64
     for method, shift in (("naive", 0.0), ("replay", 0.05)):
         for seed in range(3):
-            scores = torch.tensor(
-                [[0.9, 0.3, 0.2], [0.6, 0.9, 0.3], [0.5, 0.6, 0.9]], dtype=f64
-            ) + shift - 0.01 * seed
+            scores = (
+                torch.tensor([[0.9, 0.3, 0.2], [0.6, 0.9, 0.3], [0.5, 0.6, 0.9]], dtype=f64)
+                + shift
+                - 0.01 * seed
+            )
             results = ContinualResults.from_tensors(
                 {"acc": ScoreMatrix("accuracy", scores, torch.full((3,), 0.33, dtype=f64))},
                 metadata={"method": method, "seed": seed},
@@ -328,6 +328,8 @@ def test_across_seed_tables_carry_the_small_sample_caveat(tmp_path: Path) -> Non
     for part in shown:
         assert caveat in part and "read the Student-t interval instead" in part, part[:200]
     page = (out / "report.html").read_text(encoding="utf-8")
-    uncertainty = page.split("<h2>Uncertainty across seeds</h2>")[1].split('<section class="run">')[0]
+    uncertainty = page.split("<h2>Uncertainty across seeds</h2>")[1].split('<section class="run">')[
+        0
+    ]
     assert uncertainty.count(f"naive, replay: {caveat}") == 4  # ACC, BWT, FWT, forgetting
     assert "value [low, high]" not in text  # no single run: no single-run note
