@@ -323,15 +323,18 @@ def metric_panels_figure(
     columns: Mapping[str, str],
     directions: Mapping[str, bool],
     confidence: float,
+    single_interval: Any = None,
 ) -> Any:
     """Small multiples: one panel per metric with a value, its own y scale, a bar per method
     (its colour the same in every panel), the Student-t interval of the mean as error bars
-    (methods with two or more values), the value with 3 decimals."""
+    (methods with two or more values; for a method with one run, ``single_interval(summary,
+    key)``, its interval from its test items, in grey), the value with 3 decimals."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     keys = [k for k in columns if any(s.mean[k] is not None for s in summaries)]
+    singles = False
     ncols = max(1, min(4, len(keys)))
     nrows = max(1, math.ceil(len(keys) / ncols))
     fig = make_subplots(
@@ -351,6 +354,16 @@ def metric_panels_figure(
             error = None
             if ci is not None and mean is not None:
                 error = {"type": "data", "array": [ci.high - mean], "arrayminus": [mean - ci.low]}
+            single = None if single_interval is None or ci is not None else single_interval(s, key)
+            if single is not None and mean is not None:
+                ci = _Ends(*single)
+                error = {
+                    "type": "data",
+                    "array": [single[1] - mean],
+                    "arrayminus": [mean - single[0]],
+                    "color": "#888",
+                }
+                singles = True
             row, col = p // ncols + 1, p % ncols + 1
             fig.add_trace(
                 go.Bar(
@@ -382,16 +395,24 @@ def metric_panels_figure(
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(tickformat=".3f", rangemode="tozero")
     pct = f"{100 * confidence:g}%"
+    text = f"Metrics per method: mean over seeds; error bars: {pct} Student-t interval of the mean"
+    text += " (n ≥ 2)"
+    if singles:
+        text += "<br><sup>grey: a method with one run, its interval from its test items</sup>"
     fig.update_layout(
-        title={
-            "text": "Metrics per method: mean over seeds; error bars: "
-            f"{pct} Student-t interval of the mean (n ≥ 2)"
-        },
+        title={"text": text},
         height=300 * nrows + 120,
         barmode="group",
         margin={"l": 10, "r": 10, "t": 80, "b": 10},
     )
     return fig
+
+
+class _Ends:
+    """``low`` / ``high`` of an interval given as a pair (the ``t_interval``'s attributes)."""
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -813,7 +834,11 @@ def html_report(
         runs, summaries, columns, directions, seeds_text, single_interval, interval_note
     )
     if any(s.mean[k] is not None for s in summaries for k in columns):
-        body.append(figures.add(metric_panels_figure(summaries, columns, directions, confidence)))
+        body.append(
+            figures.add(
+                metric_panels_figure(summaries, columns, directions, confidence, single_interval)
+            )
+        )
         body.extend(_uncertainty_section(summaries, columns, directions, confidence, seed_caveats))
     for run in runs:
         body.extend(_run_section(run, run_title, figures, interval_label))

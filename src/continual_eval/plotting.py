@@ -53,6 +53,9 @@ ONLINE_POINTS = 60
 """The online curves are moving averages over ``ceil(windows / ONLINE_POINTS)`` windows."""
 BLIND_NAMES = {"mode": "recent mode", "last": "last label", "prior": "most frequent so far"}
 """How the pictures name the blind predictors of an online section."""
+SINGLE_RUN_COLOUR = "tab:gray"
+"""Colour of the error bar of a single run's interval (from its test items) in the metric
+panels; the intervals across seeds are black."""
 MAX_INTERVAL_TASKS = 10
 """Most tasks whose heatmap cells show their interval under the value (beyond, the value alone
 and the caption says so): each task column is then ``INTERVAL_CELL_INCHES`` wide."""
@@ -524,9 +527,11 @@ def _metric_panel(
     *,
     decimals: int,
     title: str,
+    singles: Sequence[bool] | None = None,
 ) -> None:
     """One panel of `plot_metric_panels`: a bar per method (``nan``: "n/a" at the axis),
-    its error bar, its value (plus ``notes[k]``) at the bar's end, a y scale that holds them."""
+    its error bar (grey where ``singles[k]``: a single run's interval), its value (plus
+    ``notes[k]``) at the bar's end, a y scale that holds them."""
     from matplotlib.ticker import FormatStrFormatter
 
     xs = np.arange(len(values))
@@ -552,7 +557,7 @@ def _metric_panel(
                 [value],
                 yerr=[[value - low], [high - value]],
                 fmt="none",
-                ecolor="black",
+                ecolor=SINGLE_RUN_COLOUR if singles is not None and singles[k] else "black",
                 capsize=3,
                 linewidth=1,
             )
@@ -595,6 +600,8 @@ def plot_metric_panels(
     titles: Mapping[str, str] | None = None,
     higher_is_better: Mapping[str, bool] | None = None,
     interval_label: str = "interval of the mean",
+    single_intervals: Mapping[str, Sequence[tuple[float, float] | None]] | None = None,
+    single_label: str = "one run's interval from its test items",
     decimals: int = 3,
     columns: int = 4,
     title: str | None = None,
@@ -604,6 +611,8 @@ def plot_metric_panels(
     in every panel, the value written at the bar's end with ``decimals`` decimals.
 
     ``intervals[metric][k]``: ``(low, high)`` drawn as an error bar (``None``: none);
+    ``single_intervals[metric][k]``: where ``intervals`` has none, a single run's interval,
+    drawn in grey and named ``single_label`` in the legend;
     ``counts[metric][k]`` / ``runs[k]``: the runs with a value / all runs of method ``k``
     (``n=k`` is written under a value when they differ; ``runs`` goes into the legend);
     ``higher_is_better[metric]`` puts an arrow in the panel title (↑ or ↓); ``titles`` names
@@ -642,14 +651,23 @@ def plot_metric_panels(
         name = titles.get(key, key) if titles is not None else key
         if higher_is_better is not None and key in higher_is_better:
             name = f"{name} {'↑' if higher_is_better[key] else '↓'}"
+        bars: list[tuple[float, float] | None] = (
+            list(intervals[key]) if intervals is not None else [None] * len(methods)
+        )
+        singles = [False] * len(methods)
+        if single_intervals is not None:
+            for k, single in enumerate(single_intervals[key]):
+                if bars[k] is None and single is not None:
+                    bars[k], singles[k] = single, True
         _metric_panel(
             axes.flat[panel],
             values,
-            list(intervals[key]) if intervals is not None else [None] * len(methods),
+            bars,
             notes,
             colours,
             decimals=decimals,
             title=name,
+            singles=singles,
         )
     for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
@@ -666,6 +684,24 @@ def plot_metric_panels(
         handles.append(
             Line2D(
                 [], [], color="black", marker="|", markersize=8, linewidth=1, label=interval_label
+            )
+        )
+    if single_intervals is not None and any(
+        single is not None and (intervals is None or intervals[key][k] is None)
+        for key in keys
+        for k, single in enumerate(single_intervals[key])
+    ):
+        from matplotlib.lines import Line2D
+
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=SINGLE_RUN_COLOUR,
+                marker="|",
+                markersize=8,
+                linewidth=1,
+                label=single_label,
             )
         )
     fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8)

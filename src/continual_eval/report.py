@@ -615,6 +615,8 @@ def _plot_metric_panels(
         titles={k: columns[k] for k in keys},
         higher_is_better=directions,
         interval_label=f"{pct} Student-t interval of the mean (n ≥ 2)",
+        single_intervals={k: [_single_run_interval(s, k) for s in summaries] for k in keys},
+        single_label="one run: its interval from its test items (grey)",
         title="Metrics per method: mean over seeds (↑ higher is better, ↓ lower is better)",
     )
     fig.savefig(path, dpi=120)
@@ -1141,8 +1143,9 @@ def write_report(
             "",
             "One panel per metric, each with its own scale (↑ higher is better, ↓ lower is "
             f"better). Bars: mean over each method's runs (n in the legend). Error bars: the {pct} "
-            "Student-t interval of the mean, drawn only where a method has two or more values "
-            "(none for one run).",
+            "Student-t interval of the mean, drawn only where a method has two or more values; "
+            "grey where a method has one run with per-item records: that run's interval from "
+            "its test items (the tables' [low, high]).",
             "",
         ]
     _write_summary_csv(summaries, out / "summary.csv")
