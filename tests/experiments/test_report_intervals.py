@@ -333,3 +333,43 @@ def test_across_seed_tables_carry_the_small_sample_caveat(tmp_path: Path) -> Non
     ]
     assert uncertainty.count(f"naive, replay: {caveat}") == 4  # ACC, BWT, FWT, forgetting
     assert "value [low, high]" not in text  # no single run: no single-run note
+
+
+def test_metric_panels_draw_the_single_run_intervals(
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """metrics.png: with one run per method, each bar's error bar is that run's paired-bootstrap
+    interval (grey, named in the legend); report.html's panels draw the same ends."""
+    from matplotlib.axes import Axes
+
+    drawn: list[tuple[float, float, float, Any]] = []
+    errorbar = Axes.errorbar
+
+    def spy(self: Axes, x: Any, y: Any, *args: Any, yerr: Any = None, **kwargs: Any) -> Any:
+        if len(y) == 1:  # a metric panel's bar (the trajectories draw whole columns)
+            drawn.append((y[0], y[0] - yerr[0][0], y[0] + yerr[1][0], kwargs.get("ecolor")))
+        return errorbar(self, x, y, *args, yerr=yerr, **kwargs)
+
+    monkeypatch.setattr(Axes, "errorbar", spy)
+    out = tmp_path / "report"
+    assert report_main([str(runs / "runs"), "--out", str(out)]) == 0
+    expected = []
+    for key in ("acc", "bwt", "fwt", "forgetting"):  # panel order, methods in run order
+        for method in ("naive", "slow"):
+            document = _document(runs, method)
+            found = document["intervals"]["matrices"]["acc"]["metrics"][key]
+            expected.append((document["metrics"][key], found["low"], found["high"], "tab:gray"))
+    assert [d[3] for d in drawn] == [e[3] for e in expected]
+    assert [v for d in drawn for v in d[:3]] == pytest.approx(
+        [v for e in expected for v in e[:3]], abs=1e-12
+    )
+    page = (out / "report.html").read_text(encoding="utf-8")
+    bars = [t for traces, _ in _figures(page).values() for t in traces if t.get("type") == "bar"]
+    ends = [
+        (t["y"][0] - t["error_y"]["arrayminus"][0], t["y"][0] + t["error_y"]["array"][0])
+        for t in bars
+    ]
+    by_method = [(e[1], e[2]) for e in expected]
+    # the page draws method by method, panel by panel
+    order = [by_method[2 * p + m] for m in range(2) for p in range(4)]
+    assert [v for e in ends for v in e] == pytest.approx([v for e in order for v in e], abs=1e-12)
