@@ -373,3 +373,36 @@ def test_metric_panels_draw_the_single_run_intervals(
     # the page draws method by method, panel by panel
     order = [by_method[2 * p + m] for m in range(2) for p in range(4)]
     assert [v for e in ends for v in e] == pytest.approx([v for e in order for v in e], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_chromium_draws_the_interval_annotations(runs: Path, report: Path, tmp_path: Path) -> None:
+    """Headless Chromium renders report.html without a console message, and Plotly writes each
+    cell's interval as text on the heatmaps of the runs with item records."""
+    import shutil
+    import subprocess
+
+    if shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    proc = subprocess.run(
+        [
+            "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+            "--virtual-time-budget=15000", "--dump-dom", (report / "report.html").as_uri(),
+        ],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [ln for ln in proc.stderr.splitlines() if ":CONSOLE" in ln] == []
+    texts = re.findall(r'class="textpoint"[^>]*><text[^>]*>([^<]*)</text>', proc.stdout)
+    texts += re.findall(r'<text[^>]*class="textpoint"[^>]*>([^<]*)</text>', proc.stdout)
+    expected = [
+        _span(v, lo, hi, 3)
+        for method in ("naive", "slow")
+        for matrix in ("acc", "loss")
+        for row in _grid(_document(runs, method), matrix)
+        for v, lo, hi in row
+    ]
+    drawn = [t for t in texts if t.startswith(("[", "±"))]
+    assert sorted(drawn) == sorted(expected)
