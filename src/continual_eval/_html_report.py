@@ -222,7 +222,7 @@ def heatmap_figure(
                     y=(i + 0.22).tolist(),
                     mode="text",
                     text=[spans[a][b] for a, b in zip(i.tolist(), j.tolist(), strict=True)],
-                    textfont={"color": colours.tolist(), "size": 9},
+                    textfont={"color": colours.tolist(), "size": 10 if n_cols <= 6 else 9},
                     hoverinfo="skip",
                     showlegend=False,
                     name="intervals",

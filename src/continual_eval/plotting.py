@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -284,6 +285,9 @@ def plot_accuracy_matrix(
             else f"cells: value only ({interval_label} not drawn: "
             + (f"more than {MAX_INTERVAL_TASKS} tasks)" if annotate else "cells not annotated)")
         )
+    if note is not None:  # wrapped to the figure's width (about 7.5 pt a character)
+        inches = fig.get_size_inches()[0]
+        note = textwrap.fill(note, max(40, int(inches * 72 / 7.5)))
     if title or note:
         ax.set_title("\n".join(t for t in (title, note) if t))
     return fig, ax

@@ -154,7 +154,7 @@ def test_png_heatmap_cells_show_the_intervals(runs: Path) -> None:
     for i, row in enumerate(grid):
         for j, (v, lo, hi) in enumerate(row):
             assert texts[(i, j)] == [f"{v:.2f}", _span(v, lo, hi, 2)], (i, j)
-    assert "value and 95% Wilson interval" in ax.get_title()
+    assert "value and 95% Wilson interval" in " ".join(ax.get_title().split())
     # the same matrix without intervals: the values alone
     _, plain = plot_accuracy_matrix(results.primary.scores, results.primary.baseline)
     assert sorted(t.get_text() for t in plain.texts) == sorted(
@@ -171,9 +171,9 @@ def test_png_heatmap_falls_back_to_the_value_when_cells_get_small() -> None:
     )
     assert {t.get_text() for t in ax.texts} == {"0.50"}
     assert len(ax.texts) == T * T
-    assert f"value only (95% Wilson interval not drawn: more than {MAX_INTERVAL_TASKS} tasks)" in (
-        ax.get_title()
-    )
+    title = " ".join(ax.get_title().split())  # wrapped to the figure's width
+    note = f"value only (95% Wilson interval not drawn: more than {MAX_INTERVAL_TASKS} tasks)"
+    assert note in title
 
 
 def _figures(page: str) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]]]:
