@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,11 @@ import numpy as np
 import torch
 
 from continual_eval.plotting import (
+    MAX_INTERVAL_TASKS,
     TRAJECTORY_MARKERS,
     direction_label,
     heatmap_colormap,
+    interval_texts,
     text_colours,
 )
 from continual_eval.results.schema import printable
@@ -65,6 +68,8 @@ thead th { background: #f2f2f2; }
 code { background: #f4f4f4; padding: 0 0.2em; }
 .figure { margin: 0.5em 0 1.5em; }
 section.run { border-top: 2px solid #ddd; margin-top: 2em; }
+.interval { color: #555; font-size: 0.85em; white-space: nowrap; }
+.note, .caveats { font-size: 0.85em; color: #444; }
 """
 
 
@@ -122,12 +127,20 @@ def heatmap_figure(
     value_range: tuple[float, float],
     number_format: str = ".3f",
     hover: tuple[str, str] = ("row", "column"),
+    intervals: tuple[torch.Tensor, torch.Tensor] | None = None,
+    interval_label: str = "interval",
 ) -> Any:
     """A Plotly heatmap of ``values`` ``[rows, columns]`` (NaN: empty) coloured with the
     matplotlib colormap ``cmap`` over ``value_range``; the value, row and column under the
     cursor; the values written on the cells (up to ``MAX_ANNOTATED_CELLS``) in the colour
     [`text_colours`][continual_eval.plotting.text_colours] gives for each cell. Labels: escaped
-    here."""
+    here.
+
+    ``intervals``: ``(low, high)`` of every cell (``values``' shape; NaN: none), shown under the
+    cursor and, with up to [`MAX_INTERVAL_TASKS`][continual_eval.plotting.MAX_INTERVAL_TASKS]
+    columns, written under each value in smaller type
+    ([`interval_text`][continual_eval.plotting.interval_text]); the title's second line says
+    which (``interval_label`` names them)."""
     import matplotlib
     import plotly.graph_objects as go
 
@@ -136,7 +149,36 @@ def heatmap_figure(
     xs, ys = list(range(n_cols)), list(range(n_rows))
     col_labels = [_label(c) for c in columns]
     row_labels = [_label(r) for r in rows]
-    custom = [[[row_labels[i], col_labels[j]] for j in xs] for i in ys]
+    spans = None
+    if intervals is not None:
+        lows, highs = (torch.as_tensor(t, dtype=torch.float64) for t in intervals)
+        if lows.shape != values.shape or highs.shape != values.shape:
+            raise ValueError(
+                f"intervals have shape {tuple(lows.shape)} / {tuple(highs.shape)} for a heatmap "
+                f"of {tuple(values.shape)} cells"
+            )
+        spans = interval_texts(values, lows, highs, digits=_digits(number_format))
+        ends = [
+            [
+                f"[{lo:{number_format}}, {hi:{number_format}}]"
+                if math.isfinite(lo) and math.isfinite(hi)
+                else "none"
+                for lo, hi in zip(low_row, high_row, strict=True)
+            ]
+            for low_row, high_row in zip(lows.tolist(), highs.tolist(), strict=True)
+        ]
+        custom = [[[row_labels[i], col_labels[j], ends[i][j]] for j in xs] for i in ys]
+        template = (
+            f"{hover[0]}: %{{customdata[0]}}<br>{hover[1]}: %{{customdata[1]}}<br>"
+            f"value: %{{z:{number_format}}}<br>{_label(interval_label, 60)}: "
+            "%{customdata[2]}<extra></extra>"
+        )
+    else:
+        custom = [[[row_labels[i], col_labels[j]] for j in xs] for i in ys]
+        template = (
+            f"{hover[0]}: %{{customdata[0]}}<br>{hover[1]}: %{{customdata[1]}}<br>"
+            f"value: %{{z:{number_format}}}<extra></extra>"
+        )
     low, high = value_range
     fig = go.Figure(
         go.Heatmap(
@@ -148,15 +190,14 @@ def heatmap_figure(
             colorscale=_colorscale(cmap),
             colorbar={"title": {"text": _label(colorbar, 60), "side": "right"}},
             customdata=custom,
-            hovertemplate=(
-                f"{hover[0]}: %{{customdata[0]}}<br>{hover[1]}: %{{customdata[1]}}<br>"
-                f"value: %{{z:{number_format}}}<extra></extra>"
-            ),
+            hovertemplate=template,
             hoverongaps=False,
         )
     )
     finite = torch.isfinite(values)
-    if n_rows * n_cols <= MAX_ANNOTATED_CELLS and bool(finite.any()):
+    annotated = n_rows * n_cols <= MAX_ANNOTATED_CELLS and bool(finite.any())
+    with_spans = spans is not None and annotated and n_cols <= MAX_INTERVAL_TASKS
+    if annotated:
         i, j = torch.nonzero(finite, as_tuple=True)
         cell = values[i, j].numpy()
         span = high - low if high > low else 1.0
@@ -164,7 +205,7 @@ def heatmap_figure(
         fig.add_trace(
             go.Scatter(
                 x=j.tolist(),
-                y=i.tolist(),
+                y=(i - 0.17).tolist() if with_spans else i.tolist(),
                 mode="text",
                 text=[format(v, number_format) for v in cell.tolist()],
                 textfont={"color": colours.tolist(), "size": 11},
@@ -173,24 +214,59 @@ def heatmap_figure(
                 name="values",
             )
         )
+        if with_spans:
+            assert spans is not None
+            fig.add_trace(
+                go.Scatter(
+                    x=j.tolist(),
+                    y=(i + 0.22).tolist(),
+                    mode="text",
+                    text=[spans[a][b] for a, b in zip(i.tolist(), j.tolist(), strict=True)],
+                    textfont={"color": colours.tolist(), "size": 10 if n_cols <= 6 else 9},
+                    hoverinfo="skip",
+                    showlegend=False,
+                    name="intervals",
+                )
+            )
+    if spans is not None:
+        note = (
+            f"cells: value and {interval_label} (±h: symmetric at the printed precision)"
+            if with_spans
+            else f"cells: value only, {interval_label} under the cursor"
+        )
+        title = f"{_label(title, 120)}<br><sup>{_label(note, 160)}</sup>"
+    else:
+        title = _label(title, 120)
     fig.update_xaxes(tickvals=xs, ticktext=col_labels, showgrid=False, zeroline=False)
     fig.update_yaxes(
         tickvals=ys, ticktext=row_labels, autorange="reversed", showgrid=False, zeroline=False
     )
     fig.update_layout(
-        title={"text": _label(title, 120)},
-        height=min(260 + 34 * n_rows, 900),
-        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        title={"text": title},
+        height=min(260 + (46 if with_spans else 34) * n_rows, 900),
+        margin={"l": 10, "r": 10, "t": 70 if spans is not None else 50, "b": 10},
         plot_bgcolor="white",
     )
     return fig
 
 
+def _digits(number_format: str) -> int:
+    """The decimals of a format such as ``".3f"`` (2 when it names none)."""
+    found = re.fullmatch(r"\.(\d+)f", number_format)
+    return int(found.group(1)) if found else 2
+
+
 def trajectories_figure(
-    scores: torch.Tensor, task_names: Sequence[str], *, title: str, ylabel: str
+    scores: torch.Tensor,
+    task_names: Sequence[str],
+    *,
+    title: str,
+    ylabel: str,
+    intervals: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Any:
     """One line per task ``j``: ``R[i, j]`` over the stages ``i >= j``, each task with its own
-    open marker, larger for earlier tasks (coinciding points show as nested outlines)."""
+    open marker, larger for earlier tasks (coinciding points show as nested outlines);
+    ``intervals``: ``(low, high)`` ``[s, T]`` per cell, drawn as error bars."""
     import plotly.graph_objects as go
 
     s, T = scores.shape
@@ -201,6 +277,17 @@ def trajectories_figure(
         ys = [
             v if i >= j and math.isfinite(v) else None for i, v in enumerate(scores[:, j].tolist())
         ]
+        error = None
+        if intervals is not None:
+            low, high = (torch.as_tensor(t, dtype=torch.float64)[:, j] for t in intervals)
+            column = scores[:, j].double()
+            error = {
+                "type": "data",
+                "array": (high - column).clamp(min=0).nan_to_num(0.0).tolist(),
+                "arrayminus": (column - low).clamp(min=0).nan_to_num(0.0).tolist(),
+                "thickness": 1,
+                "width": 3,
+            }
         fig.add_trace(
             go.Scatter(
                 x=list(range(s)),
@@ -214,6 +301,7 @@ def trajectories_figure(
                 },
                 customdata=stages,
                 hovertemplate="%{customdata}<br>%{y:.4f}",
+                error_y=error,
             )
         )
     fig.update_xaxes(tickvals=list(range(s)), ticktext=stages, title="training stage")
@@ -235,15 +323,18 @@ def metric_panels_figure(
     columns: Mapping[str, str],
     directions: Mapping[str, bool],
     confidence: float,
+    single_interval: Any = None,
 ) -> Any:
     """Small multiples: one panel per metric with a value, its own y scale, a bar per method
     (its colour the same in every panel), the Student-t interval of the mean as error bars
-    (methods with two or more values), the value with 3 decimals."""
+    (methods with two or more values; for a method with one run, ``single_interval(summary,
+    key)``, its interval from its test items, in grey), the value with 3 decimals."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     keys = [k for k in columns if any(s.mean[k] is not None for s in summaries)]
+    singles = False
     ncols = max(1, min(4, len(keys)))
     nrows = max(1, math.ceil(len(keys) / ncols))
     fig = make_subplots(
@@ -263,6 +354,16 @@ def metric_panels_figure(
             error = None
             if ci is not None and mean is not None:
                 error = {"type": "data", "array": [ci.high - mean], "arrayminus": [mean - ci.low]}
+            single = None if single_interval is None or ci is not None else single_interval(s, key)
+            if single is not None and mean is not None:
+                ci = _Ends(*single)
+                error = {
+                    "type": "data",
+                    "array": [single[1] - mean],
+                    "arrayminus": [mean - single[0]],
+                    "color": "#888",
+                }
+                singles = True
             row, col = p // ncols + 1, p % ncols + 1
             fig.add_trace(
                 go.Bar(
@@ -294,16 +395,24 @@ def metric_panels_figure(
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(tickformat=".3f", rangemode="tozero")
     pct = f"{100 * confidence:g}%"
+    text = f"Metrics per method: mean over seeds; error bars: {pct} Student-t interval of the mean"
+    text += " (n ≥ 2)"
+    if singles:
+        text += "<br><sup>grey: a method with one run, its interval from its test items</sup>"
     fig.update_layout(
-        title={
-            "text": "Metrics per method: mean over seeds; error bars: "
-            f"{pct} Student-t interval of the mean (n ≥ 2)"
-        },
+        title={"text": text},
         height=300 * nrows + 120,
         barmode="group",
         margin={"l": 10, "r": 10, "t": 80, "b": 10},
     )
     return fig
+
+
+class _Ends:
+    """``low`` / ``high`` of an interval given as a pair (the ``t_interval``'s attributes)."""
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -313,11 +422,23 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _mean_std(stats: Any, runs: int) -> str:
+def _mean_std(stats: Any, runs: int, single: tuple[float, float] | None = None) -> str:
+    """``mean ± std``; a value alone for one run, followed by ``single`` (its interval from its
+    test items) as ``[low, high]``; ``(n=k)`` where only ``k`` of the runs have a value."""
     if stats.mean is None:
         return "n/a"
     text = f"{stats.mean:.4f}" if stats.std is None else f"{stats.mean:.4f} ± {stats.std:.4f}"
+    if single is not None and stats.std is None:
+        text += f' <span class="interval">[{single[0]:.4f}, {single[1]:.4f}]</span>'
     return text if stats.n == runs else f"{text} (n={stats.n})"
+
+
+def _caveats(caveats: Sequence[str]) -> list[str]:
+    """The small-sample caveats under a table (plain text, escaped here)."""
+    if not caveats:
+        return []
+    items = "".join(f"<li>{_text(c, 600)}</li>" for c in caveats)
+    return [f'<ul class="caveats">{items}</ul>']
 
 
 def _interval(ci: Any) -> str:
@@ -372,8 +493,12 @@ def _summary_section(
     columns: Mapping[str, str],
     directions: Mapping[str, bool],
     seeds_text: Any,
+    single_interval: Any = None,
+    interval_note: str | None = None,
 ) -> list[str]:
-    """The heading and the table of each method's mean ± std per metric."""
+    """The heading and the table of each method's mean ± std per metric (a single run's value
+    with ``single_interval(summary, key)``, its interval from its test items, when not
+    ``None``; ``interval_note``, plain text, says so under the table)."""
     header = [
         "method",
         "runs",
@@ -385,11 +510,18 @@ def _summary_section(
             _text(s.method),
             str(len(s.runs)),
             _text(seeds_text(s)),
-            *(_mean_std(s.stats[k], len(s.runs)) for k in columns),
+            *(
+                _mean_std(
+                    s.stats[k],
+                    len(s.runs),
+                    None if single_interval is None else single_interval(s, k),
+                )
+                for k in columns
+            ),
         ]
         for s in summaries
     ]
-    return [
+    body = [
         "<h1>Continual-evaluation report</h1>",
         f"<p>{len(runs)} run(s). Mean over each method's runs ± sample standard deviation across "
         "runs (seeds), shown with two or more runs; <code>(n=k)</code> where only k runs have a "
@@ -397,6 +529,9 @@ def _summary_section(
         "<h2>Metrics per method</h2>",
         _table(header, rows),
     ]
+    if interval_note:
+        body.append(f'<p class="note">{_text(interval_note, 1000)}</p>')
+    return body
 
 
 def _uncertainty_section(
@@ -404,8 +539,11 @@ def _uncertainty_section(
     columns: Mapping[str, str],
     directions: Mapping[str, bool],
     confidence: float,
+    seed_caveats: Any = None,
 ) -> list[str]:
-    """Per metric: n, mean, std, the t and the bootstrap interval of each method."""
+    """Per metric: n, mean, std, the t and the bootstrap interval of each method, and under
+    each table the small-sample caveats (``seed_caveats([(method, caveat), ...])``: the lines,
+    plain text)."""
     pct = f"{100 * confidence:g}%"
     body = [
         "<h2>Uncertainty across seeds</h2>",
@@ -431,13 +569,30 @@ def _uncertainty_section(
                 ["method", "n", "mean", "std", f"{pct} CI (t)", f"{pct} CI (bootstrap)"], stat_rows
             )
         )
+        if seed_caveats is not None:
+            body += _caveats(seed_caveats([(s.method, s.stats[key].caveat) for s in summaries]))
     return body
 
 
-def _matrix_section(name: str, matrix: Any, names: list[str], figures: _Figures) -> list[str]:
-    """One score matrix of a run: its table, its heatmap and its per-task trajectories."""
+def _matrix_section(
+    name: str,
+    matrix: Any,
+    names: list[str],
+    figures: _Figures,
+    held: Any = None,
+    interval_label: str = "interval",
+) -> list[str]:
+    """One score matrix of a run: its table, its heatmap and its per-task trajectories; with
+    ``held`` (its `MatrixIntervals` from the ``intervals`` section) each cell's interval on the
+    heatmap and as the trajectories' error bars."""
     direction = "higher" if matrix.higher_is_better else "lower"
     grid = torch.cat([matrix.baseline[None, :], matrix.scores])
+    spans = None
+    if held is not None:
+        spans = (
+            torch.cat([held.baseline_low.double()[None, :], held.low.double()]),
+            torch.cat([held.baseline_high.double()[None, :], held.high.double()]),
+        )
     row_names = ["untrained", *(f"after {n}" for n in names[: matrix.num_stages])]
     body = [
         f"<h3>{_text(name)} ({_text(matrix.score)}, {direction} is better)</h3>",
@@ -452,6 +607,8 @@ def _matrix_section(name: str, matrix: Any, names: list[str], figures: _Figures)
                 cmap=heatmap_colormap(matrix.higher_is_better),
                 value_range=_value_range(grid, matrix.bounds),
                 hover=("trained through", "task"),
+                intervals=spans,
+                interval_label=interval_label,
             )
         ),
     ]
@@ -459,7 +616,12 @@ def _matrix_section(name: str, matrix: Any, names: list[str], figures: _Figures)
         body.append(
             figures.add(
                 trajectories_figure(
-                    matrix.scores, names, title=f"{name}: per task", ylabel=matrix.score
+                    matrix.scores,
+                    names,
+                    title=f"{name}: per task"
+                    + ("" if held is None else f" (error bars: {interval_label})"),
+                    ylabel=matrix.score,
+                    intervals=None if held is None else (held.low, held.high),
                 )
             )
         )
@@ -526,8 +688,12 @@ def _forgotten_section(results: Any, directory: Path) -> list[str]:
     return body
 
 
-def _run_section(run: Any, run_title: Any, figures: _Figures) -> list[str]:
-    """One run: its path, every matrix, and the class-incremental confusion where it has one."""
+def _run_section(
+    run: Any, run_title: Any, figures: _Figures, interval_label: Any = None
+) -> list[str]:
+    """One run: its path, every matrix (with its cell intervals where the run's ``intervals``
+    section has them; ``interval_label(results, matrix)`` names them), and the
+    class-incremental confusion where it has one."""
     results = run.results
     names = list(results.task_names)
     body = [
@@ -535,9 +701,12 @@ def _run_section(run: Any, run_title: Any, figures: _Figures) -> list[str]:
         f"<h2>{_text(run_title(run))}</h2>",
         f"<p><code>{_text(run.path, 500)}</code></p>",
     ]
+    section = getattr(results, "intervals", None)
     if results.num_tasks:  # an online run without tasks has no matrix to show
         for name, matrix in results.matrices.items():
-            body.extend(_matrix_section(name, matrix, names, figures))
+            held = None if section is None else section.matrices.get(name)
+            label = "interval" if interval_label is None else interval_label(results, name)
+            body.extend(_matrix_section(name, matrix, names, figures, held, label))
     body.extend(_forgotten_section(results, Path(run.path)))
     section = getattr(results, "class_incremental", None)
     if section is not None and section.num_stages > 0:
@@ -646,20 +815,33 @@ def html_report(
     confidence: float,
     seeds_text: Any,
     run_title: Any,
+    single_interval: Any = None,
+    interval_note: str | None = None,
+    seed_caveats: Any = None,
+    interval_label: Any = None,
 ) -> str:
     """The whole page. ``runs``: [`continual_eval.report.Run`][continual_eval.report.Run];
     ``summaries``: their [`MethodSummary`][continual_eval.report.MethodSummary]; ``columns`` /
     ``directions``: each metric's title and direction; ``seeds_text(summary)`` and
-    ``run_title(run)``: plain text (escaped here)."""
+    ``run_title(run)``: plain text (escaped here). The single-run intervals:
+    ``single_interval(summary, key)`` (``(low, high)`` or ``None``), ``interval_note`` (the
+    summary table's note) and ``interval_label(results, matrix)`` (the cell intervals' name);
+    ``seed_caveats(named)``: the small-sample caveat lines of the intervals across seeds."""
     from plotly.offline import get_plotlyjs
 
     figures = _Figures()
-    body = _summary_section(runs, summaries, columns, directions, seeds_text)
+    body = _summary_section(
+        runs, summaries, columns, directions, seeds_text, single_interval, interval_note
+    )
     if any(s.mean[k] is not None for s in summaries for k in columns):
-        body.append(figures.add(metric_panels_figure(summaries, columns, directions, confidence)))
-        body.extend(_uncertainty_section(summaries, columns, directions, confidence))
+        body.append(
+            figures.add(
+                metric_panels_figure(summaries, columns, directions, confidence, single_interval)
+            )
+        )
+        body.extend(_uncertainty_section(summaries, columns, directions, confidence, seed_caveats))
     for run in runs:
-        body.extend(_run_section(run, run_title, figures))
+        body.extend(_run_section(run, run_title, figures, interval_label))
     return "\n".join(
         [
             "<!DOCTYPE html>",

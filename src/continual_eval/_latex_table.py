@@ -2,7 +2,9 @@
 
 Each cell is the mean over the method's runs with its spread, ``mean ± s`` where ``s`` is the
 sample standard deviation (``spread="std"``) or the half-width of the Student-t interval of the
-mean (``spread="ci"``, at the report's confidence); a method with one run shows its value alone.
+mean (``spread="ci"``, at the report's confidence); a method with one run shows its value alone,
+followed in small type by ``[low, high]``, that run's interval from its test items, where the
+column gives one (``LatexColumn.single``; the caption then says so).
 The header gives each metric's direction (↑ higher is better, ↓ lower is better), and in every
 column the best mean *at the printed precision* is bold (ties all bold; none when fewer than
 two methods have a value or when all of them tie). The table needs ``\\usepackage{booktabs}``
@@ -71,12 +73,16 @@ def escape_latex(text: str, limit: int = 80) -> str:
 
 @dataclass(frozen=True)
 class LatexColumn:
-    """One column: its title (plain text, escaped here), the direction of the metric, and one
-    ``SeedSummary`` per method (in row order)."""
+    """One column: its title (plain text, escaped here), the direction of the metric, one
+    ``SeedSummary`` per method (in row order) and, optionally, each method's single-run
+    interval."""
 
     title: str
     higher_is_better: bool
     stats: Sequence[SeedSummary]
+    #: per method, the ``(low, high)`` interval of one run's value from its test items (shown
+    #: after the value of a method with one run; ``None``: none)
+    single: Sequence[tuple[float, float] | None] | None = None
 
 
 def _half_width(stats: SeedSummary, spread: str) -> float | None:
@@ -97,7 +103,14 @@ def _best(column: LatexColumn, decimals: int) -> set[int]:
     return set() if len(found) == len(shown) else found  # all equal: nothing stands out
 
 
-def _cell(stats: SeedSummary, runs: int, spread: str, decimals: int, bold: bool) -> str:
+def _cell(
+    stats: SeedSummary,
+    runs: int,
+    spread: str,
+    decimals: int,
+    bold: bool,
+    single: tuple[float, float] | None = None,
+) -> str:
     if stats.mean is None:
         return "--"
     half = _half_width(stats, spread)
@@ -105,6 +118,9 @@ def _cell(stats: SeedSummary, runs: int, spread: str, decimals: int, bold: bool)
     if half is not None:
         body += rf" \pm {half:.{decimals}f}"
     text = rf"$\mathbf{{{body}}}$" if bold else f"${body}$"
+    if single is not None and stats.n == 1:
+        low, high = (f"{v:.{decimals}f}" for v in single)
+        text += rf"\,{{\scriptsize $[{low}, {high}]$}}"
     return text if stats.n == runs else rf"{text}\,\textsuperscript{{($n={stats.n}$)}}"
 
 
@@ -143,6 +159,12 @@ def latex_table(
         "$\\uparrow$: higher is better, $\\downarrow$: lower is better; "
         "best per column in bold."
     )
+    if any(v is not None for c in columns for v in (c.single or ())):
+        text += (
+            f" [low, high] after a value of one run: that run's {pct} interval of the test-set "
+            "noise from its per-item records (paired bootstrap over test items for the metrics, "
+            "Wilson or Student-t for a cell), not the variation between seeds."
+        )
     best = [_best(c, decimals) for c in columns]
     lines = [
         "% written by continual-eval report; needs \\usepackage{booktabs}",
@@ -167,7 +189,14 @@ def latex_table(
     lines += ["Method & $n$ & " + " & ".join(arrows) + " \\\\", "\\midrule"]
     for k, method in enumerate(methods):
         cells = [
-            _cell(c.stats[k], runs[k], spread, decimals, k in best[i])
+            _cell(
+                c.stats[k],
+                runs[k],
+                spread,
+                decimals,
+                k in best[i],
+                c.single[k] if c.single else None,
+            )
             for i, c in enumerate(columns)
         ]
         lines.append(" & ".join([escape_latex(method), str(runs[k]), *cells]) + " \\\\")

@@ -78,6 +78,7 @@ from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
 from continual_eval.results.files import scores_csv_name, write_scores_csv
 from continual_eval.results.intervals import MatrixIntervals, Transitions
+from continual_eval.results.schema import printable
 
 __all__ = [
     "CURVES_PNG",
@@ -150,23 +151,69 @@ def _scorer_base(results: ContinualResults, name: str, prefix: str) -> str:
 def format_matrix_table(
     results: ContinualResults | Mapping[str, Any], *, markdown: bool = False
 ) -> str:
-    """Every matrix (baseline row, one row per stage) and its metrics as compact text tables."""
+    """Every matrix (baseline row, one row per stage) and its metrics as compact text tables;
+    with an ``intervals`` section (``item_records=``) each metric it gives an interval for is
+    followed by it, ``acc=0.8641 [0.8308, 0.8961]``, and the line names the interval."""
     results = _as_results(results)
     named = len(results.matrices) > 1
+    section = results.intervals
     return "\n\n".join(
-        _format_one_table(results, matrix, markdown=markdown, named=named) for matrix in results
+        _format_one_table(
+            results,
+            matrix,
+            markdown=markdown,
+            named=named,
+            held=None if section is None else section.matrices.get(key),
+        )
+        for key, matrix in results.matrices.items()
     )
 
 
+def _metric_text(key: str, value: float | None, held: Any) -> str:
+    """``key=value`` (``--``: absent), then ``[low, high]`` where ``held`` (the matrix's
+    intervals) has a finite interval of this metric with the same estimate."""
+    text = f"{key}={_fmt(value) or '--'}"
+    found = None if held is None else held.metrics.get(key)
+    if found is None or not _finite(value):
+        return text
+    estimate, low, high = found
+    assert value is not None
+    if _finite(low) and _finite(high) and math.isclose(estimate, value, rel_tol=1e-6, abs_tol=1e-9):
+        text += f" [{low:.4f}, {high:.4f}]"
+    return text
+
+
+def _has_intervals(held: Any, metrics: Mapping[str, float]) -> bool:
+    """Whether `_metric_text` writes an interval for one of ``metrics``."""
+    return any(_metric_text(k, v, held).endswith("]") for k, v in metrics.items())
+
+
 def _format_one_table(
-    results: ContinualResults, matrix: MatrixResults, *, markdown: bool, named: bool
+    results: ContinualResults,
+    matrix: MatrixResults,
+    *,
+    markdown: bool,
+    named: bool,
+    held: Any = None,
 ) -> str:
     header = ["stage", *results.task_names]
     rows = [["baseline", *(_fmt(v) for v in matrix.baseline.tolist())]]
     rows += [[str(i), *(_fmt(v) for v in row)] for i, row in enumerate(matrix.scores.tolist())]
     metrics = matrix.metrics
     # an absent metric (a cell it reads was not evaluated) prints "--", never an empty value
-    summary = "  ".join(f"{k}={_fmt(metrics.get(k)) or '--'}" for k in METRIC_KEYS if k in metrics)
+    summary = "  ".join(_metric_text(k, metrics.get(k), held) for k in METRIC_KEYS if k in metrics)
+    if held is not None and _has_intervals(held, metrics):
+        assert results.intervals is not None
+        method = printable(results.intervals.method, 80)
+        if markdown:
+            from continual_eval._markdown import escape_markdown
+
+            method = escape_markdown(method)
+        ends = "\\[low, high\\]" if markdown else "[low, high]"
+        summary += (
+            f"  ({ends}: {100 * results.intervals.confidence:g}% {method}, test-set noise of "
+            "this run)"
+        )
     score = matrix.score
     if named:
         direction = "" if matrix.higher_is_better else ", lower is better"

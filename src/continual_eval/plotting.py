@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,15 @@ ONLINE_POINTS = 60
 """The online curves are moving averages over ``ceil(windows / ONLINE_POINTS)`` windows."""
 BLIND_NAMES = {"mode": "recent mode", "last": "last label", "prior": "most frequent so far"}
 """How the pictures name the blind predictors of an online section."""
+SINGLE_RUN_COLOUR = "tab:gray"
+"""Colour of the error bar of a single run's interval (from its test items) in the metric
+panels; the intervals across seeds are black."""
+MAX_INTERVAL_TASKS = 10
+"""Most tasks whose heatmap cells show their interval under the value (beyond, the value alone
+and the caption says so): each task column is then ``INTERVAL_CELL_INCHES`` wide."""
+INTERVAL_CELL_INCHES = 0.9
+"""Width of a heatmap column (inches) when its cells show intervals: room for ``[0.80, 0.86]`` in
+6.5 pt type."""
 
 
 def _pyplot() -> Any:
@@ -132,13 +142,48 @@ def text_colours(rgba: Any) -> np.ndarray:
     return np.where(relative_luminance(rgba) > BLACK_TEXT_LUMINANCE, "black", "white")
 
 
-def _annotate_cells(ax: Any, image: Any, values: np.ndarray, texts: np.ndarray, **kw: Any) -> None:
-    """Write ``texts[i, j]`` on the cells of ``image`` (an ``imshow``) where it is not empty, in
-    the colour [`text_colours`][continual_eval.plotting.text_colours] gives for the cell's own
-    colour."""
+def _annotate_cells(
+    ax: Any, image: Any, values: np.ndarray, texts: np.ndarray, offset: float = 0.0, **kw: Any
+) -> None:
+    """Write ``texts[i, j]`` on the cells of ``image`` (an ``imshow``) where it is not empty,
+    ``offset`` cells below the centre, in the colour
+    [`text_colours`][continual_eval.plotting.text_colours] gives for the cell's own colour."""
     colours = text_colours(image.cmap(image.norm(np.nan_to_num(values))))
     for i, j in zip(*np.nonzero(texts != ""), strict=True):
-        ax.text(j, i, str(texts[i, j]), ha="center", va="center", color=str(colours[i, j]), **kw)
+        ax.text(
+            j,
+            i + offset,
+            str(texts[i, j]),
+            ha="center",
+            va="center",
+            color=str(colours[i, j]),
+            **kw,
+        )
+
+
+def interval_text(value: float, low: float, high: float, digits: int = 2) -> str:
+    """The interval of ``value`` as written under it on a heatmap cell: ``±h`` when both arms
+    round to the same ``h`` at ``digits`` decimals (the interval is symmetric at the printed
+    precision), else ``[low, high]``; ``""`` when an end is not finite.
+
+    >>> interval_text(0.83, 0.80, 0.86), interval_text(0.97, 0.90, 0.99)
+    ('±0.03', '[0.90, 0.99]')
+    """
+    if not (math.isfinite(value) and math.isfinite(low) and math.isfinite(high)):
+        return ""
+    below = round(value - low, digits)
+    above = round(high - value, digits)
+    if below == above:
+        return f"±{above:.{digits}f}"
+    return f"[{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def interval_texts(values: Tensor, low: Tensor, high: Tensor, digits: int = 2) -> list[list[str]]:
+    """`interval_text` of every cell of ``values`` (``""`` where the value or an end is NaN)."""
+    return [
+        [interval_text(v, lo, hi, digits) for v, lo, hi in zip(*rows, strict=True)]
+        for rows in zip(values.tolist(), low.tolist(), high.tolist(), strict=True)
+    ]
 
 
 def _new_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
@@ -161,6 +206,9 @@ def plot_accuracy_matrix(
     value_range: tuple[float, float] | None = (0.0, 1.0),
     value_label: str = "accuracy",
     higher_is_better: bool = True,
+    intervals: tuple[Tensor, Tensor] | None = None,
+    baseline_intervals: tuple[Tensor, Tensor] | None = None,
+    interval_label: str = "interval",
 ) -> tuple[Any, Any]:
     """Heatmap of ``R[i, j]`` (rows: after training stage i; columns: evaluated task j).
 
@@ -173,6 +221,14 @@ def plot_accuracy_matrix(
     Unevaluated cells (NaN or None) are drawn empty. With ``baseline`` an extra top row shows the
     untrained accuracies ``b[j]``. Cells are annotated with their values when the matrix is small
     (``annotate=None`` means up to 12 tasks). Returns ``(fig, ax)`` like torchmetrics' ``plot``.
+
+    ``intervals``: ``(low, high)`` ``[s, T]`` per cell (e.g. the ``intervals`` section's Wilson
+    intervals), ``baseline_intervals``: ``(low, high)`` ``[T]`` of the baseline row; with up to
+    [`MAX_INTERVAL_TASKS`][continual_eval.plotting.MAX_INTERVAL_TASKS] tasks each annotated cell
+    shows its interval under the value in smaller type
+    ([`interval_text`][continual_eval.plotting.interval_text]: ``±h`` or ``[low, high]``), beyond
+    that the value alone; a second title line says which (``interval_label`` names the
+    intervals).
     """
     R = _as_matrix(scores)
     num_stages, num_tasks = R.shape
@@ -182,8 +238,16 @@ def plot_accuracy_matrix(
         b = _as_matrix([list(baseline.tolist() if isinstance(baseline, Tensor) else baseline)])
         R = torch.cat([b, R])
         row_labels = ["untrained", *row_labels]
-    width = min(max(3.5, 0.6 * num_tasks + 2.0) + 1.2, MAX_FIGURE_INCHES)
-    fig, ax = _new_axes(ax, (width, min(max(3.0, 0.5 * R.shape[0] + 1.6), MAX_FIGURE_INCHES)))
+    if annotate is None:
+        annotate = num_tasks <= 12
+    spans = _cell_intervals(
+        R.shape, intervals, baseline_intervals if baseline is not None else None
+    )
+    with_spans = spans is not None and annotate and num_tasks <= MAX_INTERVAL_TASKS
+    column = INTERVAL_CELL_INCHES if with_spans else 0.6
+    row = 0.62 if with_spans else 0.5
+    width = min(max(3.5, column * num_tasks + 2.0) + 1.2, MAX_FIGURE_INCHES)
+    fig, ax = _new_axes(ax, (width, min(max(3.0, row * R.shape[0] + 1.6), MAX_FIGURE_INCHES)))
     plt = _pyplot()
     cmap = plt.get_cmap(heatmap_colormap(higher_is_better)).with_extremes(bad="white")
     masked = np.ma.masked_invalid(R.numpy())
@@ -203,15 +267,54 @@ def plot_accuracy_matrix(
     ax.set_ylabel("training stage i")
     if baseline is not None:
         ax.axhline(0.5, color="black", linewidth=1.5)
-    if annotate is None:
-        annotate = num_tasks <= 12
     if annotate:
         values = R.numpy()
         texts = np.array([["" if v != v else f"{v:.2f}" for v in row] for row in values.tolist()])
-        _annotate_cells(ax, image, values, texts, fontsize=8)
-    if title:
-        ax.set_title(title)
+        if with_spans:
+            assert spans is not None
+            shown = np.array(interval_texts(R, *spans))
+            _annotate_cells(ax, image, values, texts, fontsize=8, offset=-0.16)
+            _annotate_cells(ax, image, values, shown, fontsize=6.5, offset=0.2)
+        else:
+            _annotate_cells(ax, image, values, texts, fontsize=8)
+    note = None
+    if spans is not None:
+        note = (
+            f"cells: value and {interval_label} (±h: symmetric at 2 decimals)"
+            if with_spans
+            else f"cells: value only ({interval_label} not drawn: "
+            + (f"more than {MAX_INTERVAL_TASKS} tasks)" if annotate else "cells not annotated)")
+        )
+    if note is not None:  # wrapped to the figure's width (about 7.5 pt a character)
+        inches = fig.get_size_inches()[0]
+        note = textwrap.fill(note, max(40, int(inches * 72 / 7.5)))
+    if title or note:
+        ax.set_title("\n".join(t for t in (title, note) if t))
     return fig, ax
+
+
+def _cell_intervals(
+    shape: tuple[int, ...],
+    intervals: tuple[Tensor, Tensor] | None,
+    baseline_intervals: tuple[Tensor, Tensor] | None,
+) -> tuple[Tensor, Tensor] | None:
+    """``(low, high)`` of the heatmap's rows (the baseline row first when it is drawn: NaN where
+    its intervals are not given), ``None`` without ``intervals``."""
+    if intervals is None:
+        return None
+    low, high = (_as_matrix(t) for t in intervals)
+    if baseline_intervals is not None or low.shape[0] + 1 == shape[0]:
+        if baseline_intervals is None:
+            top = torch.full((2, 1, shape[1]), math.nan, dtype=torch.float64)
+        else:
+            top = torch.stack([_as_matrix([list(map(float, t))]) for t in baseline_intervals])
+        low, high = torch.cat([top[0], low]), torch.cat([top[1], high])
+    if low.shape != tuple(shape) or high.shape != tuple(shape):
+        raise ValueError(
+            f"intervals have shape {tuple(low.shape)} / {tuple(high.shape)} for a heatmap of "
+            f"{tuple(shape)} cells (the baseline row included)"
+        )
+    return low, high
 
 
 def plot_task_trajectories(
@@ -428,9 +531,11 @@ def _metric_panel(
     *,
     decimals: int,
     title: str,
+    singles: Sequence[bool] | None = None,
 ) -> None:
     """One panel of `plot_metric_panels`: a bar per method (``nan``: "n/a" at the axis),
-    its error bar, its value (plus ``notes[k]``) at the bar's end, a y scale that holds them."""
+    its error bar (grey where ``singles[k]``: a single run's interval), its value (plus
+    ``notes[k]``) at the bar's end, a y scale that holds them."""
     from matplotlib.ticker import FormatStrFormatter
 
     xs = np.arange(len(values))
@@ -456,7 +561,7 @@ def _metric_panel(
                 [value],
                 yerr=[[value - low], [high - value]],
                 fmt="none",
-                ecolor="black",
+                ecolor=SINGLE_RUN_COLOUR if singles is not None and singles[k] else "black",
                 capsize=3,
                 linewidth=1,
             )
@@ -499,6 +604,8 @@ def plot_metric_panels(
     titles: Mapping[str, str] | None = None,
     higher_is_better: Mapping[str, bool] | None = None,
     interval_label: str = "interval of the mean",
+    single_intervals: Mapping[str, Sequence[tuple[float, float] | None]] | None = None,
+    single_label: str = "one run's interval from its test items",
     decimals: int = 3,
     columns: int = 4,
     title: str | None = None,
@@ -508,6 +615,8 @@ def plot_metric_panels(
     in every panel, the value written at the bar's end with ``decimals`` decimals.
 
     ``intervals[metric][k]``: ``(low, high)`` drawn as an error bar (``None``: none);
+    ``single_intervals[metric][k]``: where ``intervals`` has none, a single run's interval,
+    drawn in grey and named ``single_label`` in the legend;
     ``counts[metric][k]`` / ``runs[k]``: the runs with a value / all runs of method ``k``
     (``n=k`` is written under a value when they differ; ``runs`` goes into the legend);
     ``higher_is_better[metric]`` puts an arrow in the panel title (↑ or ↓); ``titles`` names
@@ -546,14 +655,23 @@ def plot_metric_panels(
         name = titles.get(key, key) if titles is not None else key
         if higher_is_better is not None and key in higher_is_better:
             name = f"{name} {'↑' if higher_is_better[key] else '↓'}"
+        bars: list[tuple[float, float] | None] = (
+            list(intervals[key]) if intervals is not None else [None] * len(methods)
+        )
+        singles = [False] * len(methods)
+        if single_intervals is not None:
+            for k, single in enumerate(single_intervals[key]):
+                if bars[k] is None and single is not None:
+                    bars[k], singles[k] = single, True
         _metric_panel(
             axes.flat[panel],
             values,
-            list(intervals[key]) if intervals is not None else [None] * len(methods),
+            bars,
             notes,
             colours,
             decimals=decimals,
             title=name,
+            singles=singles,
         )
     for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
@@ -570,6 +688,24 @@ def plot_metric_panels(
         handles.append(
             Line2D(
                 [], [], color="black", marker="|", markersize=8, linewidth=1, label=interval_label
+            )
+        )
+    if single_intervals is not None and any(
+        single is not None and (intervals is None or intervals[key][k] is None)
+        for key in keys
+        for k, single in enumerate(single_intervals[key])
+    ):
+        from matplotlib.lines import Line2D
+
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=SINGLE_RUN_COLOUR,
+                marker="|",
+                markersize=8,
+                linewidth=1,
+                label=single_label,
             )
         )
     fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)), fontsize=8)

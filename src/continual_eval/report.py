@@ -508,11 +508,61 @@ def paired_differences(
     )
 
 
-def _cell(stats: SeedSummary, runs: int) -> str:
+def _cell(stats: SeedSummary, runs: int, single: tuple[float, float] | None = None) -> str:
+    """``mean ± std`` over the runs; a value alone for one run, with ``single`` (its test-set
+    interval) as ``value [low, high]``; ``(n=k)`` where only ``k`` of the runs have a value."""
     if stats.mean is None:
         return "n/a"
     text = f"{stats.mean:.4f}" if stats.std is None else f"{stats.mean:.4f} ± {stats.std:.4f}"
+    if single is not None and stats.std is None:
+        text += f" [{single[0]:.4f}, {single[1]:.4f}]"
     return text if stats.n == runs else f"{text} (n={stats.n})"
+
+
+def _interval_note(summaries: Sequence[MethodSummary]) -> str | None:
+    """The table note (plain text: the caller escapes it) saying which interval a cell shows:
+    ``[low, high]`` after a single run's value is that run's interval from its test items (the
+    ``intervals`` section's method, confidence, resamples and seed), ``±`` the sample std across
+    seeds; ``None`` when no cell shows a single-run interval."""
+    shown = [s for s in summaries if any(_single_run_interval(s, k) for k in s.stats)]
+    if not shown:
+        return None
+    sections = {
+        (iv.method, iv.confidence, iv.resamples, iv.seed)
+        for s in shown
+        for r in s.runs
+        if (iv := r.results.intervals) is not None
+    }
+    how = "; ".join(
+        f"{100 * c:g}% {printable(m, 80)}, {n} resamples, seed {seed}"
+        for m, c, n, seed in sorted(sections)
+    )
+    return (
+        "value [low, high]: a method with one run shows the interval of its test-set "
+        f"noise, from its per-item records ({how}; the intervals section of results.json), "
+        "not the variation between seeds. With two or more runs, ± is the sample std across "
+        "seeds (the intervals across seeds are under Uncertainty across seeds)."
+    )
+
+
+def _named_caveats(stats: Mapping[str, SeedSummary]) -> list[tuple[str, str | None]]:
+    return [(method, summary.caveat) for method, summary in stats.items()]
+
+
+def _caveat_block(caveats: Sequence[str]) -> list[str]:
+    """``report.md`` lines of the caveats under a table (a list, then a blank line)."""
+    return [*(f"- {c}" for c in caveats), ""] if caveats else []
+
+
+def _seed_caveats(named: Sequence[tuple[str, str | None]], escape: Any) -> list[str]:
+    """The small-sample caveat of the across-seed intervals (``SeedSummary.caveat``, fewer
+    than ``SMALL_SAMPLE_RUNS`` runs) once per distinct text, naming the methods (or pairs) it
+    applies to (escaped with ``escape``)."""
+    by_text: dict[str, list[str]] = {}
+    for name, text in named:
+        if text:
+            by_text.setdefault(text, []).append(name)
+    return [f"{', '.join(map(escape, names))}: {escape(text)}" for text, names in by_text.items()]
 
 
 def _seeds(summary: MethodSummary) -> str:
@@ -521,14 +571,16 @@ def _seeds(summary: MethodSummary) -> str:
 
 
 def markdown_table(summaries: Sequence[MethodSummary]) -> str:
-    """``| method | runs | seeds | ACC | ... |`` with mean ± sample std (mean alone for one run;
-    ``(n=k)`` where only ``k`` of the runs have a value); method names and seeds escaped
+    """``| method | runs | seeds | ACC | ... |`` with mean ± sample std (mean alone for one run,
+    followed by ``[low, high]``, the run's interval from its test items, where its ``intervals``
+    section has one for the column; ``(n=k)`` where only ``k`` of the runs have a value); method
+    names and seeds escaped
     ([`escape_markdown`][continual_eval.report.escape_markdown])."""
     columns = _columns(summaries)
     header = ["method", "runs", "seeds", *columns.values()]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in summaries:
-        cells = [_cell(s.stats[k], len(s.runs)) for k in columns]
+        cells = [_cell(s.stats[k], len(s.runs), _single_run_interval(s, k)) for k in columns]
         row = [escape_markdown(s.method), str(len(s.runs)), escape_markdown(_seeds(s)), *cells]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -563,6 +615,8 @@ def _plot_metric_panels(
         titles={k: columns[k] for k in keys},
         higher_is_better=directions,
         interval_label=f"{pct} Student-t interval of the mean (n ≥ 2)",
+        single_intervals={k: [_single_run_interval(s, k) for s in summaries] for k in keys},
+        single_label="one run: its interval from its test items (grey)",
         title="Metrics per method: mean over seeds (↑ higher is better, ↓ lower is better)",
     )
     fig.savefig(path, dpi=120)
@@ -594,6 +648,52 @@ def _matrix_range(matrix: MatrixResults) -> tuple[float, float] | None:
     return None
 
 
+#: how the report names a cell interval method of the ``intervals`` section
+_CELL_METHODS = {"wilson": "Wilson", "t": "Student-t"}
+
+
+def _cell_interval_label(results: ContinualResults, matrix: str) -> str:
+    """``"95% Wilson interval"``: what the cell intervals of ``matrix`` in ``results``'
+    ``intervals`` section are (``"interval"`` without one)."""
+    section = results.intervals
+    held = None if section is None else section.matrices.get(matrix)
+    if section is None or held is None:
+        return "interval"
+    method = _CELL_METHODS.get(held.cell_method, held.cell_method)
+    return f"{100 * section.confidence:g}% {method} interval"
+
+
+def _run_metric_interval(results: ContinualResults, key: str) -> tuple[float, float] | None:
+    """The ``intervals`` section's ``(low, high)`` of report column ``key`` on the primary
+    matrix (one run's test-set interval, e.g. the paired bootstrap of BWT), when the section
+    holds one whose estimate is the column's value (the same definition); else ``None``. Any
+    metric the section provides under a report column's key is found, so new ones need no
+    change here."""
+    section = results.intervals
+    held = None if section is None else section.matrices.get(results.primary_name)
+    found = None if held is None else held.metrics.get(key)
+    value = run_metrics(results).get(key)
+    if found is None or value is None:
+        return None
+    estimate, low, high = found
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    if not math.isclose(estimate, value, rel_tol=1e-6, abs_tol=1e-9):
+        return None
+    return low, high
+
+
+def _single_run_interval(summary: MethodSummary, key: str) -> tuple[float, float] | None:
+    """The single-run interval of column ``key`` shown for a method with exactly one value of
+    it (`_run_metric_interval` of that run); ``None``
+    otherwise (with two or more values the intervals across seeds are the ones shown)."""
+    if summary.stats[key].n != 1:
+        return None
+    values = summary.values[key]
+    run = next(r for r, v in zip(summary.runs, values, strict=True) if v is not None)
+    return _run_metric_interval(run.results, key)
+
+
 def _plot_run(run: Run, out_dir: Path) -> list[RunPictures]:
     """Every matrix's heatmap (colormap by the score's direction) and trajectories:
     ``<label>_matrix.png`` / ``<label>_trajectories.png`` for the primary matrix,
@@ -615,6 +715,7 @@ def _plot_run(run: Run, out_dir: Path) -> list[RunPictures]:
         shown = _plain_for_plot(key)
         value_range = _matrix_range(matrix)
         matrix_path = out_dir / f"{run.label}_matrix{suffix}.png"
+        held = None if run.results.intervals is None else run.results.intervals.matrices.get(key)
         fig, _ = plot_accuracy_matrix(
             matrix.scores,
             matrix.baseline,
@@ -623,11 +724,13 @@ def _plot_run(run: Run, out_dir: Path) -> list[RunPictures]:
             value_range=value_range,
             value_label=score,
             higher_is_better=matrix.higher_is_better,
+            intervals=None if held is None else (held.low, held.high),
+            baseline_intervals=None if held is None else (held.baseline_low, held.baseline_high),
+            interval_label=_cell_interval_label(run.results, key),
         )
         fig.savefig(matrix_path, dpi=120)
         plt.close(fig)
         traj_path = out_dir / f"{run.label}_trajectories{suffix}.png"
-        held = None if run.results.intervals is None else run.results.intervals.matrices.get(key)
         fig, _ = plot_task_trajectories(
             matrix.scores,
             task_names=names,
@@ -751,6 +854,7 @@ def _statistics(
             summary_markdown(stats),  # escapes the method names
             "",
         ]
+        lines += _caveat_block(_seed_caveats(list(_named_caveats(stats)), escape_markdown))
         summary_parts.append(({"metric": key, "higher_is_better": hib}, summary_csv(stats)))
         if len(summaries) < 2:
             continue
@@ -770,6 +874,8 @@ def _statistics(
             paired_markdown(pairs),  # escapes the method names
             "",
         ]
+        named = [(f"{a} - {b}", d.summary.caveat) for (a, b), d in pairs.items()]
+        lines += _caveat_block(_seed_caveats(named, escape_markdown))
         paired_parts.append(({"metric": key}, paired_csv(pairs)))
         shared += [json.dumps([seeds[i] for i in d.seeds]) for d in pairs.values()]
     (out / "seed_statistics.csv").write_text(_prefixed_csv(summary_parts, []), encoding="utf-8")
@@ -895,10 +1001,25 @@ def _per_task_columns(
                 )
                 for s in summaries
             ],
+            single=[_final_cell_interval(s, j) for s in summaries],
         )
         for j in range(T)
     ]
     return columns, primary.score
+
+
+def _final_cell_interval(summary: MethodSummary, task: int) -> tuple[float, float] | None:
+    """``(low, high)`` of the final primary cell ``R[s-1, task]`` of a method's one run, from
+    its ``intervals`` section; ``None`` with more runs, or without it."""
+    if len(summary.runs) != 1:
+        return None
+    results = summary.runs[0].results
+    section = results.intervals
+    held = None if section is None else section.matrices.get(results.primary_name)
+    if held is None or results.primary.num_stages == 0:
+        return None
+    low, high = float(held.low[-1, task]), float(held.high[-1, task])
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else None
 
 
 def latex_summary(
@@ -919,7 +1040,13 @@ def latex_summary(
     columns = _columns(summaries)
     directions, _ = _directions(runs, list(columns))
     metric_columns = [
-        LatexColumn(columns[k], directions[k], [s.stats[k] for s in summaries]) for k in columns
+        LatexColumn(
+            columns[k],
+            directions[k],
+            [s.stats[k] for s in summaries],
+            [_single_run_interval(s, k) for s in summaries],
+        )
+        for k in columns
     ]
     groups = None
     all_columns = metric_columns
@@ -1007,14 +1134,18 @@ def write_report(
         markdown_table(summaries),
         "",
     ]
+    note = _interval_note(summaries)
+    if note is not None:
+        lines += [escape_markdown(note), ""]
     if len(runs) > 0 and _plot_metric_panels(summaries, runs, out / "metrics.png"):
         lines += [
             "![metrics per method](metrics.png)",
             "",
             "One panel per metric, each with its own scale (↑ higher is better, ↓ lower is "
             f"better). Bars: mean over each method's runs (n in the legend). Error bars: the {pct} "
-            "Student-t interval of the mean, drawn only where a method has two or more values "
-            "(none for one run).",
+            "Student-t interval of the mean, drawn only where a method has two or more values; "
+            "grey where a method has one run with per-item records: that run's interval from "
+            "its test items (the tables' [low, high]).",
             "",
         ]
     _write_summary_csv(summaries, out / "summary.csv")
@@ -1082,6 +1213,10 @@ def _write_html(
         confidence=confidence,
         seeds_text=_seeds,
         run_title=_run_title,
+        single_interval=_single_run_interval,
+        interval_note=_interval_note(summaries),
+        seed_caveats=lambda named: _seed_caveats(named, str),
+        interval_label=_cell_interval_label,
     )
     (out / HTML_FILE).write_text(page, encoding="utf-8")
     return [
