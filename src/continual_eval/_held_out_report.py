@@ -1,5 +1,6 @@
 """The held-out part of ``continual-eval report``: for a run with a ``held_out`` section, a table
-per matrix (each set's baseline, final score, change against the baseline, worst drop) and the
+per matrix (each set's baseline, final score, change against the baseline, worst drop; with
+their one-run intervals ``[low, high]`` where the ``intervals`` section holds them) and the
 sets' trajectories over the stages, the baseline first."""
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def held_out_run_lines(
             "| set | baseline | final | delta | worst drop |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
-        for set_name, row in held_out.summary(name).items():
-            cells = [f"{v + 0.0:.4f}" if math.isfinite(v) else "n/a" for v in row.values()]
+        ends = _interval_ends(results, name)
+        for k, (set_name, row) in enumerate(held_out.summary(name).items()):
+            cells = [_cell(v, None if ends is None else ends[key][k]) for key, v in row.items()]
             lines.append(f"| {escape_markdown(set_name)} | " + " | ".join(cells) + " |")
         path = out / f"{label}_held_out{'' if number == 0 else f'_{number}'}.png"
         fig, _ = plot_held_out(
@@ -87,4 +89,40 @@ def held_out_run_lines(
         fig.savefig(path, dpi=120)
         _pyplot().close(fig)
         lines += ["", f"![held-out sets: {escape_markdown(name)}]({path.name})", ""]
+    if any(_interval_ends(results, name) is not None for name in held_out.scores):
+        confidence = results.intervals.confidence
+        lines += [
+            f"[low, high]: {confidence:.0%} intervals from the sets' test items (Wilson / t for "
+            "the scores; paired bootstrap over each set's items for delta and worst drop): the "
+            "error of the finite set, not the variation between runs.",
+            "",
+        ]
     return lines
+
+
+def _cell(value: float, ends: tuple[float, float] | None) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    text = f"{value + 0.0:.4f}"
+    if ends is not None and all(math.isfinite(e) for e in ends):
+        text += f" [{ends[0] + 0.0:.4f}, {ends[1] + 0.0:.4f}]"
+    return text
+
+
+def _interval_ends(results: Any, name: str) -> dict[str, list[tuple[float, float]]] | None:
+    """Per summary column (``baseline``, ``final``, ``delta``, ``worst_drop``) each set's
+    ``(low, high)``, from the ``intervals`` section (``None`` without one for ``name``)."""
+    intervals = getattr(results, "intervals", None)
+    held = None if intervals is None else intervals.held_out.get(name)
+    if held is None or held.low.shape[0] == 0:
+        return None
+
+    def pairs(low: Any, high: Any) -> list[tuple[float, float]]:
+        return list(zip(low.tolist(), high.tolist(), strict=True))
+
+    return {
+        "baseline": pairs(held.baseline_low, held.baseline_high),
+        "final": pairs(held.low[-1], held.high[-1]),
+        "delta": pairs(held.delta[1][-1], held.delta[2][-1]),
+        "worst_drop": pairs(held.worst_drop[1], held.worst_drop[2]),
+    }

@@ -229,3 +229,25 @@ def test_journal_replay_and_state_round_trip_keep_the_held_out_items(run):
     assert restored.held_out_sizes == [37, 9]
     for j in (3, 4):
         assert torch.equal(restored.values("acc", 2)[j], live.values("acc", 2)[j])
+
+
+def test_report_table_writes_the_held_out_intervals(run, tmp_path):
+    """``report.md``'s held-out table: each value with its interval from results.json."""
+    from continual_eval._held_out_report import held_out_run_lines
+
+    _, _, _, _, root, _ = run
+    results = ContinualResults.load(root / "out")
+    lines = held_out_run_lines(results, "run", "run", tmp_path, str)
+    document = json.loads((root / "out" / "results.json").read_text())
+    held = document["intervals"]["held_out"]["acc"]
+    summary = results.held_out.summary("acc")["general"]
+    row = next(line for line in lines if line.startswith("| general |") and "[" in line)
+    baseline = (
+        f"{summary['baseline']:.4f} [{held['baseline_low'][0]:.4f}, {held['baseline_high'][0]:.4f}]"
+    )
+    delta = (
+        f"{summary['delta']:.4f} [{held['delta']['low'][-1][0]:.4f}, "
+        f"{held['delta']['high'][-1][0]:.4f}]"
+    )
+    assert baseline in row and delta in row, row
+    assert any("95% intervals from the sets' test items" in line for line in lines)
