@@ -29,7 +29,12 @@ from continual_eval.functional.class_incremental import TaskClasses
 from continual_eval.record import Scored
 from continual_eval.results import ClassIncrementalResults, ContinualResults
 from continual_eval.results.class_incremental import encode_cells, sparse_confusion
-from continual_eval.results.schema import MAX_CLASS_TABLE_CELLS, MAX_CLASSES, MAX_CONFUSION_CELLS
+from continual_eval.results.schema import (
+    MAX_CLASS_TABLE_CELLS,
+    MAX_CLASSES,
+    MAX_CONFUSION_CELLS,
+    confusion_cells,
+)
 
 __all__ = ["ClassIncrementalRecord", "check_class_id_bounds", "class_incremental_scorers"]
 
@@ -409,19 +414,25 @@ class ClassIncrementalRecord:
         check_class_id_bounds(settings["task_classes"])
         return cls(TaskAgnosticAccuracyScorer(settings["task_classes"]), task_names)
 
-    def journal_part(self, stage: int | None) -> list[list[int]] | None:
-        """The stage's nonzero confusion cells as ``[true, predicted, count]`` rows, row-major
-        (`stage_counts`; the baseline: nothing)."""
+    def journal_part(self, stage: int | None) -> str | None:
+        """The stage's nonzero confusion cells as its ``results.json`` string
+        (``"true:predicted:count ..."``, row-major: `stage_text`, encoded once for both files;
+        the baseline: nothing)."""
         if stage is None:
             return None
-        cells: list[list[int]] = self.stage_counts(stage).tolist()
-        return cells
+        return self.stage_text(stage)
 
     def replay_part(self, stage: int | None, part: Any) -> None:
-        """Record a journal line's cells of ``stage`` (refused, naming the stage and the cell,
-        unless class ids are below ``C``, counts >= 1 and each cell given once)."""
+        """Record a journal line's cells of ``stage``: its string (`journal_part`) or
+        ``[true, predicted, count]`` rows (journals written before), refused, naming the stage
+        and the cell, unless class ids are below ``C``, counts >= 1 and each cell given once."""
         if stage is None:
             return
+        if isinstance(part, str):
+            try:
+                part = torch.from_numpy(confusion_cells(part))
+            except ValueError as err:
+                raise ValueError(f"the journal's confusion cells of stage {stage}: {err}") from None
         self._append(stage, _checked_cells(stage, part, self.num_classes, "the journal's"))
 
 
