@@ -558,7 +558,7 @@ def test_the_records_running_sums_give_the_functional_measures(seed):
         for key, value in section_values(section).items():
             same(value, reference[key])
         assert torch.equal(section.confusion.to_dense(), dense)
-    for s, (view, dense) in views.items():  # the views handed out never change
+    for view, dense in views.values():  # the views handed out never change
         assert torch.equal(view.to_dense(), dense)
     # stage 3 recorded again (other counts): the later stages dropped, the earlier views kept
     again = [stages[4], stages[5]]
@@ -568,7 +568,7 @@ def test_the_records_running_sums_give_the_functional_measures(seed):
     section = record.add_to(results_of(5, T)).class_incremental
     for key, value in section_values(section).items():
         same(value, functional_section(task_classes, dense)[key])
-    for s, (view, old) in views.items():
+    for view, old in views.values():
         assert torch.equal(view.to_dense(), old)
     expected = section.to_section()
     restored = ClassIncrementalRecord(TaskAgnosticAccuracyScorer(task_classes), [""] * T)

@@ -321,9 +321,7 @@ class ClassIncrementalRecord:
         counts (no dense ``[S, C, C]``): a view of the stored cells, made in ``O(1)``."""
         C = self.num_classes
         if num_stages > len(self.task_classes):
-            return sparse_confusion(
-                [self.stage_counts(stage) for stage in range(num_stages)], C
-            )
+            return sparse_confusion([self.stage_counts(stage) for stage in range(num_stages)], C)
         n = self._offsets[min(num_stages, self.recorded_stages)]
         return torch.sparse_coo_tensor(
             self._index[:, :n],
@@ -351,13 +349,14 @@ class ClassIncrementalRecord:
         the sums kept per stage (`stage_sums`, ``O(s * C)``), the counts a view of the stored
         cells and their text encoded once per stage, so that no stored cell is read again."""
         num_stages = results.primary.num_stages
+        sums = None if num_stages > len(self.task_classes) else self.stage_sums(num_stages)
         section = ClassIncrementalResults.compute(
             self.task_classes,
             self.confusion(num_stages),
             forgetting=results.forgetting,
             confusion_text=[self.stage_text(stage) for stage in range(num_stages)],
             checked=self._checked,
-            stage_counts=None if num_stages > len(self.task_classes) else self.stage_sums(num_stages),
+            stage_counts=sums,
         )
         return dataclasses.replace(results, class_incremental=section)
 

@@ -909,9 +909,7 @@ def _recency_from_counts(
     seen = (class_task >= 0) & (class_task <= stages)  # [S, C]
     new = class_task == stages  # [S, C]
     num_seen = (total * seen).sum(-1)
-    return RecencyBias(
-        _ratio(new_predictions, num_seen), _ratio((total * new).sum(-1), num_seen)
-    )
+    return RecencyBias(_ratio(new_predictions, num_seen), _ratio((total * new).sum(-1), num_seen))
 
 
 def _sparse_recency_bias(
