@@ -110,12 +110,15 @@ class ClassIncrementalRecord:
     task-agnostic one (impossible with a right ``task_classes``).
 
     Each stage's counts are kept on their own, sparsely: `stage_counts` gives its
-    ``[nnz, 3]`` int64 ``(true, predicted, count)`` cells (row-major, counts >= 1; 24 bytes per
-    cell, at most one cell per test sample of the seen tasks), `stage_text` their
-    ``results.json`` string. Recording a stage costs ``O(T * K * C)`` (one scan of the scorer's
-    reduced blocks, ``K`` the most classes of a task) plus ``O(nnz)`` for its cells (a sort
-    when the task classes are not listed in increasing id order), whatever the stage index;
-    nothing of earlier stages is touched. The stored cells of all stages together are capped at
+    ``[nnz, 3]`` int64 ``(true, predicted, count)`` cells (row-major, counts >= 1; at most one
+    cell per test sample of the seen tasks), `stage_text` their ``results.json`` string (also
+    the stage's journal part), `stage_sums` the per-class sums every measure reads. The cells
+    of all stages lie in buffers that grow by doubling (32 bytes a cell, at most twice that
+    allocated), so `confusion` is a view made in ``O(1)`` and `add_to` computes the measures
+    from the sums in ``O(s * C)``, reading no stored cell. Recording a stage costs
+    ``O(T * K * C)`` (one scan of the scorer's reduced blocks, ``K`` the most classes of a task)
+    plus ``O(nnz + C)`` for its cells and sums (a sort when the task classes are not listed in
+    increasing id order), whatever the stage index; nothing of earlier stages is touched. The stored cells of all stages together are capped at
     `MAX_CONFUSION_CELLS`: a stage that would pass it is refused (`check_stage`) before anything
     of it is recorded.
 
