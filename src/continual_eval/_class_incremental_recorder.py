@@ -118,7 +118,8 @@ class ClassIncrementalRecord:
     from the sums in ``O(s * C)``, reading no stored cell. Recording a stage costs
     ``O(T * K * C)`` (one scan of the scorer's reduced blocks, ``K`` the most classes of a task)
     plus ``O(nnz + C)`` for its cells and sums (a sort when the task classes are not listed in
-    increasing id order), whatever the stage index; nothing of earlier stages is touched. The stored cells of all stages together are capped at
+    increasing id order), whatever the stage index;
+    nothing of earlier stages is touched. The stored cells of all stages together are capped at
     `MAX_CONFUSION_CELLS`: a stage that would pass it is refused (`check_stage`) before anything
     of it is recorded.
 
