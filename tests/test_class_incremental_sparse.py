@@ -432,3 +432,165 @@ def test_the_journal_part_replays_to_the_same_record():
     ):
         again.replay_part(1, [[3, 0, 1]])
     assert torch.equal(again.stage_counts(1), record.stage_counts(1))  # unchanged
+
+
+# ---------------------------------------------------------------- the record's running sums
+def random_run(seed: int, T: int = 6, K: int = 3, extra: int = 2):
+    """Task classes over shuffled ids (tasks of 1..K classes, ``extra`` ids of no task) and one
+    ``[T, K, C]`` block tensor per stage (the task-agnostic scorer's details): random counts in
+    every task's rows, future tasks included, one task without test samples."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, K + 1, (T,), generator=g).tolist()
+    C = sum(sizes) + extra
+    ids = torch.randperm(C, generator=g).tolist()
+    task_classes, at = [], 0
+    for n in sizes:
+        task_classes.append(ids[at : at + n])
+        at += n
+    samples = torch.randint(0, 5, (T, K), generator=g)
+    samples[1] = 0  # a task without test samples
+    stages = []
+    for _ in range(T):
+        blocks = torch.zeros(T, K, C, dtype=torch.int64)
+        for j in range(T):
+            for r in range(sizes[j]):
+                pred = torch.randint(0, C, (int(samples[j, r]),), generator=g)
+                blocks[j, r] = torch.bincount(pred, minlength=C)
+        stages.append(blocks)
+    return task_classes, C, stages
+
+
+def plain_confusion(task_classes, C: int, stages) -> torch.Tensor:
+    """``[S, C, C]`` dense counts by a plain loop: the seen tasks' blocks, row r of task j's block
+    the class ``task_classes[j][r]``."""
+    dense = torch.zeros(len(stages), C, C, dtype=torch.int64)
+    for i, blocks in enumerate(stages):
+        for j in range(i + 1):
+            for r, c in enumerate(task_classes[j]):
+                for p in range(C):
+                    dense[i, c, p] += int(blocks[j, r, p])
+    return dense
+
+
+def record_stages(record: ClassIncrementalRecord, stages, first: int = 0) -> None:
+    for stage, blocks in enumerate(stages, first):
+        scored = Scored({}, {"acc_task_agnostic": blocks}, tuple(range(len(blocks))))
+        record.check_stage(stage, scored)
+        record.record_stage(stage, scored)
+
+
+def functional_section(task_classes, dense: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every per-stage measure by the public functional layer on the dense counts."""
+    class_task = F.check_task_classes(task_classes, dense.shape[-1]).class_task
+    accuracy = F.per_class_accuracy(dense, class_task)
+    bias = F.recency_bias(dense, class_task)
+    values = {
+        "per_class_accuracy": accuracy,
+        "new_accuracy": F.old_new_accuracy(dense, class_task).new,
+        "mean_class_accuracy": F.mean_class_accuracy(dense, class_task),
+        "class_forgetting": F.per_class_forgetting(accuracy),
+        "recency_prediction_share": bias.prediction_share,
+        "recency_sample_share": bias.sample_share,
+    }
+    for w in ("sample", "task"):
+        values[f"seen_{w}"] = F.seen_accuracy(dense, class_task, weighting=w)
+        values[f"old_{w}"] = F.old_new_accuracy(dense, class_task, weighting=w).old
+    return values
+
+
+def section_values(section: ClassIncrementalResults) -> dict[str, torch.Tensor]:
+    values = {
+        key: getattr(section, key)
+        for key in (
+            "per_class_accuracy",
+            "new_accuracy",
+            "mean_class_accuracy",
+            "class_forgetting",
+            "recency_prediction_share",
+            "recency_sample_share",
+        )
+    }
+    for w in ("sample", "task"):
+        values[f"seen_{w}"] = section.seen_accuracy[w]
+        values[f"old_{w}"] = section.old_accuracy[w]
+    return values
+
+
+def results_of(num_stages: int, T: int):
+    from continual_eval.results import ContinualResults, ScoreMatrix
+
+    scores = torch.full((num_stages, T), 0.5, dtype=torch.float64)
+    matrix = ScoreMatrix("accuracy", scores, torch.full((T,), 0.5, dtype=torch.float64))
+    return ContinualResults.from_tensors({"acc": matrix}, task_names=[f"t{j}" for j in range(T)])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_records_running_sums_give_the_functional_measures(seed):
+    """The record keeps per stage the sums every measure reads (correct and test samples per
+    class, the seen samples predicted as the stage's task): they equal a plain loop's over the
+    dense counts, and the section made from them equals, bit for bit, the public functional
+    functions on those counts, after every stage, after a stage recorded again, after a
+    checkpoint state and after a journal replay (the stage strings through JSON)."""
+    import json
+
+    task_classes, C, stages = random_run(seed)
+    T = len(task_classes)
+    class_task = F.check_task_classes(task_classes, C).class_task
+    record = ClassIncrementalRecord(TaskAgnosticAccuracyScorer(task_classes), [""] * T)
+    views = {}
+    for s in range(1, T + 1):
+        record_stages(record, stages[s - 1 : s], first=s - 1)
+        dense = plain_confusion(task_classes, C, stages[:s])
+        views[s] = (record.confusion(s), dense)
+        correct, total, new = record.stage_sums(s)
+        for i in range(s):  # a plain loop over the dense counts
+            assert correct[i].tolist() == [int(dense[i, c, c]) for c in range(C)]
+            assert total[i].tolist() == [int(dense[i, c].sum()) for c in range(C)]
+            expected = sum(
+                int(dense[i, c, p])
+                for c in range(C)
+                for p in range(C)
+                if 0 <= class_task[c] <= i and class_task[p] == i
+            )
+            assert int(new[i]) == expected
+        section = record.add_to(results_of(s, T)).class_incremental
+        reference = functional_section(task_classes, dense)
+        for key, value in section_values(section).items():
+            same(value, reference[key])
+        assert torch.equal(section.confusion.to_dense(), dense)
+    for view, dense in views.values():  # the views handed out never change
+        assert torch.equal(view.to_dense(), dense)
+    # stage 3 recorded again (other counts): the later stages dropped, the earlier views kept
+    again = [stages[4], stages[5]]
+    record_stages(record, again, first=3)
+    dense = plain_confusion(task_classes, C, stages[:3] + again)
+    assert record.recorded_stages == 5
+    section = record.add_to(results_of(5, T)).class_incremental
+    for key, value in section_values(section).items():
+        same(value, functional_section(task_classes, dense)[key])
+    for view, old in views.values():
+        assert torch.equal(view.to_dense(), old)
+    expected = section.to_section()
+    restored = ClassIncrementalRecord(TaskAgnosticAccuracyScorer(task_classes), [""] * T)
+    restored.load_state_dict(record.state_dict())
+    replayed = ClassIncrementalRecord.from_journal(record.journal_settings(), [""] * T)
+    for stage in range(5):
+        part = json.loads(json.dumps(record.journal_part(stage)))
+        assert isinstance(part, str) and part == record.stage_text(stage)
+        replayed.replay_part(stage, part)
+    for other in (restored, replayed):
+        assert other.add_to(results_of(5, T)).class_incremental.to_section() == expected
+        assert torch.equal(other.stage_sums(5)[0], record.stage_sums(5)[0])
+    # the same as the section computed from the counts alone (no sums given)
+    assert ClassIncrementalResults.compute(task_classes, dense).to_section() == expected
+
+
+def test_a_journal_string_of_bad_cells_is_refused_naming_the_stage():
+    record = ClassIncrementalRecord(TaskAgnosticAccuracyScorer([[0, 1], [2]]), ["a", "b"])
+    with pytest.raises(ValueError, match="journal's confusion cells of stage 0: expected"):
+        record.replay_part(0, "0:0:x")
+    with pytest.raises(ValueError, match=r"stage 0: cell 0 = \[7, 0, 1\]"):
+        record.replay_part(0, "7:0:1")
+    with pytest.raises(ValueError, match="at most 2 stages"):
+        record.replay_part(2, "0:0:1")
+    assert record.recorded_stages == 0 and record.stored_cells == 0

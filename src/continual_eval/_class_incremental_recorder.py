@@ -29,7 +29,12 @@ from continual_eval.functional.class_incremental import TaskClasses
 from continual_eval.record import Scored
 from continual_eval.results import ClassIncrementalResults, ContinualResults
 from continual_eval.results.class_incremental import encode_cells, sparse_confusion
-from continual_eval.results.schema import MAX_CLASS_TABLE_CELLS, MAX_CLASSES, MAX_CONFUSION_CELLS
+from continual_eval.results.schema import (
+    MAX_CLASS_TABLE_CELLS,
+    MAX_CLASSES,
+    MAX_CONFUSION_CELLS,
+    confusion_cells,
+)
 
 __all__ = ["ClassIncrementalRecord", "check_class_id_bounds", "class_incremental_scorers"]
 
@@ -105,11 +110,15 @@ class ClassIncrementalRecord:
     task-agnostic one (impossible with a right ``task_classes``).
 
     Each stage's counts are kept on their own, sparsely: `stage_counts` gives its
-    ``[nnz, 3]`` int64 ``(true, predicted, count)`` cells (row-major, counts >= 1; 24 bytes per
-    cell, at most one cell per test sample of the seen tasks), `stage_text` their
-    ``results.json`` string. Recording a stage costs ``O(T * K * C)`` (one scan of the scorer's
-    reduced blocks, ``K`` the most classes of a task) plus ``O(nnz)`` for its cells (a sort
-    when the task classes are not listed in increasing id order), whatever the stage index;
+    ``[nnz, 3]`` int64 ``(true, predicted, count)`` cells (row-major, counts >= 1; at most one
+    cell per test sample of the seen tasks), `stage_text` their ``results.json`` string (also
+    the stage's journal part), `stage_sums` the per-class sums every measure reads. The cells
+    of all stages lie in buffers that grow by doubling (32 bytes a cell, at most twice that
+    allocated), so `confusion` is a view made in ``O(1)`` and `add_to` computes the measures
+    from the sums in ``O(s * C)``, reading no stored cell. Recording a stage costs
+    ``O(T * K * C)`` (one scan of the scorer's reduced blocks, ``K`` the most classes of a task)
+    plus ``O(nnz + C)`` for its cells and sums (a sort when the task classes are not listed in
+    increasing id order), whatever the stage index;
     nothing of earlier stages is touched. The stored cells of all stages together are capped at
     `MAX_CONFUSION_CELLS`: a stage that would pass it is refused (`check_stage`) before anything
     of it is recorded.
@@ -141,10 +150,27 @@ class ClassIncrementalRecord:
             [c for classes in self.task_classes for c in classes], dtype=torch.long
         )
         self._row_class = table
-        self._cells: dict[int, Tensor] = {}  # stage -> [nnz, 3] int64 (true, predicted, count)
-        self._encoded: dict[int, str] = {}  # stage -> encode_cells() of it, made once
-        self._stored = 0  # cells of all stages
+        self._class_task = scorer.task_classes.class_task.to("cpu", torch.long)
+        self._clear()
         self._pending: tuple[int, Scored, Tensor] | None = None  # check_stage's cells
+
+    def _clear(self) -> None:
+        """No stage recorded."""
+        # every stored cell, stage after stage (row-major within a stage: coalesced order), in
+        # buffers that grow by doubling: (stage, true, predicted) [3, capacity] and the counts
+        # [capacity]; the first ``_offsets[-1]`` are used, stage i's are
+        # ``_offsets[i] .. _offsets[i + 1]``. Filled cells are never changed (a buffer is
+        # replaced, not written over, when stages are recorded again), so the sparse tensors
+        # `confusion` hands out are views of them, made in O(1).
+        self._index = torch.zeros(3, 0, dtype=torch.long)
+        self._values = torch.zeros(0, dtype=torch.long)
+        self._offsets = [0]
+        # per stage, as each is recorded: the sums every measure reads (`stage_sums`)
+        T, C = len(self.task_classes), self.num_classes
+        self._correct = torch.zeros(T, C, dtype=torch.long)
+        self._total = torch.zeros(T, C, dtype=torch.long)
+        self._new_predictions = torch.zeros(T, dtype=torch.long)
+        self._encoded: dict[int, str] = {}  # stage -> encode_cells() of it, made once
 
     # ------------------------------------------------------------------ recording
     def record_baseline(self, scored: Scored) -> None:
@@ -162,7 +188,7 @@ class ClassIncrementalRecord:
                 f"{AGNOSTIC_NAME!r} scorer for the seen tasks 0 .. {stage}"
             )
         cells = self._stage_cells(stage, scored)
-        others = self._stored - len(self._cells.get(stage, ()))
+        others = self._offsets[min(stage, self.recorded_stages)]
         if others + len(cells) > MAX_CONFUSION_CELLS:
             raise ValueError(
                 f"stage {stage}: its confusion counts have {len(cells)} nonzero cells, and the "
@@ -202,10 +228,54 @@ class ClassIncrementalRecord:
             cells = pending[2]
         else:
             cells = self._stage_cells(stage, scored)
-        self._stored += len(cells) - len(self._cells.get(stage, ()))
-        self._cells[stage] = cells
-        self._encoded.pop(stage, None)
+        self._append(stage, cells)
         return self._inverted(stage, scored.rows)
+
+    @property
+    def recorded_stages(self) -> int:
+        """The stages recorded (0 .. ``recorded_stages - 1``; a stage skipped is empty)."""
+        return len(self._offsets) - 1
+
+    def _append(self, stage: int, cells: Tensor) -> None:
+        """Record stage ``stage``'s ``[nnz, 3]`` row-major cells (distinct, counts >= 1) and
+        their sums (`stage_sums`), ``O(nnz + C)``: the next stage, or again a stage recorded
+        before (the later ones dropped), or a later one (the stages between left empty)."""
+        if stage >= len(self.task_classes):
+            raise ValueError(
+                f"stage {stage}: confusion counts of at most {len(self.task_classes)} stages "
+                "(one per task) are recorded"
+            )
+        if stage < self.recorded_stages:  # new buffers: views handed out stay as they were
+            end = self._offsets[stage]
+            self._index, self._values = self._index[:, :end].clone(), self._values[:end].clone()
+            del self._offsets[stage + 1 :]
+            self._correct[stage:] = 0
+            self._total[stage:] = 0
+            self._new_predictions[stage:] = 0
+            self._encoded = {k: v for k, v in self._encoded.items() if k < stage}
+        while self.recorded_stages < stage:
+            self._offsets.append(self._offsets[-1])
+        start, n = self._offsets[-1], len(cells)
+        if start + n > self._values.numel():  # grow by doubling (amortised O(1) a cell)
+            capacity = max(2 * self._values.numel(), start + n, 1024)
+            index = torch.zeros(3, capacity, dtype=torch.long)
+            values = torch.zeros(capacity, dtype=torch.long)
+            index[:, :start] = self._index[:, :start]
+            values[:start] = self._values[:start]
+            self._index, self._values = index, values
+        true, pred, count = cells[:, 0], cells[:, 1], cells[:, 2]
+        self._index[0, start : start + n] = stage
+        self._index[1, start : start + n] = true
+        self._index[2, start : start + n] = pred
+        self._values[start : start + n] = count
+        self._offsets.append(start + n)
+        # the sums of `sums_of_counts` (results.class_incremental), of this stage's cells alone
+        right = true == pred
+        self._total[stage].index_add_(0, true, count)
+        self._correct[stage].index_add_(0, true[right], count[right])
+        true_task = self._class_task[true]
+        to_new = (true_task >= 0) & (true_task <= stage) & (self._class_task[pred] == stage)
+        self._new_predictions[stage] = count[to_new].sum()
 
     def _inverted(self, stage: int, rows: Mapping[str, Tensor]) -> list[str]:
         aware, agnostic = rows.get(AWARE_NAME), rows.get(AGNOSTIC_NAME)
@@ -233,8 +303,10 @@ class ClassIncrementalRecord:
         """Stage ``stage``'s counts: ``[nnz, 3]`` int64 ``(true, predicted, count)`` rows of the
         nonzero cells, row-major (empty for a stage not recorded). Each stage's counts stand on
         their own (not a difference to another stage)."""
-        cells = self._cells.get(stage)
-        return torch.zeros(0, 3, dtype=torch.int64) if cells is None else cells
+        if not 0 <= stage < self.recorded_stages:
+            return torch.zeros(0, 3, dtype=torch.int64)
+        a, b = self._offsets[stage], self._offsets[stage + 1]
+        return torch.stack([self._index[1, a:b], self._index[2, a:b], self._values[a:b]], 1)
 
     def stage_text(self, stage: int) -> str:
         """Stage ``stage``'s ``confusion.stages`` string of ``results.json``
@@ -246,23 +318,49 @@ class ClassIncrementalRecord:
     @property
     def stored_cells(self) -> int:
         """The nonzero cells recorded, all stages together (24 bytes each)."""
-        return self._stored
+        return self._offsets[-1]
 
     def confusion(self, num_stages: int) -> Tensor:
         """``[num_stages, C, C]`` int64 as a coalesced sparse COO tensor: each recorded stage's
-        counts (no dense ``[S, C, C]``)."""
-        cells = [self.stage_counts(stage) for stage in range(num_stages)]
-        return sparse_confusion(cells, self.num_classes)
+        counts (no dense ``[S, C, C]``): a view of the stored cells, made in ``O(1)``."""
+        C = self.num_classes
+        if num_stages > len(self.task_classes):
+            return sparse_confusion([self.stage_counts(stage) for stage in range(num_stages)], C)
+        n = self._offsets[min(num_stages, self.recorded_stages)]
+        return torch.sparse_coo_tensor(
+            self._index[:, :n],
+            self._values[:n],
+            (num_stages, C, C),
+            is_coalesced=True,
+            check_invariants=False,
+        )
+
+    def stage_sums(self, num_stages: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The sums of the first ``num_stages`` stages' counts that every class-incremental
+        measure reads, kept as each stage is recorded: correct predictions and test samples per
+        stage and class (``[s, C]`` int64: the diagonal and the row sums) and the seen-class
+        samples predicted as a class of the stage's own task (``[s]``); see
+        [`ClassIncrementalResults.compute`][continual_eval.results.ClassIncrementalResults.compute]'s
+        ``stage_counts``. Copies (``O(s * C)``)."""
+        return (
+            self._correct[:num_stages].clone(),
+            self._total[:num_stages].clone(),
+            self._new_predictions[:num_stages].clone(),
+        )
 
     def add_to(self, results: ContinualResults) -> ContinualResults:
-        """``results`` with the ``class_incremental`` section of its stages."""
+        """``results`` with the ``class_incremental`` section of its stages: the measures from
+        the sums kept per stage (`stage_sums`, ``O(s * C)``), the counts a view of the stored
+        cells and their text encoded once per stage, so that no stored cell is read again."""
         num_stages = results.primary.num_stages
+        sums = None if num_stages > len(self.task_classes) else self.stage_sums(num_stages)
         section = ClassIncrementalResults.compute(
             self.task_classes,
             self.confusion(num_stages),
             forgetting=results.forgetting,
             confusion_text=[self.stage_text(stage) for stage in range(num_stages)],
             checked=self._checked,
+            stage_counts=sums,
         )
         return dataclasses.replace(results, class_incremental=section)
 
@@ -272,7 +370,7 @@ class ClassIncrementalRecord:
         ``torch.load(weights_only=True)`` reads them)."""
         return {
             "task_classes": [list(c) for c in self.task_classes],
-            "cells": {stage: m.clone() for stage, m in sorted(self._cells.items())},
+            "cells": {stage: self.stage_counts(stage) for stage in range(self.recorded_stages)},
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
@@ -297,9 +395,15 @@ class ClassIncrementalRecord:
                 int(stage): _dense_cells(stage, m, self.num_classes)
                 for stage, m in state["confusion"].items()
             }
-        self._cells = cells
-        self._stored = sum(len(c) for c in cells.values())
-        self._encoded = {}
+        beyond = [stage for stage in cells if not 0 <= stage < len(self.task_classes)]
+        if beyond:
+            raise ValueError(
+                f"the state holds confusion counts of stage {beyond[0]}; a run of "
+                f"{len(self.task_classes)} tasks has stages 0 .. {len(self.task_classes) - 1}"
+            )
+        self._clear()
+        for stage, stage_cells in sorted(cells.items()):
+            self._append(stage, stage_cells)
         self._pending = None
 
     # ------------------------------------------------------------------ journal
@@ -313,23 +417,26 @@ class ClassIncrementalRecord:
         check_class_id_bounds(settings["task_classes"])
         return cls(TaskAgnosticAccuracyScorer(settings["task_classes"]), task_names)
 
-    def journal_part(self, stage: int | None) -> list[list[int]] | None:
-        """The stage's nonzero confusion cells as ``[true, predicted, count]`` rows, row-major
-        (`stage_counts`; the baseline: nothing)."""
+    def journal_part(self, stage: int | None) -> str | None:
+        """The stage's nonzero confusion cells as its ``results.json`` string
+        (``"true:predicted:count ..."``, row-major: `stage_text`, encoded once for both files;
+        the baseline: nothing)."""
         if stage is None:
             return None
-        cells: list[list[int]] = self.stage_counts(stage).tolist()
-        return cells
+        return self.stage_text(stage)
 
     def replay_part(self, stage: int | None, part: Any) -> None:
-        """Record a journal line's cells of ``stage`` (refused, naming the stage and the cell,
-        unless class ids are below ``C``, counts >= 1 and each cell given once)."""
+        """Record a journal line's cells of ``stage``: its string (`journal_part`) or
+        ``[true, predicted, count]`` rows (journals written before), refused, naming the stage
+        and the cell, unless class ids are below ``C``, counts >= 1 and each cell given once."""
         if stage is None:
             return
-        cells = _checked_cells(stage, part, self.num_classes, "the journal's")
-        self._stored += len(cells) - len(self._cells.get(stage, ()))
-        self._cells[stage] = cells
-        self._encoded.pop(stage, None)
+        if isinstance(part, str):
+            try:
+                part = torch.from_numpy(confusion_cells(part))
+            except ValueError as err:
+                raise ValueError(f"the journal's confusion cells of stage {stage}: {err}") from None
+        self._append(stage, _checked_cells(stage, part, self.num_classes, "the journal's"))
 
 
 def _checked_cells(stage: Any, given: Any, C: int, source: str = "the state's") -> Tensor:

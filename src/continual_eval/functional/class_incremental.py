@@ -598,13 +598,17 @@ def per_class_accuracy(
         [0.75, nan, nan]
     """
     correct, total, single = _counts(confs, class_task, validate)
-    accuracy = _ratio(correct, total)
-    if class_task is not None:
-        stages = _stages(correct.shape[0], first_stage, correct.device)
-        class_task = class_task.to(correct.device)
-        seen = (class_task >= 0) & (class_task <= stages)
-        accuracy = accuracy.masked_fill(~seen, _NAN)
-    return _squeeze(accuracy, single)
+    if class_task is None:
+        return _squeeze(_ratio(correct, total), single)
+    stages = _stages(correct.shape[0], first_stage, correct.device)
+    return _squeeze(_class_accuracy(correct, total, class_task.to(correct.device), stages), single)
+
+
+def _class_accuracy(correct: Tensor, total: Tensor, class_task: Tensor, stages: Tensor) -> Tensor:
+    """`per_class_accuracy` from the per-stage, per-class counts ``correct``/``total [S, C]``
+    (``stages``: ``[S, 1]``): ``correct / total``, NaN where not seen or without a sample."""
+    seen = (class_task >= 0) & (class_task <= stages)
+    return _ratio(correct, total).masked_fill(~seen, _NAN)
 
 
 def per_task_accuracy(
@@ -882,28 +886,41 @@ def recency_bias(
     new = class_task == stages  # [S, C]
     seen_rows = stack * seen.unsqueeze(-1)  # [S, C, C], rows of the unseen classes zeroed
     predicted = seen_rows.sum(1, dtype=torch.long)  # [S, C] predictions per class
-    tested = seen_rows.sum(2, dtype=torch.long)  # [S, C] test samples per seen class
-    num_seen = tested.sum(-1)
-    prediction_share = _ratio((predicted * new).sum(-1), num_seen)
-    sample_share = _ratio((tested * new).sum(-1), num_seen)
-    return RecencyBias(_squeeze(prediction_share, single), _squeeze(sample_share, single))
+    total = stack.sum(2, dtype=torch.long)  # [S, C] test samples per class
+    bias = _recency_from_counts(total, (predicted * new).sum(-1), class_task, stages)
+    return RecencyBias(_squeeze(bias.prediction_share, single), _squeeze(bias.sample_share, single))
+
+
+def _new_predictions(stack: Tensor, class_task: Tensor, stages: Tensor) -> Tensor:
+    """``[S]`` int64: per stage ``i`` of a coalesced sparse ``[S, C, C]``, the test samples of
+    the seen classes predicted as a class of task ``i`` (sums over its stored cells)."""
+    stage, true, pred, count = _sparse_cells(stack)
+    at = stages[:, 0][stage]  # the stage of each cell
+    true_task = class_task[true]
+    to_new = (true_task >= 0) & (true_task <= at) & (class_task[pred] == at)
+    return _sum_by(stage[to_new], count[to_new], stack.shape[0])
+
+
+def _recency_from_counts(
+    total: Tensor, new_predictions: Tensor, class_task: Tensor, stages: Tensor
+) -> RecencyBias:
+    """`recency_bias` from the per-stage, per-class test samples ``total [S, C]`` and the
+    predictions of seen-class samples as the newest task's classes ``new_predictions [S]``."""
+    seen = (class_task >= 0) & (class_task <= stages)  # [S, C]
+    new = class_task == stages  # [S, C]
+    num_seen = (total * seen).sum(-1)
+    return RecencyBias(_ratio(new_predictions, num_seen), _ratio((total * new).sum(-1), num_seen))
 
 
 def _sparse_recency_bias(
     stack: Tensor, class_task: Tensor, stages: Tensor, single: bool
 ) -> RecencyBias:
     """`recency_bias` of a coalesced sparse ``[S, C, C]``: sums over its stored cells."""
-    S = stack.shape[0]
-    stage, true, pred, count = _sparse_cells(stack)
-    at = stages[:, 0][stage]  # the stage of each cell
-    true_task, pred_task = class_task[true], class_task[pred]
-    seen = (true_task >= 0) & (true_task <= at)
-    num_seen = _sum_by(stage[seen], count[seen], S)
-    to_new = seen & (pred_task == at)
-    of_new = true_task == at
-    prediction_share = _ratio(_sum_by(stage[to_new], count[to_new], S), num_seen)
-    sample_share = _ratio(_sum_by(stage[of_new], count[of_new], S), num_seen)
-    return RecencyBias(_squeeze(prediction_share, single), _squeeze(sample_share, single))
+    total = _sparse_counts(stack)[1]
+    bias = _recency_from_counts(
+        total, _new_predictions(stack, class_task, stages), class_task, stages
+    )
+    return RecencyBias(_squeeze(bias.prediction_share, single), _squeeze(bias.sample_share, single))
 
 
 def confusion_in_arrival_order(

@@ -56,15 +56,15 @@ from torch import Tensor
 
 from continual_eval.functional.class_incremental import (
     TaskClasses,
+    _class_accuracy,
+    _group_accuracy,
     _mean_class_forgetting_per_stage,
+    _new_predictions,
+    _recency_from_counts,
     _sparse_counts,
     check_task_classes,
     confusion_in_arrival_order,
-    old_new_accuracy,
-    per_class_accuracy,
     per_class_forgetting,
-    recency_bias,
-    seen_accuracy,
 )
 from continual_eval.results._convert import cells, present
 from continual_eval.results.schema import (
@@ -310,17 +310,24 @@ class ClassIncrementalResults:
         forgetting: str = "peak",
         confusion_text: Sequence[str] | None = None,
         checked: TaskClasses | None = None,
+        stage_counts: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> ClassIncrementalResults:
         """Every measure from the per-stage confusion counts ``confusion [s, C, C]``, dense or
         sparse COO (stage ``i`` = row ``i``; an all-zero matrix = a stage without counts), computed
         from its nonzero cells. ``confusion_text``: their `encode_confusion` strings when already
         known (a recorder encodes each stage once); ``checked``:
         [`check_task_classes`][continual_eval.functional.check_task_classes] of ``task_classes``
-        over the ``C`` classes, when already made."""
+        over the ``C`` classes, when already made; ``stage_counts``: the sums of ``confusion``
+        every measure reads, when already made (a recorder keeps them as each stage is recorded,
+        so that the measures cost ``O(s * C)``, not a pass over every stored cell): per stage
+        and class the correct predictions and the test samples (``[s, C]`` int64 each: the
+        diagonal and the row sums), and per stage ``i`` the seen-class samples predicted as a
+        class of task ``i`` (``[s]`` int64). They are taken as given (the counts' own check,
+        >= 0, is then the caller's)."""
         if prediction not in PREDICTIONS:
             raise ValueError(f"prediction must be one of {PREDICTIONS}, got {prediction!r}")
         confusion = _as_sparse(confusion)
-        if bool((confusion.values() < 0).any()):
+        if stage_counts is None and bool((confusion.values() < 0).any()):
             raise ValueError("confusion counts must be >= 0")
         s, C = confusion.shape[0], confusion.shape[-1]
         if checked is None or checked.num_classes != C:
@@ -329,7 +336,16 @@ class ClassIncrementalResults:
             confusion_text = _stage_texts(confusion)
         elif len(confusion_text) != s:
             raise ValueError(f"{len(confusion_text)} confusion strings for {s} stages")
-        measures, totals = _measures(confusion, checked.class_task, forgetting)
+        if stage_counts is None:
+            stage_counts = sums_of_counts(confusion, checked.class_task)
+        elif any(len(part) != s for part in stage_counts) or any(
+            part.shape[1:] != (C,) for part in stage_counts[:2]
+        ):
+            raise ValueError(
+                f"stage_counts must be ([{s}, {C}], [{s}, {C}], [{s}]), got "
+                f"{[tuple(part.shape) for part in stage_counts]}"
+            )
+        measures, totals = _measures(*stage_counts, checked.class_task, forgetting)
         return cls(
             _class_lists(checked),
             confusion,
@@ -442,14 +458,23 @@ def _stage_texts(confusion: Tensor) -> list[str]:
     return [encode_cells(part) for part in torch.split(cells, sizes)]
 
 
+def sums_of_counts(confusion: Tensor, class_task: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(correct [s, C], total [s, C], new_predictions [s])`` of a coalesced sparse
+    ``[s, C, C]`` (see `ClassIncrementalResults.compute`'s ``stage_counts``): one pass over its
+    stored cells."""
+    correct, total = _sparse_counts(confusion)
+    stages = torch.arange(confusion.shape[0]).unsqueeze(-1)
+    return correct, total, _new_predictions(confusion, class_task, stages)
+
+
 def _measures(
-    confusion: Tensor, class_task: Tensor, forgetting: str
+    correct: Tensor, total: Tensor, new_predictions: Tensor, class_task: Tensor, forgetting: str
 ) -> tuple[dict[str, Any], Tensor]:
     """Every measure of [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults]
-    from the sparse counts ``[s, C, C]`` (scatter sums over the stored cells), and the per-stage
-    row sums ``[s, C]``."""
-    s, C = confusion.shape[0], confusion.shape[-1]
-    totals = _sparse_counts(confusion)[1]
+    from the per-stage sums of the counts (`sums_of_counts`; the functional layer's own
+    count-based steps, so the values equal its functions' on the confusion counts), and the
+    per-stage row sums ``[s, C]``."""
+    s, C = total.shape
     empty = torch.zeros(0, dtype=torch.float64)
     if s == 0:
         return {
@@ -458,21 +483,20 @@ def _measures(
             "old_accuracy": dict.fromkeys(WEIGHTINGS, empty),
             "class_forgetting": torch.full((C,), math.nan, dtype=torch.float64),
             **dict.fromkeys(_PER_STAGE, empty),
-        }, totals
-    # the counts and classes were checked once, by compute: validate=False below
-    accuracy = per_class_accuracy(confusion, class_task, validate=False)
+        }, total
+    stages = torch.arange(s).unsqueeze(-1)  # [s, 1]
+    accuracy = _class_accuracy(correct, total, class_task, stages)
     mca = torch.nanmean(accuracy, dim=-1)  # mean_class_accuracy, from the accuracy made once
-    bias = recency_bias(confusion, class_task, validate=False)
+    bias = _recency_from_counts(total, new_predictions, class_task, stages)
+
+    def group(member: Any, weighting: str) -> Tensor:
+        return _group_accuracy(correct, total, class_task, member, weighting)
+
     return {
         "per_class_accuracy": accuracy,
-        "seen_accuracy": {
-            w: seen_accuracy(confusion, class_task, weighting=w, validate=False) for w in WEIGHTINGS
-        },
-        "old_accuracy": {
-            w: old_new_accuracy(confusion, class_task, weighting=w, validate=False).old
-            for w in WEIGHTINGS
-        },
-        "new_accuracy": old_new_accuracy(confusion, class_task, validate=False).new,
+        "seen_accuracy": {w: group(lambda t: t <= stages, w) for w in WEIGHTINGS},
+        "old_accuracy": {w: group(lambda t: t < stages, w) for w in WEIGHTINGS},
+        "new_accuracy": group(lambda t: t == stages, "sample"),
         "mean_class_accuracy": mca,
         "amca_per_stage": _running_mean(mca),
         "class_forgetting": per_class_forgetting(accuracy, convention=forgetting),
@@ -481,7 +505,7 @@ def _measures(
         ),
         "recency_prediction_share": bias.prediction_share,
         "recency_sample_share": bias.sample_share,
-    }, totals
+    }, total
 
 
 _PER_STAGE = (
