@@ -12,9 +12,9 @@ import contextlib
 import copy
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -589,7 +589,13 @@ class ContinualEvalCallback(Callback):
             if replaced is None:  # the whole-test-set point of every curve, under the full keys
                 self._log_step(trainer, record.curves.last(), record.steps_trained)
         if trainer.is_global_zero:
-            results = self._write(trainer, stage)
+            # the results are made here only for what reads them here (loggers, the printed
+            # line, the curve pictures); else on the background writer, with the document
+            shown = bool(trainer.loggers) or self.verbose
+            shown = shown or (self.log_images and self.step_evaluation is not None)
+            results = self._write(trainer, stage, deferred=not shown)
+            if results is None:
+                return
             log_stage(
                 trainer.loggers,
                 results,
@@ -607,19 +613,39 @@ class ContinualEvalCallback(Callback):
         if note is not None and trainer.is_global_zero:
             warn_once(self.run_id, kind, note, stacklevel=3)
 
-    def _write(self, trainer: Trainer | None = None, stage: int | None = None) -> ContinualResults:
+    @overload
+    def _write(
+        self, trainer: Trainer | None = None, stage: int | None = None
+    ) -> ContinualResults: ...
+
+    @overload
+    def _write(
+        self, trainer: Trainer, stage: int, *, deferred: bool
+    ) -> ContinualResults | None: ...
+
+    def _write(
+        self, trainer: Trainer | None = None, stage: int | None = None, *, deferred: bool = False
+    ) -> ContinualResults | None:
         """Build the results and commit them (rank 0, once the directory is known): stage
         ``stage``'s journal line, ``results.json`` when due (`RunDirectory.write`); in a spawned
         process, hand the state to the creating one when ``results.json`` was rewritten. Returns
-        the results."""
+        the results; with ``deferred`` and no section to add, ``None``: the results are made on
+        the background writer, from copies (`RunRecord.deferred_results`), and only when
+        ``results.json`` is rebuilt."""
         record = self._record
         assert record is not None
         # a run in progress: its sections' cheap part (no bootstrap of the item intervals) and,
         # between rebuilds, no class-incremental section (its measures read every stage's counts)
         final = stage is None or record.num_stages == record.num_tasks
-        omit = () if self._directory.due(record, stage) else ("class_incremental",)
-        results = record.continual_results(light=not final, omit=omit)
-        rebuilt = self._directory.write(record, results, stage=stage)
+        due = self._directory.due(record, stage)
+        omit = () if due else ("class_incremental",)
+        made: ContinualResults | Callable[[], ContinualResults] | None = None
+        if deferred and stage is not None:  # not called unless results.json is rebuilt
+            made = record.deferred_results(omit=omit) if due else record.continual_results
+        if made is None:
+            made = record.continual_results(light=not final, omit=omit)
+        rebuilt = self._directory.write(record, made, stage=stage)
+        results = made if isinstance(made, ContinualResults) else None
         if trainer is not None and (rebuilt or stage is None):
             self._publish_to_owner(trainer)
         return results
