@@ -127,19 +127,25 @@ class RunDirectory:
         return {**self.__dict__, "_journal": None, "_built": None, "_pending": None}
 
     def write(
-        self, record: RunRecord, results: ContinualResults, *, stage: int | None = None
+        self,
+        record: RunRecord,
+        results: ContinualResults | Callable[[], ContinualResults],
+        *,
+        stage: int | None = None,
     ) -> bool:
         """Commit ``record`` (rank 0, once the directory is known; elsewhere nothing): stage
         ``stage``'s line appended to the journal (``None``: the journal rewritten from the
         record, for the baseline, a resume or the end of a run), then ``results`` (the record's)
-        written as ``results.json`` and CSV files when `rebuild_due` (always with ``stage=None``).
-        Returns whether ``results.json`` is rewritten.
+        written as ``results.json`` and CSV files when `rebuild_due` (always with ``stage=None``);
+        ``results`` may be a function making them (`RunRecord.deferred_results`), called on the
+        background writer. Returns whether ``results.json`` is rewritten.
 
         Off the critical path: the journal line is written and flushed to the OS here (a killed
         process loses no stage; a rewritten journal is fsync'd here too) and the document of
-        ``results.json`` made here (plain values); its bytes and the CSV files', the fsyncs and
-        the atomic replacement of the files run on a background thread (`wait`), which the next
-        write, `flush`, the fit's end, the ``ddp_spawn`` hand-over and a failed fit wait for."""
+        ``results.json`` made here (plain values) unless ``results`` is a function; its bytes and
+        the CSV files', the fsyncs and the atomic replacement of the files run on a background
+        thread (`wait`), which the next write, `flush`, the fit's end, the ``ddp_spawn``
+        hand-over and a failed fit wait for."""
         self.wait()
         if self.path is None:
             self.rebuilt = True  # nothing written: every logger output is up to date anyway
@@ -158,8 +164,12 @@ class RunDirectory:
         if self.rebuilt:
             # the document (plain lists, nothing the record changes later) is made here; its
             # bytes (JSON, CSV, hashes) and the files on the writer thread
-            document, path = results.to_document(with_files=False), self.path
-            jobs.append(lambda: prepare_commit(path, document)())
+            path = self.path
+            if callable(results):  # the results made, and their document, on the writer too
+                jobs.append(lambda: prepare_commit(path, results().to_document(with_files=False))())
+            else:
+                document = results.to_document(with_files=False)
+                jobs.append(lambda: prepare_commit(path, document)())
             jobs.append(lambda: setattr(self, "_built", completed))
         self._start(jobs)
         return self.rebuilt

@@ -12,9 +12,9 @@ import contextlib
 import copy
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -90,97 +90,55 @@ class ContinualEvalCallback(Callback):
     y, t)`` as ``module(x, t)``. ``results.json`` and ``scores.csv`` go to the run's directory,
     rewritten after every stage. What is recorded: [`record`][.record].
 
+    Every argument in full, with its details: the [options page][callback-options]
+    (docs/api/callback_options.md).
+
     Args:
-        test_dataloaders: one test loader per task (index = task id); ``None``: the datamodule's
-            (else the module's) ``test_dataloader()`` must return such a list.
-        task_names: names for logs and files (default ``task_0``, ``task_1``, ...).
-        epochs_per_task: ``k`` for a single ``fit`` over a schedule (stage ``i`` = epochs
-            ``[i*k, (i+1)*k)``), with ``Trainer(reload_dataloaders_every_n_epochs=1)`` and a
-            ``train_dataloader()`` returning ``loaders[scheduled_task(self.trainer, k)]``;
-            ``None`` (default) for one ``fit`` per task.
-        evaluate: ``"all"`` tasks after every stage, or ``"needed"``: only ``j <= i + 1``, the
-            cells the metrics read.
-        metric: a torchmetrics ``Metric`` (instance or factory) replacing accuracy.
-        scorers: several score matrices from the same forward passes, ``name -> scorer`` (or a
-            list, named by each scorer's ``name``): ``"accuracy"``, ``"loss"``, ``"top5"``, a
-            torchmetrics ``Metric`` or an object with the scorer protocol of
-            [`continual_eval.evaluation`][continual_eval.evaluation]; the first is the primary one.
-            Each gets its own ``R``, baseline, metrics, log keys (``{prefix}{name}/...``),
-            ``scores_<name>.csv`` and curves. Default ``{"acc": "accuracy"}``.
-        prefix: prefix of every logged key.
-        dirpath: where ``results.json``/``scores.csv`` go. Default: one directory per run, the
-            first logger's (docs/callback.md has the table), else ``continual_eval/version_N``.
-        metadata: free-form JSON-serialisable dict stored in ``results.json``.
-        forgetting: forgetting convention, ``"peak"`` or ``"chaudhry"``.
-        log_images: also log the matrix as a heatmap where the logger supports images.
-        verbose: print a line per stage and the full table at the end of the run.
-        inference_mode: ``torch.inference_mode`` (else ``torch.no_grad``; gloo: ``no_grad``).
-        eval_every_n_steps: ``k``, or a [`StepEvaluation`][continual_eval.StepEvaluation] (which
-            also sets a fixed subset per task): also score the tasks ``j <= stage`` every ``k``
-            optimizer steps inside every stage (training is unchanged); the curves, min-ACC, WC-ACC
-            and stability gap (De Lange et al., ICLR 2023) of every scorer go to ``results.json``,
-            the loggers and ``accuracy_curves.png``. ``None`` (default): off.
-        cache_test_batches: keep collated test batches on the evaluation device: ``None``
-            (default) for the per-step evaluations' loaders that
-            [`cache_safety`][continual_eval.evaluation.cache_safety] deems safe; ``True``: every
-            loader (you vouch that batches never change); ``False``: never.
-        cache_max_bytes: cap on the cached bytes (default 256 MiB).
-        overwrite: ``True`` replaces another run's ``results.json`` in the results directory
-            (by default the fit stops before training, naming it).
-        restore_rng_states: store the Python, NumPy and torch random states and the train
-            loaders' own generators in the checkpoint state and restore them at a resume (which
-            resumes are bitwise: docs/callback.md, "Resuming"; the others warn).
-        reference: reference scores of the primary scorer, one per task: a ``[T]`` tensor or
-            sequence, a mapping ``{"scores", "auc", "kind"}``, a
-            [`Reference`][continual_eval.Reference]
-            ([`train_reference`][continual_eval.train_reference]), or a reference run's path; adds
-            the ``reference`` section (intransigence, forward transfer against isolated training).
-        lca_beta: ``beta`` of the learning curve area (Chaudhry et al., ICLR 2019) in every
-            matrix's ``plasticity``; needs ``eval_every_n_steps=1``.
-        task_classes: class-incremental evaluation of a single-head model: one list of class
-            ids per task (or
-            [`task_classes_from_loaders`][continual_eval.task_classes_from_loaders]); adds the
-            matrices ``acc_task_aware`` and ``acc_task_agnostic`` after ``scorers`` and the
-            ``class_incremental`` section (confusion counts of the seen tasks per stage).
-        held_out_dataloaders: ``name -> loader`` of sets never trained (a language model's
-            general-ability set): scored with every scorer at the baseline and after every
-            stage, as task id ``T + h``, into the ``held_out`` section; never part of ``R``.
-        predictions: ``N``: write every generation scorer's
-            (`continual_eval.evaluation.generation.GenerationScorer`)
-            predictions of the first ``N`` items (by test-set position) of every task and held-out
-            set, at the baseline and after every stage, to ``predictions/baseline.jsonl`` and
-            ``predictions/stage_{i}.jsonl`` in the results directory (JSON lines: the cell, the
-            scorer, ``item``, ``prediction``, ``reference``, ``score``; the format:
-            `continual_eval.results.predictions`), named in the ``predictions`` section; each
-            such scorer then keeps at least ``N`` items per task (its ``record_items``).
-            ``None`` (default): off.
-        stage_eval_subset: ``n``: the baseline and every stage end (and per-step evaluations
-            without a subset of their own) score a fixed subset of ``n`` samples per task instead
-            of the whole test set, the same on any number of processes: stratified by class
-            where the labels are read without a pass (a ``TensorDataset``'s second tensor, a
-            ``targets`` attribute, through ``Subset``s), else uniform; drawn from the samples the
-            loader reads with seed ``stage_eval_seed + j``. The price: a cell's binomial standard
-            error is at most ``0.5 / sqrt(n)`` (n = 2000: 0.011). Recorded in the
-            ``stage_evaluation`` section (size, seed, rule and standard-error bound per task);
-            held-out sets stay whole. ``None`` (default): whole test sets.
-        stage_eval_seed: seed of the stage-end subsets.
-        eval_old_tasks_every: ``k``: stage ``i`` scores its old tasks ``j < i`` only when
-            ``(i + 1) % k == 0`` and at the final stage ``T - 1``; the diagonal and the later
-            tasks are scored at every stage (not with ``task_classes``, whose confusion counts
-            need every seen task). A skipped cell is absent (NaN, ``null`` in
-            ``results.json``, never imputed), and so is every metric that reads it (forgetting
-            of that task, AIA, the curves at that stage); ACC, BWT, FWT, learning accuracy and
-            intransigence read only the diagonal, the superdiagonal and the final row. ``None``
-            (default): every stage.
-        item_records: keep every test item's value at the baseline and after every stage (1 bit
-            per 0/1 item, 64 bits per other item and evaluation), gathered across ranks by the
-            item's position in its test set, for the matrices whose score is a mean over items
-            (accuracy, top-k, losses, generation scores; the others are skipped, named in the
-            ``items`` section):
-            ``True``, a list of matrix names, or a mapping ``{"scorers", "max_bytes" (default
-            256 MiB: refused at the baseline past it), "confidence" (0.95), "resamples"
-            (10,000), "seed" (0)}``. Adds the ``intervals`` (Wilson / t per cell, paired
-            bootstrap of the metrics) and ``items`` (item transitions) sections.
+        test_dataloaders (`Sequence[Any] | None`, `None`): one test loader per task; ``None``: the
+            datamodule's/module's ``test_dataloader()``.
+        task_names (`Sequence[str] | None`, `None`): names for logs and files (default ``task_0``,
+            ...).
+        epochs_per_task (`int | None`, `None`): ``k``: one ``fit`` over a schedule of ``k`` epochs a
+            stage; ``None``: a fit per task.
+        evaluate (`str`, `'all'`): ``"all"`` tasks after every stage, or ``"needed"``: the cells
+            the metrics read.
+        metric (`Any`, `None`): a torchmetrics ``Metric`` (or factory) replacing accuracy.
+        scorers (`Mapping[str, Any] | Sequence[Any] | None`, `None`): ``name -> scorer`` (or a
+            list): one matrix each, the first primary.
+        prefix (`str`, `'continual/'`): prefix of every logged key.
+        dirpath (`str | os.PathLike[str] | None`, `None`): the results directory (default: one per
+            run, the first logger's).
+        metadata (`Mapping[str, Any] | None`, `None`): JSON-serialisable dict stored in
+            ``results.json``.
+        forgetting (`str`, `'peak'`): ``"peak"`` or ``"chaudhry"``.
+        log_images (`bool`, `True`): log the matrix as a heatmap where the logger takes images.
+        verbose (`bool`, `True`): a line per stage and the table at the end.
+        inference_mode (`bool`, `True`): ``torch.inference_mode`` (else ``torch.no_grad``).
+        eval_every_n_steps (`int | StepEvaluation | None`, `None`): ``k`` or a
+            [`StepEvaluation`][continual_eval.StepEvaluation]: also score inside stages.
+        cache_test_batches (`bool | None`, `None`): keep collated test batches on the device
+            (``None``: where safe).
+        cache_max_bytes (`int`, `256 MiB`): cap on the cached bytes.
+        overwrite (`bool`, `False`): replace another run's ``results.json`` in the directory.
+        restore_rng_states (`bool`, `True`): store and restore the RNG states and loader generators
+            at a resume.
+        reference (`Any`, `None`): reference scores of the primary scorer (the ``reference``
+            section).
+        lca_beta (`int | None`, `None`): ``beta`` of the learning curve area (needs
+            ``eval_every_n_steps=1``).
+        task_classes (`Sequence[Sequence[int]] | None`, `None`): class ids per task:
+            class-incremental evaluation of a single head.
+        held_out_dataloaders (`Mapping[str, Any] | None`, `None`): ``name -> loader`` of sets never
+            trained (the ``held_out`` section).
+        predictions (`int | None`, `None`): ``N``: write the generation scorers' first ``N``
+            predictions per cell.
+        stage_eval_subset (`int | None`, `None`): ``n``: score a fixed subset of ``n`` samples per
+            task at stage ends.
+        stage_eval_seed (`int`, `0`): seed of the stage-end subsets.
+        eval_old_tasks_every (`int | None`, `None`): ``k``: score old tasks only every ``k``-th
+            stage and at the last.
+        item_records (`bool | Sequence[str] | Mapping[str, Any]`, `False`): keep every test item's
+            value (``intervals`` and ``items`` sections).
     """
 
     def __init__(
@@ -589,7 +547,13 @@ class ContinualEvalCallback(Callback):
             if replaced is None:  # the whole-test-set point of every curve, under the full keys
                 self._log_step(trainer, record.curves.last(), record.steps_trained)
         if trainer.is_global_zero:
-            results = self._write(trainer, stage)
+            # the results are made here only for what reads them here (loggers, the printed
+            # line, the curve pictures); else on the background writer, with the document
+            shown = bool(trainer.loggers) or self.verbose
+            shown = shown or (self.log_images and self.step_evaluation is not None)
+            results = self._write(trainer, stage, deferred=not shown)
+            if results is None:
+                return
             log_stage(
                 trainer.loggers,
                 results,
@@ -607,19 +571,39 @@ class ContinualEvalCallback(Callback):
         if note is not None and trainer.is_global_zero:
             warn_once(self.run_id, kind, note, stacklevel=3)
 
-    def _write(self, trainer: Trainer | None = None, stage: int | None = None) -> ContinualResults:
+    @overload
+    def _write(
+        self, trainer: Trainer | None = None, stage: int | None = None
+    ) -> ContinualResults: ...
+
+    @overload
+    def _write(
+        self, trainer: Trainer, stage: int, *, deferred: bool
+    ) -> ContinualResults | None: ...
+
+    def _write(
+        self, trainer: Trainer | None = None, stage: int | None = None, *, deferred: bool = False
+    ) -> ContinualResults | None:
         """Build the results and commit them (rank 0, once the directory is known): stage
         ``stage``'s journal line, ``results.json`` when due (`RunDirectory.write`); in a spawned
         process, hand the state to the creating one when ``results.json`` was rewritten. Returns
-        the results."""
+        the results; with ``deferred`` and no section to add, ``None``: the results are made on
+        the background writer, from copies (`RunRecord.deferred_results`), and only when
+        ``results.json`` is rebuilt."""
         record = self._record
         assert record is not None
         # a run in progress: its sections' cheap part (no bootstrap of the item intervals) and,
         # between rebuilds, no class-incremental section (its measures read every stage's counts)
         final = stage is None or record.num_stages == record.num_tasks
-        omit = () if self._directory.due(record, stage) else ("class_incremental",)
-        results = record.continual_results(light=not final, omit=omit)
-        rebuilt = self._directory.write(record, results, stage=stage)
+        due = self._directory.due(record, stage)
+        omit = () if due else ("class_incremental",)
+        made: ContinualResults | Callable[[], ContinualResults] | None = None
+        if deferred and stage is not None:  # not called unless results.json is rebuilt
+            made = record.deferred_results(omit=omit) if due else record.continual_results
+        if made is None:
+            made = record.continual_results(light=not final, omit=omit)
+        rebuilt = self._directory.write(record, made, stage=stage)
+        results = made if isinstance(made, ContinualResults) else None
         if trainer is not None and (rebuilt or stage is None):
             self._publish_to_owner(trainer)
         return results

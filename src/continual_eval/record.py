@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -387,6 +387,29 @@ class RunRecord:
             subset=self.step_subset,
         )
 
+    def _results_inputs(self) -> tuple[dict[str, ScoreMatrix], dict[str, Any]]:
+        """The matrices and keyword arguments of `ContinualResults.from_tensors` for the stages so
+        far: copies (rows, baselines, curves) or values nothing changes later (the costs' tuple,
+        the settings)."""
+        steps = self.step_evaluations()
+        matrices = {
+            name: ScoreMatrix(
+                score=self.specs[name].score,
+                scores=metric.scores,
+                baseline=metric.baseline,
+                higher_is_better=self.specs[name].higher_is_better,
+                bounds=self.specs[name].bounds,
+                scoring=self.specs[name].scoring,
+                step_scores=None if steps is None else self.curves.tensors(0, name)[2],
+            )
+            for name, metric in self.matrices.items()
+        }
+        settings: dict[str, Any] = {"task_names": tuple(self.task_names)}
+        settings["forgetting"] = self.forgetting
+        settings.update(metadata=dict(self.metadata), run_id=self.run_id, steps=steps)
+        settings.update(cost=RunCost(tuple(self.costs)), reference=self.reference)
+        return matrices, {**settings, "lca_beta": self.lca_beta, "coverage": self.coverage}
+
     def continual_results(
         self, *, light: bool = False, omit: Sequence[str] = ()
     ) -> ContinualResults:
@@ -395,36 +418,26 @@ class RunRecord:
         reference metrics; then each section's part (``light``: the cheaper part of a section
         that has one, ``light_add_to``, for the results of a run in progress; ``omit``: the keys
         of sections left out)."""
-        steps = self.step_evaluations()
-        results = ContinualResults.from_tensors(
-            {
-                name: ScoreMatrix(
-                    score=self.specs[name].score,
-                    scores=metric.scores,
-                    baseline=metric.baseline,
-                    higher_is_better=self.specs[name].higher_is_better,
-                    bounds=self.specs[name].bounds,
-                    scoring=self.specs[name].scoring,
-                    step_scores=None if steps is None else self.curves.tensors(0, name)[2],
-                )
-                for name, metric in self.matrices.items()
-            },
-            task_names=self.task_names,
-            forgetting=self.forgetting,
-            metadata=self.metadata,
-            run_id=self.run_id,
-            steps=steps,
-            cost=RunCost(tuple(self.costs)),
-            reference=self.reference,
-            lca_beta=self.lca_beta,
-            coverage=self.coverage,
-        )
+        matrices, settings = self._results_inputs()
+        results = ContinualResults.from_tensors(matrices, **settings)
         for key, section in self.sections.items():
             if key in omit:
                 continue
             light_add_to = getattr(section, "light_add_to", None) if light else None
             results = section.add_to(results) if light_add_to is None else light_add_to(results)
         return results
+
+    def deferred_results(
+        self, *, omit: Sequence[str] = ()
+    ) -> Callable[[], ContinualResults] | None:
+        """`continual_results` (with ``omit``) of the stages so far, as a function to call later
+        (on the background writer: the metrics are computed there): what it reads is copied
+        now, so that stages recorded meanwhile do not change it. ``None`` when a section not
+        in ``omit`` would be added (its state is not copied: build the results now)."""
+        if any(key not in omit for key in self.sections):
+            return None
+        matrices, settings = self._results_inputs()
+        return lambda: ContinualResults.from_tensors(matrices, **settings)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -235,3 +235,56 @@ def test_the_fsync_and_the_rebuild_run_on_the_writer_thread(tmp_path: Path, monk
     assert torch.equal(
         ContinualResults.load(tmp_path).primary.scores, record.continual_results().primary.scores
     )
+
+
+def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
+    tmp_path: Path,
+) -> None:
+    """A stage's results made later on the writer (`RunRecord.deferred_results`, a run without
+    sections) hold that stage's rows, curves and costs, bit for bit, even when the next stage is
+    recorded before the writer runs; results.json then equals the one written from results made
+    in the hook."""
+    import threading
+
+    from continual_eval._run_directory import _WRITER, _Job
+
+    specs = {"acc": MatrixSpec("accuracy"), "loss": MatrixSpec("cross_entropy", bounds=None)}
+    names = [f"task {j}" for j in range(4)]
+    record = RunRecord(specs, names, step_curves=True, metadata={"seed": 3})
+    assert record.deferred_results() is not None
+    assert _record().deferred_results() is None  # sections: made in the hook
+    assert _record().deferred_results(omit=["class_incremental", "held_out"]) is not None
+    g = torch.Generator().manual_seed(0)
+
+    def rows() -> dict[str, torch.Tensor]:
+        return {name: torch.rand(4, generator=g, dtype=torch.float64) for name in specs}
+
+    eager, deferred = RunDirectory(), RunDirectory()
+    eager.path, deferred.path = tmp_path / "eager", tmp_path / "deferred"
+    eager.path.mkdir()
+    deferred.path.mkdir()
+    record.record_baseline(Scored(rows()))
+    for directory in (eager, deferred):
+        directory.write(record, record.continual_results())
+    for stage in range(3):
+        record.record_step(5 * stage + 2, stage, rows(), full=False)
+        record.record_stage(stage, Scored(rows(), task_ids=tuple(range(4))), _cost(stage))
+        record.record_step(5 * stage + 5, stage, rows(), full=True)
+        expected = record.continual_results()
+        held = threading.Event()
+        _WRITER.submit(_Job([lambda held=held: held.wait(timeout=20)]))  # the writer: held
+        later = record.deferred_results()
+        assert later is not None
+        assert deferred.write(record, later, stage=stage)
+        eager.write(record, expected, stage=stage)
+        # the record moves on (a step curve point) before the writer makes the results
+        record.record_step(5 * stage + 7, stage + 1, rows(), full=False)
+        held.set()
+        deferred.wait()
+        eager.wait()
+        assert later().to_dict() == expected.to_dict()
+        assert (deferred.path / RESULTS_FILE).read_bytes() == (
+            eager.path / RESULTS_FILE
+        ).read_bytes()
+        loaded = ContinualResults.load(deferred.path)
+        assert torch.equal(loaded.primary.scores, record.matrices["acc"].scores)

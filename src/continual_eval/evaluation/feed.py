@@ -100,24 +100,18 @@ def _first_bad_batches(
 def _group_key(preds: Tensor, target: Tensor) -> tuple[Any, ...] | None:
     """What two batches must share to be concatenated along dim 0 (``None``: this batch is fed
     alone: not plain strided tensors with a batch dimension of equal length)."""
+    if type(preds) is not Tensor or type(target) is not Tensor:
+        return None
+    shape, target_shape = preds.shape, target.shape
     if (
-        type(preds) is not Tensor
-        or type(target) is not Tensor
-        or preds.ndim == 0
-        or target.ndim == 0
-        or preds.shape[0] != target.shape[0]
+        not shape
+        or not target_shape
+        or shape[0] != target_shape[0]
         or preds.layout != torch.strided
         or target.layout != torch.strided
     ):
         return None
-    return (
-        preds.shape[1:],
-        preds.dtype,
-        preds.device,
-        target.shape[1:],
-        target.dtype,
-        target.device,
-    )
+    return (shape[1:], preds.dtype, preds.device, target_shape[1:], target.dtype, target.device)
 
 
 def _copy(t: Tensor) -> Tensor:
@@ -166,7 +160,8 @@ class _TaskFeed:
         if not self.grouped:
             return
         key = _group_key(preds, target)
-        alone = key is None or preds.nbytes + target.nbytes >= scorers_module.BUFFER_BYTES
+        size = preds.nbytes + target.nbytes if key is not None else 0
+        alone = key is None or size >= scorers_module.BUFFER_BYTES
         if alone or key != self._key:
             # the group held goes first: its batches precede this one (the watch's first bad
             # batch is the first flagged update, and a group's batches must be consecutive)
@@ -179,7 +174,7 @@ class _TaskFeed:
         self._preds.append(_copy(preds))
         self._targets.append(target if owned else _copy(target))
         self._sizes.append(preds.shape[0])
-        self._bytes += preds.nbytes + target.nbytes
+        self._bytes += size
         if self._bytes >= scorers_module.BUFFER_BYTES:
             self.flush()
 

@@ -212,6 +212,8 @@ def _first_sample(batch: Any) -> Any:
 
 def _owns_target(batch: Any, target: Tensor) -> bool:
     """Whether ``target`` is one of the tensors of ``batch`` (a list or tuple)."""
+    if type(batch) is list and len(batch) == 2:  # the fast path's and the cache's batches
+        return batch[1] is target or batch[0] is target
     if isinstance(batch, (list, tuple)):
         for t in batch:
             if t is target:
@@ -268,6 +270,9 @@ def _run_task(
         batches = lockstep_batches(batches, plan, lockstep, forward.device, spare is not None)
     last, pad = None, None
     index = 0
+    owned = source.owned
+    # batches on the device with no input conversion: `_Forward.prepare` would return them
+    ready = source.on_device and forward.convert_input is None
     for batch in batches:
         if batch is None:  # lockstep: a pass the other ranks need, not counted
             if pad is None and last is None:
@@ -278,11 +283,12 @@ def _run_task(
             if outputs:
                 forward(pad, task)
             continue
-        batch = forward.prepare(batch, source.on_device)
+        if not ready:
+            batch = forward.prepare(batch, source.on_device)
         if outputs:
             preds, target = forward(batch, task)
             if feed is not None:
-                feed.add(preds, target, index, source.owned and _owns_target(batch, target))
+                feed.add(preds, target, index, owned and _owns_target(batch, target))
         if feed is not None and batch_scorers.scorers:
             batch_scorers.update(forward, batch)
         index += 1
