@@ -126,3 +126,35 @@ def test_round_trip_logs_and_load_check(run, tmp_path):
         InvalidResultsError, match=r"intervals\.class_incremental\.seen_accuracy\.low"
     ):
         ContinualResults.load(path)
+
+
+@pytest.mark.parametrize("name", ["acc_task_aware", "acc_task_agnostic"])
+def test_class_il_matrices_get_item_intervals_of_plain_loop_bits(run, name):
+    """The class-incremental scorers keep each sample's correctness: their matrices get the
+    Wilson cell intervals of a plain loop's per-item correctness (argmax over the task's classes,
+    or over the classes of the tasks ``<= max(i, j)``; ``i = -1`` the baseline) and the paired
+    bootstrap metrics of any accuracy matrix."""
+    cb, _, _ = run
+    got = cb.results()["intervals"]["matrices"][name]
+    assert got["cell_method"] == "wilson"
+    for stage in range(-1, 2):
+        for task in range(2):
+            if name == "acc_task_aware":
+                allowed = TASK_CLASSES[task]
+            else:
+                allowed = [c for k in range(max(stage, task) + 1) for c in TASK_CLASSES[k]]
+            bits = [
+                first_max(TABLES[stage + 1][index].tolist(), allowed) == label
+                for index, (label, t) in enumerate(zip(LABELS, TASK_OF_SAMPLE, strict=True))
+                if t == task
+            ]
+            low, high = wilson_interval(torch.tensor(sum(bits)), torch.tensor(len(bits)))
+            lows = got["baseline_low"] if stage < 0 else got["low"][stage]
+            highs = got["baseline_high"] if stage < 0 else got["high"][stage]
+            assert lows[task] == pytest.approx(low.item(), abs=1e-12), (stage, task)
+            assert highs[task] == pytest.approx(high.item(), abs=1e-12), (stage, task)
+    metrics = got["metrics"]
+    assert {"acc", "bwt", "forgetting", "average_incremental_accuracy"} <= set(metrics)
+    for value in metrics.values():
+        assert value["low"] <= value["estimate"] <= value["high"]
+    assert got["num_items"] == [TASK_OF_SAMPLE.count(0), TASK_OF_SAMPLE.count(1)]

@@ -230,11 +230,16 @@ class _ClassIncrementalScorer(_LabelScorer):
     def _predict(self, scores: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+    def _batch_items(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+        """Each score row's correctness (``[M]`` bool, in the order fed): the per-item records
+        of ``item_records=``; their sum is `_batch_value`."""
         scores, flat = self._flatten(preds, labels)
         pred = self._predict(scores)
         self._count(self._task_rows(flat), pred)
-        return (pred == flat).sum()
+        return pred == flat
+
+    def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+        return self._batch_items(preds, target, labels, mode).sum()
 
     def _count(self, rows: Tensor, pred: Tensor) -> None:
         """Hook: accumulate the confusion counts of a batch (nothing here)."""
@@ -266,12 +271,12 @@ class TaskAwareAccuracyScorer(_ClassIncrementalScorer):
     def _predict(self, scores: Tensor) -> Tensor:
         return self._argmax(scores, self._allowed(-2))
 
-    def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
+    def _batch_items(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
         scores, flat = self._flatten(preds, labels)
         pred = self._predict(scores)
         if self.check_targets:
             self._task_rows(flat)
-        return (pred == flat).sum()
+        return pred == flat
 
 
 class TaskAgnosticAccuracyScorer(_ClassIncrementalScorer):

@@ -950,10 +950,10 @@ class MetricScorer:
 def item_support(scorer: Any) -> str | None:
     """Why ``scorer``'s per-task score is no mean over per-item values the loop can record
     (``None``: it is). Built-ins: accuracy, top-k accuracy, the losses (per-sample values) and
-    `GenerationScorer` (per-prompt text scores; exact match as bits) are; the class-incremental
-    scorers, metrics (a torchmetrics ``compute`` is no mean over items in general: macro
-    averages, F1, AUROC) and the token scorers (means over tokens, not over sequences) are not.
-    A scorer of one's own is when it defines
+    `GenerationScorer` (per-prompt text scores; exact match as bits) and the class-incremental
+    scorers (each sample's correctness as bits) are; metrics (a torchmetrics ``compute`` is no
+    mean over items in general: macro averages, F1, AUROC) and the token scorers (means over
+    tokens, not over sequences) are not. A scorer of one's own is when it defines
     ``local_items()`` (the values of the samples fed since ``start``, in the order fed, while
     its ``keep_items`` is set) and ``items_binary`` (a bool: 0/1 values)."""
     if isinstance(scorer, _LabelScorer):
