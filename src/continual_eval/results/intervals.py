@@ -133,19 +133,20 @@ class HeldOutIntervals:
 #: the class-incremental numbers without a one-run interval, and why
 CLASS_IL_UNAVAILABLE = {
     "seen_accuracy_task": (
-        "a mean of task accuracies (acc_task_agnostic), whose scorer keeps no per-item values: "
-        "not built"
+        "a mean of task accuracies (acc_task_agnostic cells, whose items item_records keeps: "
+        "intervals.matrices.acc_task_agnostic has the cells and the matrix metrics); the paired "
+        "interval of this per-stage mean is not built"
     ),
     "old_accuracy_task": "as seen_accuracy_task",
     "average_incremental_accuracy": (
-        "a mean over stages of accuracies on the same test items (correlated): needs per-item "
-        "task-agnostic correctness, which the task-agnostic scorer does not keep"
+        "a mean over stages of accuracies on the same test items (correlated): the paired "
+        "interval from the acc_task_agnostic items is not built for this section's value"
     ),
     "mean_class_accuracy": "a mean of per-class proportions: not built",
     "amca": "as average_incremental_accuracy",
     "class_forgetting": (
         "a difference of per-class accuracies on the same items across stages: pairing needs "
-        "per-item task-agnostic correctness, which the task-agnostic scorer does not keep"
+        "each item's class beside its correctness, which the item records do not keep"
     ),
     "recency_bias": "a share of predictions, not a mean of per-item scores: not built",
 }
