@@ -261,6 +261,27 @@ def test_overflow_is_refused_by_name(values: list[float], what: str):
             ss.summarize_runs({"m": dict(enumerate(values))}, resamples=50)
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1e308] * 4 + [-1e308] * 4,  # the middle half's sum overflows (its mean is 0)
+        [1.7e308] * 5,
+    ],
+)
+def test_iqm_overflow_is_refused_by_name(values: list[float]):
+    with pytest.raises(ValueError, match=r"scores: the IQM of values overflows float64"):
+        ss.interquartile_mean(values)
+    with pytest.raises(ValueError, match=r"scores: the IQM of values overflows float64"):
+        ss.summarize_iqm(values, resamples=50)
+
+
+def test_iqm_bootstrap_overflow_is_refused_by_name():
+    values = [1e308, 1e308, -1e308, 0.0]  # IQM 5e307; some resamples' middles overflow
+    assert ss.interquartile_mean(values) == 5e307
+    with pytest.raises(ValueError, match=r"scores: the bootstrap IQM of values overflows"):
+        ss.summarize_iqm(values, resamples=200)
+
+
 # ---------------------------------------------------------------------------- small samples
 def test_caveat_below_ten_runs_names_the_fallback():
     three = ss.summarize([0.70, 0.75, 0.81], resamples=200)

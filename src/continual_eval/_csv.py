@@ -44,8 +44,14 @@ def csv_cell(value: object) -> str:
 
 def csv_text(header: Sequence[object], rows: Iterable[Sequence[object]]) -> str:
     """A whole CSV document (``\\n`` line ends) with every cell through `csv_cell`."""
+    # rows end in "\r\n" so that the csv module quotes a cell holding a bare "\r" (it quotes
+    # only the line terminator's characters: with "\n" a "\r" in a name split the row), then
+    # each row's own terminator becomes "\n"
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([csv_cell(cell) for cell in header])
-    writer.writerows([csv_cell(cell) for cell in row] for row in rows)
+    writer = csv.writer(buffer, lineterminator="\r\n")
+    for row in (header, *rows):
+        writer.writerow([csv_cell(cell) for cell in row])
+        buffer.seek(buffer.tell() - 2)
+        buffer.truncate()
+        buffer.write("\n")
     return buffer.getvalue()

@@ -529,7 +529,7 @@ def interquartile_mean(scores: object) -> float:
     x, _ = _score_matrix(scores, "scores")
     if not x.size:
         raise ValueError("scores is empty: no run to average")
-    return float(_iqm(x.reshape(1, -1))[0])
+    return _finite(float(_iqm(x.reshape(1, -1))[0]), "IQM", "scores")
 
 
 def _iqm(pooled: np.ndarray) -> np.ndarray:
@@ -538,7 +538,9 @@ def _iqm(pooled: np.ndarray) -> np.ndarray:
     dominates for the small samples of a bootstrap)."""
     size = pooled.shape[1]
     cut = size // 4
-    return np.asarray(np.sort(pooled, axis=1)[:, cut : size - cut].mean(axis=1), dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by the callers
+        middle = np.sort(pooled, axis=1)[:, cut : size - cut].mean(axis=1)
+    return np.asarray(middle, dtype=np.float64)
 
 
 def yuen_interval(
@@ -639,7 +641,7 @@ def summarize_iqm(
             0, tasks, None, None, None, small_sample_caveat(0, "IQM"), absent,
             float(confidence), int(resamples), int(seed),
         )  # fmt: skip
-    iqm = float(_iqm(x.reshape(1, -1))[0])
+    iqm = _finite(float(_iqm(x.reshape(1, -1))[0]), "IQM", "scores")
     interval = None
     if n >= 2:
         samples = _stratified_resamples(
@@ -648,6 +650,8 @@ def summarize_iqm(
             int(resamples),
             np.random.default_rng(seed),
         )
+        if not np.isfinite(samples).all():  # a resample's sum overflowed (values near 1e308)
+            _finite(float(samples[~np.isfinite(samples)][0]), "bootstrap IQM", "scores")
         interval = _percentile_interval(samples, confidence)
     small = n < SMALL_SAMPLE_RUNS
     fallback = yuen_interval(x[:, 0], confidence) if small and tasks == 1 else None

@@ -41,6 +41,7 @@ from torch import Tensor
 import continual_eval.results.files as files
 import continual_eval.results.schema as schema
 from continual_eval.functional import all_continual_metrics
+from continual_eval.functional._overflow import no_infinite
 from continual_eval.functional.accuracy_matrix import (
     forward_transfer_per_task,
     intransigence_per_task,
@@ -624,13 +625,17 @@ def _family(
             dict.fromkeys(CURVE_KEYS, _empty()),
             dict.fromkeys(PER_TASK_KEYS, _empty()),
         )
+    direction = _direction(bool(matrix.higher_is_better), matrix.bounds)
     family = all_continual_metrics(
-        scores[:, :s],
-        baseline[:s],
-        forgetting=forgetting,
-        validate=validate,
-        **_direction(bool(matrix.higher_is_better), matrix.bounds),
+        scores[:, :s], baseline[:s], forgetting=forgetting, validate=validate, **direction
     )
+    if not validate and not no_infinite(*family["curve"].values()):
+        # finite cells (checked when recorded) whose metric overflowed: validation recomputes a
+        # sum that overflowed, and a difference beyond the dtype raises naming the metric and
+        # the cells (never an inf that results.json would store as null)
+        family = all_continual_metrics(
+            scores[:, :s], baseline[:s], forgetting=forgetting, validate=True, **direction
+        )
     curves = {key: family["curve"][key].double() for key in CURVE_KEYS}
     per_task = {key: family["per_task"][key].double() for key in PER_TASK_KEYS}
     return {key: float(curves[key][-1]) for key in METRIC_KEYS}, curves, per_task
