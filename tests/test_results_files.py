@@ -23,11 +23,13 @@ from continual_eval import ContinualEvalCallback, fit_tasks
 from continual_eval.results import ContinualResults, ScoreMatrix, check_results_files
 from continual_eval.results.files import (
     CLAIM_FILE,
+    JOURNAL_FILE,
     RESULTS_FILE,
     SCORES_FILE,
     ResultsWriteError,
     claim_results_dir,
     read_run_id,
+    release_claim,
 )
 from script_runner import SRC, run_script
 
@@ -85,6 +87,33 @@ def test_claim_names_the_run_and_is_released_when_the_run_completes(tmp_path: Pa
     assert claim_of(tmp_path)["run_id"] == "run-a"
     results_of(3, "run-a").write(tmp_path)  # complete: released
     assert not (tmp_path / CLAIM_FILE).exists()
+
+
+def test_a_journal_without_results_json_is_another_runs_record(tmp_path: Path) -> None:
+    # run-a killed (SIGKILL) after its baseline line, before its first results.json: a fresh
+    # run-b taking over the dead claim must still refuse the directory (it rewrote the journal)
+    journal = tmp_path / JOURNAL_FILE
+    header = {
+        "journal": "continual-eval stage journal",
+        "version": 1,
+        "record": {"run_id": "run-a"},
+    }
+    journal.write_bytes(json.dumps(header).encode() + b'\n{"baseline": {}}\n')
+    write_claim(tmp_path, "run-a", dead_pid())
+    before = journal.read_bytes()
+    with pytest.warns(UserWarning, match="took over"):
+        problem = claim_results_dir(tmp_path, "run-b", restored=False, overwrite=False)
+    assert problem is not None and problem.startswith(
+        f"{journal} holds the results of another run (run_id 'run-a', 0 stages; this run is "
+        "'run-b')"
+    )
+    assert journal.read_bytes() == before and not (tmp_path / CLAIM_FILE).exists()
+    assert claim_results_dir(tmp_path, "run-a", restored=True, overwrite=False) is None  # resume
+    release_claim(tmp_path, "run-a")
+    assert claim_results_dir(tmp_path, "run-b", restored=False, overwrite=True) is None
+    release_claim(tmp_path, "run-b")
+    journal.write_bytes(b'{"run_id": "run-a"')  # a torn header: nothing was recorded
+    assert claim_results_dir(tmp_path, "run-b", restored=False, overwrite=False) is None
 
 
 def test_live_claim_of_another_process_refused(tmp_path: Path, sleeper: int) -> None:

@@ -391,6 +391,28 @@ def read_run_id(dirpath: str | os.PathLike[str]) -> tuple[bool, str | None, int 
     return True, run_id if isinstance(run_id, str) else None, stages if valid else None
 
 
+def _journal_run_id(path: Path) -> tuple[bool, str | None, int | None]:
+    """``(exists, run_id, stages_recorded)`` from the stage journal alone (a run killed before
+    its first ``results.json``: its baseline, perhaps stages, are only in ``stages.jsonl``): the
+    header line's ``run_id`` and the stage lines after the baseline line; nothing journaled
+    gives ``(False, None, None)``."""
+    try:
+        with path.open("rb") as journal:
+            first = journal.readline(MAX_FILE_BYTES)
+            lines = sum(1 for line in journal if line.endswith(b"\n"))
+    except OSError:
+        return False, None, None
+    if not first.endswith(b"\n"):
+        return False, None, None  # not even a whole header line: nothing recorded
+    try:
+        header = msgspec.json.decode(first)
+    except msgspec.DecodeError:
+        return True, None, None
+    record = header.get("record") if isinstance(header, dict) else None  # `_stage_journal`'s
+    run_id = record.get("run_id") if isinstance(record, dict) else None
+    return True, run_id if isinstance(run_id, str) else None, max(lines - 1, 0)
+
+
 def check_results_files(dirpath: str | os.PathLike[str]) -> str | None:
     """``None`` when ``results.json`` and the CSV files in ``dirpath`` belong together, else why
     not (a write interrupted between them, or a file edited by hand); ``results.json`` is
@@ -679,10 +701,13 @@ def claim_results_dir(
                 "is using the directory). Nothing was trained or written"
             )
         exists, other_id, stages = read_run_id(dirpath)
+        if not exists:  # a run killed before its first results.json: its journal is its record
+            exists, other_id, stages = _journal_run_id(dirpath / JOURNAL_FILE)
         if exists and not overwrite and not (other_id == run_id or (other_id is None and restored)):
             _release(path, run_id)
+            held = RESULTS_FILE if (dirpath / RESULTS_FILE).is_file() else JOURNAL_FILE
             return (
-                f"{dirpath / RESULTS_FILE} holds the results of another run (run_id "
+                f"{dirpath / held} holds the results of another run (run_id "
                 f"{other_id!r}, {stages if stages is not None else '?'} stages; this run is "
                 f"{run_id!r}). A run never overwrites another run's results: give this run its "
                 "own directory (dirpath=..., or a logger with a new version), resume the other "
