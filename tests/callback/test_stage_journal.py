@@ -246,7 +246,7 @@ def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
     in the hook."""
     import threading
 
-    from continual_eval._run_directory import _WRITER, _Job
+    from continual_eval._run_directory import _REBUILDER, _Job
 
     specs = {"acc": MatrixSpec("accuracy"), "loss": MatrixSpec("cross_entropy", bounds=None)}
     names = [f"task {j}" for j in range(4)]
@@ -272,7 +272,7 @@ def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
         record.record_step(5 * stage + 5, stage, rows(), full=True)
         expected = record.continual_results()
         held = threading.Event()
-        _WRITER.submit(_Job([lambda held=held: held.wait(timeout=20)]))  # the writer: held
+        _REBUILDER.submit(_Job([lambda held=held: held.wait(timeout=20)]))  # rebuilds: held
         later = record.deferred_results()
         assert later is not None
         assert deferred.write(record, later, stage=stage)
