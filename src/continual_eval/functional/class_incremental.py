@@ -815,13 +815,19 @@ def per_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") ->
         raise ValueError(
             f"class_accuracy must be a floating [S, C] tensor, got {_describe(class_accuracy)}"
         )
-    final = class_accuracy[-1]
-    if class_accuracy.shape[0] < 2:
+    return _per_class_forgetting(class_accuracy, convention)
+
+
+def _per_class_forgetting(class_accuracy: Tensor, convention: str) -> Tensor:
+    """`per_class_forgetting` of ``[..., S, C]`` (leading dimensions kept: resamples, runs):
+    ``[..., C]``."""
+    final = class_accuracy[..., -1, :]
+    if class_accuracy.shape[-2] < 2:
         return torch.full_like(final, _NAN)
-    earlier = class_accuracy[:-1]
-    defined = (~earlier.isnan()).any(0) & ~final.isnan()
+    earlier = class_accuracy[..., :-1, :]
+    defined = (~earlier.isnan()).any(-2) & ~final.isnan()
     history = class_accuracy if convention == "peak" else earlier
-    best = history.masked_fill(history.isnan(), -math.inf).amax(0)
+    best = history.masked_fill(history.isnan(), -math.inf).amax(-2)
     return torch.where(defined, best - final, _NAN)
 
 
@@ -835,14 +841,19 @@ def _mean_class_forgetting_per_stage(class_accuracy: Tensor, *, convention: str 
     """``[S]``: entry ``i`` is
     [`mean_class_forgetting`][continual_eval.functional.mean_class_forgetting] of the stages
     ``0 .. i`` (``class_accuracy[: i + 1]``; NaN at ``i = 0``), for every ``i`` at
-    once: running maxima (`torch.cummax`) instead of one call per stage (``O(S * C)``)."""
+    once: running maxima (`torch.cummax`) instead of one call per stage (``O(S * C)``).
+    Leading dimensions (``[..., S, C]``: resamples, runs) are kept: ``[..., S]``."""
     check_forgetting_convention(convention)
     measured = ~class_accuracy.isnan()
     floor = class_accuracy.masked_fill(~measured, -math.inf)
-    peak = torch.cummax(floor, 0).values  # best over the stages <= i
+    peak = torch.cummax(floor, -2).values  # best over the stages <= i
     # best and "measured before" over the stages < i (nothing before stage 0)
-    earlier_peak = torch.cat([torch.full_like(peak[:1], -math.inf), peak[:-1]])
-    before = torch.cat([torch.zeros_like(measured[:1]), measured.cumsum(0)[:-1] > 0])
+    earlier_peak = torch.cat(
+        [torch.full_like(peak[..., :1, :], -math.inf), peak[..., :-1, :]], dim=-2
+    )
+    before = torch.cat(
+        [torch.zeros_like(measured[..., :1, :]), measured.cumsum(-2)[..., :-1, :] > 0], dim=-2
+    )
     best = peak if convention == "peak" else earlier_peak
     per_class = torch.where(before & measured, best - class_accuracy, _NAN)
     return torch.nanmean(per_class, dim=-1)
