@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME
+from continual_eval.functional._class_il_intervals import class_il_bootstrap
 from continual_eval.functional.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
@@ -45,7 +47,9 @@ from continual_eval.functional.intervals import (
 )
 from continual_eval.functional.items import item_transitions
 from continual_eval.results.intervals import (
+    CLASS_IL_PAIRED,
     ClassIncrementalIntervals,
+    ClassIncrementalPaired,
     HeldOutIntervals,
     IntervalResults,
     ItemResults,
@@ -158,6 +162,46 @@ def _num(stored: Stored) -> int:
     return stored.num_items if isinstance(stored, PackedBits) else int(stored.numel())
 
 
+def _label_bytes(labels: Mapping[int, Tensor] | None) -> int:
+    if labels is None:
+        return 0
+    return sum(v.numel() * v.element_size() for v in labels.values())
+
+
+def _small_ints(values: Tensor, what: str) -> Tensor:
+    """Class ids ``[n]`` as int16 (int32 past 32767), refused unless whole numbers >= 0."""
+    flat = values.detach().to("cpu").reshape(-1)
+    if flat.is_floating_point():
+        if not bool((flat == flat.round()).all()):
+            raise ValueError(f"{what} are not whole class ids")
+        flat = flat.long()
+    flat = flat.to(torch.int64)
+    if flat.numel() and int(flat.min()) < 0:
+        raise ValueError(f"{what}: class id {int(flat.min())} is negative")
+    small = flat.numel() == 0 or int(flat.max()) <= torch.iinfo(torch.int16).max
+    return flat.to(torch.int16 if small else torch.int32)
+
+
+def _restored_labels(
+    given: Mapping[Any, Tensor] | None, num_items: Sequence[int] | None, source: str
+) -> dict[int, Tensor] | None:
+    """The item labels a checkpoint or journal holds (``None``: none), checked: one ``[n_j]``
+    entry of class ids per task."""
+    if given is None:
+        return None
+    sizes = list(num_items or [])
+    out = {int(j): _small_ints(v, f"{source}'s item labels of task {j}") for j, v in given.items()}
+    wrong = [j for j in range(len(sizes)) if j not in out or out[j].numel() != sizes[j]]
+    if wrong or len(out) != len(sizes):
+        j = wrong[0] if wrong else len(sizes)
+        raise ValueError(
+            f"per-item records: {source}'s item labels do not match the test sets: task {j} "
+            f"has {out[j].numel() if j in out else 'no'} labels"
+            + (f" for its {sizes[j]} items" if j < len(sizes) else " (no such task)")
+        )
+    return out
+
+
 class ItemRecord:
     """Per-item records of the matrices ``binary`` names (matrix -> 0/1 items), a record
     section (see the module docstring).
@@ -213,7 +257,11 @@ class ItemRecord:
         self.held_out_sizes: list[int] = []
         self.baseline: dict[str, dict[int, Stored]] = {}
         self.stages: list[dict[str, dict[int, Stored]]] = []
+        #: the test items' labels, task -> ``[n_j]`` int16/int32 class ids (recorded once, at
+        #: the baseline, with ``task_classes``: the per-class intervals); ``None``: not recorded
+        self.labels: dict[int, Tensor] | None = None
         self._cache: tuple[tuple[int, bool], IntervalResults | None, ItemResults] | None = None
+        self._class_il_cache: tuple[tuple[int, bool], ClassIncrementalIntervals] | None = None
 
     # ------------------------------------------------------------------ memory
     def evaluation_bytes(self, num_items: Sequence[int]) -> int:
@@ -235,14 +283,15 @@ class ItemRecord:
         if self.reference is not None and self.primary is not None:
             binary = self.binary[self.primary]
             held += sum(_nbytes(binary, _num(v)) for v in self.reference.values())
+        held += _label_bytes(self.labels)
         for evaluation in [self.baseline, *self.stages]:
             for name, tasks in evaluation.items():
                 held += sum(_nbytes(self.binary[name], self._size(j)) for j in tasks)
         return held
 
-    def _check_size(self, num_items: Sequence[int]) -> None:
+    def _check_size(self, num_items: Sequence[int], label_bytes: int = 0) -> None:
         per = self.evaluation_bytes(num_items)
-        total = (self.num_tasks + 1) * per
+        total = (self.num_tasks + 1) * per + label_bytes
         if total > self.settings.max_bytes:
             kinds = ", ".join(
                 f"{name}: {1 if b else 64} bit(s) per item" for name, b in self.binary.items()
@@ -252,7 +301,9 @@ class ItemRecord:
                 f"{self.num_tasks + 1} evaluations (the baseline and {self.num_tasks} stages) x "
                 f"{sum(num_items) + sum(self.held_out_sizes)} test items x "
                 f"{len(self.binary)} matrices ({kinds}); "
-                f"{per} bytes per evaluation), over item_records max_bytes="
+                f"{per} bytes per evaluation"
+                + (f"; and {label_bytes} bytes of the items' labels" if label_bytes else "")
+                + "), over item_records max_bytes="
                 f"{self.settings.max_bytes}; raise max_bytes or record fewer matrices"
             )
 
@@ -334,14 +385,34 @@ class ItemRecord:
         empty = [j for j in tasks if sizes[j] == 0]
         if empty:
             raise ValueError(f"per-item records: task {empty[0]}'s test set has no item")
-        self._check_size(sizes)
+        labels = self._baseline_labels(scored, sizes)
+        self._check_size(sizes, _label_bytes(labels))
         self._check_reference(sizes)
         self.num_items = sizes
         self.baseline = {
             name: {j: _store(v, self.binary[name]) for j, v in tasks_.items()}
             for name, tasks_ in items.items()
         }
+        self.labels = labels
         self.stages, self._cache = [], None
+        self._class_il_cache = None
+
+    def _baseline_labels(self, scored: Scored, sizes: Sequence[int]) -> dict[int, Tensor] | None:
+        """The task-agnostic scorer's item labels of the baseline (``task_classes=`` with its
+        items recorded), task -> ``[n_j]`` int16 (int32 past 32767 classes); ``None`` without."""
+        given = scored.labels.get(AGNOSTIC_NAME) if AGNOSTIC_NAME in self.binary else None
+        if given is None:
+            return None
+        out = {}
+        for j in range(self.num_tasks):
+            values = given.get(j)
+            if values is None or values.numel() != sizes[j]:
+                raise ValueError(
+                    f"the baseline holds {'no' if values is None else values.numel()} item "
+                    f"labels of task {j} for its {sizes[j]} items ({AGNOSTIC_NAME!r})"
+                )
+            out[j] = _small_ints(values, f"the baseline's item labels of task {j}")
+        return out
 
     def check_stage(self, stage: int, scored: Scored) -> None:
         self._checked(scored, f"stage {stage}", scored.task_ids)
@@ -353,7 +424,7 @@ class ItemRecord:
             for name, tasks in items.items()
         }
         self.stages = [*self.stages[:stage], entry]
-        self._cache = None
+        self._cache = self._class_il_cache = None
         return []
 
     def values(self, name: str, stage: int | None = None) -> dict[int, Tensor]:
@@ -380,6 +451,9 @@ class ItemRecord:
             "baseline": self._plain(self.baseline),
             "stages": [self._plain(stage) for stage in self.stages],
             "reference": None if self.reference is None else self._reference_state(),
+            "labels": None
+            if self.labels is None
+            else {j: v.clone() for j, v in self.labels.items()},
         }
 
     def _reference_state(self) -> dict[str, Any]:
@@ -442,7 +516,8 @@ class ItemRecord:
         )  # absent in older checkpoints
         if self.num_items is not None:
             self._check_reference(self.num_items)
-        self._cache = None
+        self.labels = _restored_labels(state.get("labels"), self.num_items, "the checkpoint")
+        self._cache = self._class_il_cache = None
 
     # ------------------------------------------------------------------ journal
     def journal_settings(self) -> dict[str, Any]:
@@ -530,6 +605,8 @@ class ItemRecord:
         if stage is None:
             part["num_items"] = None if self.num_items is None else list(self.num_items)
             part["held_out_sizes"] = list(self.held_out_sizes)
+            if self.labels is not None:
+                part["labels"] = {str(j): tensor_to_json(v) for j, v in self.labels.items()}
         return part
 
     def replay_part(self, stage: int | None, part: Mapping[str, Any]) -> None:
@@ -552,9 +629,15 @@ class ItemRecord:
                     evaluation[name][j] = tensor_from_json(value).double()
         if stage is None:
             self.baseline, self.stages = evaluation, []
+            given = part.get("labels")
+            self.labels = _restored_labels(
+                None if given is None else {k: tensor_from_json(v) for k, v in given.items()},
+                self.num_items,
+                "the journal",
+            )
         else:
             self.stages = [*self.stages[:stage], evaluation]
-        self._cache = None
+        self._cache = self._class_il_cache = None
 
     # ------------------------------------------------------------------ results
     def _dense(self, name: str, s: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -765,16 +848,65 @@ class ItemRecord:
         """`add_to` without the metrics' paired bootstrap (the per-stage results of a run in
         progress: cell intervals and transitions only)."""
         intervals, items = self.results(results.primary.num_stages, light=True)
-        intervals = self._with_class_il(intervals, results)
+        intervals = self._with_class_il(intervals, results, light=True)
         return dataclasses.replace(results, intervals=intervals, items=items)
 
     def _with_class_il(
-        self, intervals: IntervalResults | None, results: ContinualResults
+        self, intervals: IntervalResults | None, results: ContinualResults, light: bool = False
     ) -> IntervalResults | None:
-        """``intervals`` with the Wilson intervals of the class-incremental proportions (from
-        the ``class_incremental`` section's confusion counts) when the results have one."""
+        """``intervals`` with the class-incremental intervals when the results have a
+        ``class_incremental`` section: the Wilson intervals of its proportions (from the
+        confusion counts) and, from ``acc_task_agnostic``'s items and the items' labels, the
+        paired bootstrap of the numbers that read each item's class (``light``: left to the
+        end of the run; cached until the record changes)."""
         section = results.class_incremental
         if intervals is None or section is None:
             return intervals
-        class_il = ClassIncrementalIntervals.compute(section, self.settings.confidence)
-        return dataclasses.replace(intervals, class_incremental=class_il)
+        key = (section.num_stages, light)
+        if self._class_il_cache is None or self._class_il_cache[0] != key:
+            class_il = ClassIncrementalIntervals.compute(section, self.settings.confidence)
+            paired, reason = self._class_il_paired(section, light)
+            unavailable = dict(class_il.unavailable)
+            if paired is not None:
+                unavailable = {k: v for k, v in unavailable.items() if k not in CLASS_IL_PAIRED}
+            else:
+                unavailable |= dict.fromkeys(CLASS_IL_PAIRED, reason)
+            class_il = dataclasses.replace(class_il, paired=paired, unavailable=unavailable)
+            self._class_il_cache = (key, class_il)
+        return dataclasses.replace(intervals, class_incremental=self._class_il_cache[1])
+
+    def _class_il_paired(
+        self, section: Any, light: bool
+    ) -> tuple[ClassIncrementalPaired | None, str]:
+        """The paired bootstrap of the class-IL numbers (`class_il_bootstrap`) of the section's
+        stages, or ``None`` and why not."""
+        s = int(section.num_stages)
+        if AGNOSTIC_NAME not in self.binary:
+            return None, (
+                f"item_records does not record {AGNOSTIC_NAME!r}, whose items (with their "
+                "labels) the paired interval resamples"
+            )
+        if self.labels is None:
+            return None, (
+                "the test items' labels were not recorded at the baseline (a record made "
+                "before they were): the per-class numbers need each item's class"
+            )
+        if light:
+            return None, (
+                "the paired bootstrap is made at the end of the run (left out of the results "
+                "of a run in progress)"
+            )
+        if s == 0 or s > len(self.stages):
+            return None, "no stage with item records"
+        items, _ = self._per_task_items(AGNOSTIC_NAME, s)
+        settings = self.settings
+        values = class_il_bootstrap(
+            items,
+            [self.labels[j] for j in range(s)],
+            section.checked.class_task,
+            forgetting=self.forgetting,
+            confidence=settings.confidence,
+            resamples=settings.resamples,
+            seed=settings.seed,
+        )
+        return ClassIncrementalPaired.from_bootstrap(values, AGNOSTIC_NAME), ""

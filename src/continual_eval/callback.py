@@ -23,6 +23,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from continual_eval import _arguments as args
+from continual_eval._class_incremental_recorder import baseline_labels
 from continual_eval._fit_checks import (
     as_callback_error,
     check_fit_trains,
@@ -519,9 +520,10 @@ class ContinualEvalCallback(Callback):
         if trainer.loggers:  # every rank, before anything is measured (no collective)
             refuse_key_collisions(record.continual_results(), self.prefix)
         tasks = range(record.num_tasks)
-        scored = self._scoring.score(
-            trainer, pl_module, record, tasks, stage=-1, held_out=True, predictions=True
-        )
+        with baseline_labels(self.scorers, record.sections.get("items")):  # task_classes=
+            scored = self._scoring.score(
+                trainer, pl_module, record, tasks, stage=-1, held_out=True, predictions=True
+            )
         as_callback_error(record.record_baseline, scored)
         write_pending(record, self._directory.path if trainer.is_global_zero else None)
         items = record.sections.get("items")

@@ -123,10 +123,24 @@ class _ClassIncrementalScorer(_LabelScorer):
         return len(self.class_lists)
 
     # ------------------------------------------------------------------ protocol
+    #: with ``keep_items``: also keep each sample's label (`local_item_labels`), gathered by
+    #: the loop beside the items (set by the callback for the baseline evaluation only: the
+    #: test items' classes, recorded once for the per-class intervals)
+    keep_labels = False
+
     def start(self, device: torch.device) -> None:
         super().start(device)
         self._task = None
         self._outside: list[Tensor] = []
+        self._labels: list[Tensor] = []
+
+    def local_item_labels(self) -> Tensor:
+        """Every sample's label on this rank since `start`, in the order fed (int64; the
+        samples of `local_items`), kept while ``keep_items`` and ``keep_labels`` are set."""
+        if not self._labels:
+            return torch.zeros(0, dtype=torch.int64, device=self._device)
+        labels = self._labels[0] if len(self._labels) == 1 else torch.cat(self._labels)
+        return labels.long()
 
     def set_task(self, task: int, stage: int | None = None) -> None:
         """The task whose test set the next updates score and the evaluation's stage (``-1``
@@ -236,6 +250,8 @@ class _ClassIncrementalScorer(_LabelScorer):
         scores, flat = self._flatten(preds, labels)
         pred = self._predict(scores)
         self._count(self._task_rows(flat), pred)
+        if self.keep_labels:
+            self._labels.append(flat)
         return pred == flat
 
     def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
@@ -276,6 +292,8 @@ class TaskAwareAccuracyScorer(_ClassIncrementalScorer):
         pred = self._predict(scores)
         if self.check_targets:
             self._task_rows(flat)
+        if self.keep_labels:
+            self._labels.append(flat)
         return pred == flat
 
 

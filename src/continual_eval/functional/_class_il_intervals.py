@@ -237,7 +237,8 @@ def class_il_bootstrap(
         key: value[0] for key, value in _statistics(*counts(every), class_task, forgetting).items()
     }
     draws = _Draws(layout, seed, "double_or_nothing")
-    step = max(1, (2 * _BLOCK_CELLS) // max(1, index.numel(), bits))
+    # blocks of resamples: at most 2^23 kept weights (32 MiB of float32) at once
+    step = max(1, (4 * _BLOCK_CELLS) // max(1, index.numel(), bits))
     keys = list(estimate)
     sizes = [math.prod(estimate[k].shape) for k in keys]
     buffer = np.empty((sum(sizes), int(resamples)), dtype=np.float64)
