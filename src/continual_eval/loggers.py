@@ -37,7 +37,10 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
   ``seen_acc_task``, ``old_acc``, ``new_acc``, ``amca``, ``recency_prediction_share``,
   ``recency_sample_share``, ``class_forgetting`` (see
   [`scalars`][continual_eval.results.ClassIncrementalResults.scalars]) and the
-  confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``;
+  confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``; with
+  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (Wilson: ``seen_acc_sample``,
+  ``old_acc``, ``new_acc``, ``recency_prediction_share``, every stage; the paired bootstrap:
+  ``seen_acc_task``, ``amca``, ``class_forgetting``, at the last stage);
 * figures: ``{prefix}{score}_matrix`` and ``{prefix}{score}_curves`` (primary),
   ``{prefix}{name}_matrix`` and ``{prefix}{name}_curves``.
 
@@ -329,17 +332,30 @@ def held_out_scalars(results: ContinualResults, stage: int, prefix: str) -> dict
 def _class_il_interval_scalars(
     results: ContinualResults, stage: int, prefix: str
 ) -> dict[str, float]:
-    """``{prefix}class_il/seen_acc_sample|old_acc|new_acc/lo|hi`` of ``stage`` (Wilson, from
-    the confusion counts) where the ``intervals`` section holds them."""
+    """``{prefix}class_il/seen_acc_sample|old_acc|new_acc|recency_prediction_share/lo|hi`` of
+    ``stage`` (Wilson, from the confusion counts) and, where the paired bootstrap over the items
+    and their labels was made (the results of a finished run),
+    ``.../seen_acc_task|amca|class_forgetting/lo|hi`` (the values logged as ``seen_acc_task``,
+    ``amca`` and ``class_forgetting``), where the ``intervals`` section holds them."""
     held = None if results.intervals is None else results.intervals.class_incremental
     if held is None or not 0 <= stage < held.seen_accuracy[0].shape[0]:
         return {}
     out: dict[str, float] = {}
-    for key, (_, low, high) in (
+    parts = [
         ("seen_acc_sample", held.seen_accuracy),
         ("old_acc", held.old_accuracy),
         ("new_acc", held.new_accuracy),
-    ):
+    ]
+    if held.recency_prediction_share is not None:
+        parts.append(("recency_prediction_share", held.recency_prediction_share))
+    if held.paired is not None:
+        per_stage = held.paired.per_stage
+        parts += [
+            ("seen_acc_task", per_stage["seen_accuracy_task"]),
+            ("amca", per_stage["amca_per_stage"]),
+            ("class_forgetting", per_stage["mean_class_forgetting_per_stage"]),
+        ]
+    for key, (_, low, high) in parts:
         out |= {
             f"{prefix}class_il/{key}/lo": float(low[stage]),
             f"{prefix}class_il/{key}/hi": float(high[stage]),

@@ -36,7 +36,6 @@ blocks of resamples; no Python loop over resamples, tasks or items.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -249,9 +248,14 @@ def class_il_bootstrap(
         flat = torch.cat([values[k].reshape(rows, -1) for k in keys], dim=1)
         buffer[:, begin : begin + rows] = flat.T.contiguous().numpy()
     alpha = 1 - float(confidence)
-    with warnings.catch_warnings():  # an undefined statistic (all NaN): NaN ends, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ends = np.nanquantile(buffer, [alpha / 2, 1 - alpha / 2], axis=1)
+    levels = [alpha / 2, 1 - alpha / 2]
+    missing = np.isnan(buffer)
+    some = missing.any(axis=1) & ~missing.all(axis=1)  # a class no item of which was kept
+    ends = np.full((2, len(buffer)), math.nan)
+    full = ~missing.any(axis=1)
+    ends[:, full] = np.quantile(buffer[full], levels, axis=1)
+    if some.any():  # numpy.nanquantile goes row by row: only where needed
+        ends[:, some] = np.nanquantile(buffer[some], levels, axis=1)
     out: dict[str, IntervalTensors] = {}
     start = 0
     for key, size in zip(keys, sizes, strict=True):
