@@ -297,3 +297,91 @@ def test_without_the_agnostic_items_the_paired_numbers_say_why(tmp_path):
     for key in ("amca", "class_forgetting", "mean_class_accuracy", "seen_accuracy_task"):
         assert "does not record 'acc_task_agnostic'" in got["unavailable"][key]
     assert cb._record.sections["items"].labels is None
+
+
+# ---------------------------------------------------------------------------- DDP, kill -9
+@pytest.mark.slow
+def test_ddp_item_labels_and_bits_equal_one_process_and_give_the_same_intervals(tmp_path):
+    """2 gloo processes, odd test sets sharded without padding (one an iterable set rank 0
+    scores alone): the labels and task-agnostic bits recorded equal a plain loop's over the
+    saved weights (one process), on both ranks, and the class-IL intervals are those of the
+    one-process items."""
+    from class_incremental_ddp_script import TASK_CLASSES as GAUSS_CLASSES
+    from class_incremental_ddp_script import TEST_SIZES, make_net, make_problem
+    from script_runner import run_script
+    from test_class_incremental import allowed_agnostic, reference_cell
+
+    from continual_eval.functional import check_task_classes
+    from continual_eval.functional._class_il_intervals import class_il_bootstrap
+
+    here = __import__("pathlib").Path(__file__).parent
+    proc = run_script(here / "class_incremental_ddp_script.py", tmp_path, "items", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert ranks[0]["world_size"] == 2 and all(n % 2 for n in TEST_SIZES)
+    _, test = make_problem()
+    net = make_net()
+    bits = []
+    for name in ["weights_baseline.pt", *(f"weights_{i}.pt" for i in range(3))]:
+        state = torch.load(tmp_path / name)
+        net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
+        stage = len(bits) - 1
+        row = {}
+        with torch.no_grad():
+            for j, (x, y) in enumerate(test):
+                _, _, preds = reference_cell(
+                    net(x), y.tolist(), allowed_agnostic(stage, j, GAUSS_CLASSES)
+                )
+                row[j] = [p == t for p, t in zip(preds, y.tolist(), strict=True)]
+        bits.append(row)
+    for rank in ranks:
+        assert {j: v.tolist() for j, v in rank["labels"].items()} == {
+            j: y.tolist() for j, (_, y) in enumerate(test)
+        }
+        for phase, row in enumerate(bits):
+            got = rank["bits"][phase]
+            for j in range(3) if phase == 0 else range(phase):
+                assert got[j].tolist() == row[j], (phase, j)
+    assert ranks[0]["class_il"] == ranks[1]["class_il"]
+    items = [torch.tensor([bits[i + 1][j] for i in range(3)]) for j in range(3)]
+    want = class_il_bootstrap(
+        items,
+        [y for _, y in test],
+        check_task_classes(GAUSS_CLASSES).class_task,
+        resamples=200,
+    )
+    paired = ranks[0]["class_il"]["paired"]
+    for key in ("mean_class_accuracy", "amca_per_stage", "mean_class_forgetting_per_stage"):
+        for end, values in zip(("estimate", "low", "high"), want[key], strict=True):
+            assert paired["per_stage"][key][end] == pytest.approx(
+                [None if v != v else v for v in values.tolist()], abs=1e-12
+            ), (key, end)
+
+
+@pytest.mark.slow
+def test_kill_during_an_evaluation_then_resume_gives_the_same_intervals(tmp_path):
+    """SIGKILL inside stage 2's evaluation, resume from the checkpoint after task 1: the labels
+    come back from the checkpoint, and results.json's class-IL intervals (Wilson and paired)
+    equal those of the uninterrupted run; the killed run's directory (results.json and the
+    stage journal) still replays the labels."""
+    import signal
+
+    from script_runner import run_script
+
+    here = __import__("pathlib").Path(__file__).parent
+    script = here / "class_il_items_kill_script.py"
+    full = run_script(script, "full", tmp_path / "full", timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = run_script(script, "killed", tmp_path / "cut", timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    cut = ContinualResults.load(tmp_path / "cut" / "results")
+    assert cut.stages_completed == 2
+    reasons = cut.intervals.class_incremental.unavailable
+    assert not any("labels were not recorded" in reason for reason in reasons.values())
+    resumed = run_script(script, "resume", tmp_path / "cut", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want = ContinualResults.load(tmp_path / "full" / "results").to_dict()["intervals"]
+    got = ContinualResults.load(tmp_path / "cut" / "results").to_dict()["intervals"]
+    assert want["class_incremental"]["paired"] is not None
+    assert got["class_incremental"] == want["class_incremental"]
+    assert got["matrices"] == want["matrices"]

@@ -204,7 +204,7 @@ class ClassIncrementalPaired:
             "amca": _scalar(values["amca_per_stage"], -1),
             "mean_class_forgetting": _scalar(values["mean_class_forgetting_per_stage"], -1),
         }
-        return cls(matrix, per_stage, tuple(values["class_forgetting"]), metrics)  # type: ignore[arg-type]
+        return cls(matrix, per_stage, tuple(values["class_forgetting"]), metrics)
 
     def to_section(self) -> schema.ClassIncrementalPairedSection:
         return schema.ClassIncrementalPairedSection(
