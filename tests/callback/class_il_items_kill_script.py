@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -4,9 +4,10 @@ iterable dataset that rank 0 scores alone).
 
 Usage: python class_incremental_ddp_script.py OUT_DIR [items]. Lightning re-launches this script
 for rank 1. With ``items``: per-item records too (every rank saves the items and labels it
-recorded and the class-incremental intervals). Rank 0 saves the weights at the baseline and after every stage; every rank saves its callback's
-matrices and ``class_incremental`` section. The test module rebuilds the single-process reference
-from the weights with :func:`make_problem`'s test sets.
+recorded and the class-incremental intervals). Rank 0 saves the weights at the baseline and
+after every stage; every rank saves its callback's matrices and ``class_incremental`` section.
+The test module rebuilds the single-process reference from the weights with
+:func:`make_problem`'s test sets.
 """
 
 from __future__ import annotations

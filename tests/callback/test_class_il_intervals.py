@@ -308,11 +308,11 @@ def test_ddp_item_labels_and_bits_equal_one_process_and_give_the_same_intervals(
     one-process items."""
     from class_incremental_ddp_script import TASK_CLASSES as GAUSS_CLASSES
     from class_incremental_ddp_script import TEST_SIZES, make_net, make_problem
-    from script_runner import run_script
     from test_class_incremental import allowed_agnostic, reference_cell
 
     from continual_eval.functional import check_task_classes
     from continual_eval.functional._class_il_intervals import class_il_bootstrap
+    from script_runner import run_script
 
     here = __import__("pathlib").Path(__file__).parent
     proc = run_script(here / "class_incremental_ddp_script.py", tmp_path, "items", timeout=300)
