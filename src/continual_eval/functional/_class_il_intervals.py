@@ -43,10 +43,7 @@ import torch
 from torch import Tensor
 
 from continual_eval.functional._validation import check_forgetting_convention
-from continual_eval.functional.class_incremental import (
-    _mean_class_forgetting_per_stage,
-    _per_class_forgetting,
-)
+from continual_eval.functional.class_incremental import _class_forgetting_table
 from continual_eval.functional.intervals import (
     _BLOCK_CELLS,
     _WORD,
@@ -96,6 +93,7 @@ def _statistics(
     old_task[..., 0] = math.nan  # no old task at stage 0
     pooled = (hits * seen).sum(dim=-1) / (n * seen).sum(dim=-1)
     mca = torch.nanmean(accuracy, dim=-1)
+    table = _class_forgetting_table(accuracy, convention=forgetting)  # [..., s, C]
     return {
         "seen_accuracy_task": seen_task,
         "old_accuracy_task": old_task,
@@ -104,10 +102,8 @@ def _statistics(
         "average_incremental_accuracy_sample": pooled.mean(dim=-1),
         "mean_class_accuracy": mca,
         "amca_per_stage": torch.cumsum(mca, dim=-1) / seen_count,
-        "class_forgetting": _per_class_forgetting(accuracy, forgetting),
-        "mean_class_forgetting_per_stage": _mean_class_forgetting_per_stage(
-            accuracy, convention=forgetting
-        ),
+        "class_forgetting": table[..., -1, :],
+        "mean_class_forgetting_per_stage": torch.nanmean(table, dim=-1),
     }
 
 
@@ -205,16 +201,16 @@ def class_il_bootstrap(
     inside = torch.zeros(index.shape, dtype=torch.bool)
     inside[slot, rank] = True
     exact = torch.float32 if int(size.max()) < 2**24 else torch.float64  # integer sums
-    shifts = torch.arange(8, dtype=torch.uint8)
+    byte_at = index.view(-1) // 8  # each slot's byte and bit in the packed layout
+    bit_at = (index.view(-1) % 8).to(torch.uint8).unsqueeze(1)
 
     def unpacked(words: np.ndarray) -> Tensor:
         """``[rows, W]`` words -> ``[P, n_most, rows]`` 0/1 (``exact``), grouped by class."""
         rows = words.shape[0]
         as_bytes = torch.from_numpy(np.ascontiguousarray(words.T)).view(torch.uint8)  # [W, 8r]
-        by_byte = as_bytes.view(-1, rows, 8).transpose(1, 2)  # [W, byte, rows]
-        flat = (by_byte.unsqueeze(2) >> shifts.view(1, 1, 8, 1)) & 1  # [W, byte, bit, rows]
-        flat = flat.reshape(bits, rows)  # bit-major (little-endian within each word)
-        return flat.index_select(0, index.view(-1)).view(*index.shape, -1).to(exact)
+        by_byte = as_bytes.view(-1, rows, 8).transpose(1, 2).reshape(-1, rows)  # [W * 8, rows]
+        picked = (by_byte.index_select(0, byte_at) >> bit_at) & 1  # [P * n_most, rows]
+        return picked.view(*index.shape, rows).to(exact)
 
     # per (run, class): its items' right bits at every stage and a column of ones (the count)
     weight = inside.to(exact).unsqueeze(1)  # [P, 1, n_most]

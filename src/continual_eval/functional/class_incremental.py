@@ -837,12 +837,12 @@ def mean_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") -
     return torch.nanmean(per_class_forgetting(class_accuracy, convention=convention))
 
 
-def _mean_class_forgetting_per_stage(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
-    """``[S]``: entry ``i`` is
-    [`mean_class_forgetting`][continual_eval.functional.mean_class_forgetting] of the stages
-    ``0 .. i`` (``class_accuracy[: i + 1]``; NaN at ``i = 0``), for every ``i`` at
-    once: running maxima (`torch.cummax`) instead of one call per stage (``O(S * C)``).
-    Leading dimensions (``[..., S, C]``: resamples, runs) are kept: ``[..., S]``."""
+def _class_forgetting_table(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
+    """``[S, C]``: entry ``[i, c]`` is class ``c``'s
+    [`per_class_forgetting`][continual_eval.functional.per_class_forgetting] after the stages
+    ``0 .. i`` (``class_accuracy[: i + 1]``; NaN at ``i = 0``), for every ``i`` at once:
+    running maxima (`torch.cummax`) instead of one call per stage (``O(S * C)``). Leading
+    dimensions (``[..., S, C]``: resamples, runs) are kept."""
     check_forgetting_convention(convention)
     measured = ~class_accuracy.isnan()
     floor = class_accuracy.masked_fill(~measured, -math.inf)
@@ -856,7 +856,15 @@ def _mean_class_forgetting_per_stage(class_accuracy: Tensor, *, convention: str 
     )
     best = peak if convention == "peak" else earlier_peak
     per_class = torch.where(before & measured, best - class_accuracy, _NAN)
-    return torch.nanmean(per_class, dim=-1)
+    return per_class
+
+
+def _mean_class_forgetting_per_stage(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
+    """``[S]``: entry ``i`` is
+    [`mean_class_forgetting`][continual_eval.functional.mean_class_forgetting] of the stages
+    ``0 .. i`` (NaN at ``i = 0``): the mean over classes of `_class_forgetting_table`
+    (``O(S * C)``). Leading dimensions (``[..., S, C]``) are kept: ``[..., S]``."""
+    return torch.nanmean(_class_forgetting_table(class_accuracy, convention=convention), dim=-1)
 
 
 def recency_bias(
