@@ -3,7 +3,8 @@ after every stage, for the matrices whose per-task score is a mean over items, a
 give the results (the ``intervals`` and ``items`` sections, `continual_eval.results.intervals`).
 
 Storage, per matrix and evaluation (the baseline, then each stage; stage ``i`` holds the tasks it
-scored): 0/1 items bit-packed ([`PackedBits`][continual_eval.functional.intervals.PackedBits], 1 bit per
+scored): 0/1 items bit-packed ([`PackedBits`][continual_eval.functional.intervals.PackedBits], 1 bit
+per
 item), other items float64 (64 bits per item). A run of ``T`` tasks holds at most ``T + 1``
 evaluations of ``sum_j n_j`` items per matrix; that bound is checked at the baseline against
 ``max_bytes`` (refused before anything is trained, naming the size). The state is one entry per
@@ -171,7 +172,8 @@ class ItemRecord:
         forgetting: the run's forgetting convention (the bootstrap's).
         primary: the primary matrix's name (the one ``reference`` scores).
         reference: the reference model's items of the primary matrix, one ``[n_j]`` entry per
-            task (bool or [`PackedBits`][continual_eval.functional.intervals.PackedBits] for 0/1 items,
+            task (bool or [`PackedBits`][continual_eval.functional.intervals.PackedBits] for 0/1
+            items,
             else floating): the intransigence interval.
         reference_note: why the run's reference has no items (stated in the ``intervals``
             section as intransigence's ``unavailable`` reason); ``None``: no reference.
