@@ -276,7 +276,7 @@ def step_bootstrap(
     ends = samples.percentiles(float(confidence))
     return {
         key: IntervalTensors(
-            *(t.reshape(*batch, *t.shape[1:]) for t in (estimate[key][0], *ends[key]))
+            *(t.reshape((*batch, *t.shape[1:])) for t in (estimate[key][0], *ends[key]))
         )
         for key in estimate
     }
