@@ -16,8 +16,9 @@ stage they ran in). Their count depends on the run's length, so they are checked
 an evaluation that would take the records (with the stage ends still to come) past
 ``max_bytes`` is refused, naming the bound. They give the intervals of min-ACC, WC-ACC, the
 stability gap, the stage areas, anytime accuracy, ``LCA_beta`` and the AUC forward transfer
-(``intervals.matrices.*.step_metrics`` and ``metrics``; `continual_eval.functional._step_intervals`):
-the same paired resample of a task's items in every per-step and stage-end evaluation.
+(``intervals.matrices.*.step_metrics`` and ``metrics``, by
+`continual_eval.functional._step_intervals`): the same paired resample of a task's items in
+every per-step and stage-end evaluation.
 
 Intervals and transitions are a function of the record (`ItemRecord.results`), computed when
 the results are built and kept until the next stage is recorded.
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from continual_eval.functional._step_intervals import step_bootstrap
 from continual_eval.functional.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
@@ -53,7 +55,6 @@ from continual_eval.functional.intervals import (
     unpack_bits,
     wilson_interval,
 )
-from continual_eval.functional._step_intervals import step_bootstrap
 from continual_eval.functional.items import item_transitions
 from continual_eval.results.intervals import (
     ClassIncrementalIntervals,
@@ -963,11 +964,7 @@ class ItemRecord:
         matrices = {}
         for name, m in intervals.matrices.items():
             mine = found[name]
-            scalars = {
-                k: tuple(float(t) for t in mine[k])
-                for k in _STEP_SCALARS
-                if k in mine
-            }
+            scalars = {k: tuple(float(t) for t in mine[k]) for k in _STEP_SCALARS if k in mine}
             matrices[name] = dataclasses.replace(
                 m,
                 metrics={**m.metrics, **scalars},

@@ -144,7 +144,7 @@ def test_step_intervals_equal_the_bootstrap_of_plain_items(run):
 
 
 def test_logs_carry_lo_and_hi(run):
-    cb, _, _, tasks, root = run
+    cb, _, _, _, root = run
     scalars = stage_scalars(cb.continual_results(), 2)
     for key in ("min_acc", "wc_acc", "anytime_acc", "lca", "loss/min_acc", "loss/lca"):
         low, high = scalars[f"continual/{key}/lo"], scalars[f"continual/{key}/hi"]
@@ -239,8 +239,9 @@ def test_subset_step_evaluations_state_why(tmp_path):
     assert cb.record.sections["items"].steps == []
     unavailable = cb.results()["intervals"]["unavailable"]
     assert "fixed subset" in unavailable["stability"]
-    assert "step_metrics" not in cb.results()["intervals"]["matrices"]["acc"] or not (
-        cb.results()["intervals"]["matrices"]["acc"]["step_metrics"]
+    assert (
+        "step_metrics" not in cb.results()["intervals"]["matrices"]["acc"]
+        or not (cb.results()["intervals"]["matrices"]["acc"]["step_metrics"])
     )
 
 

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from continual_eval.functional.intervals import (
+    _BLOCK_CELLS,
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
     IntervalTensors,
-    _BLOCK_CELLS,
     _check_bootstrap_options,
     _Draws,
     _Layout,
@@ -242,14 +243,14 @@ def step_bootstrap(
                 f"step_bootstrap: values[{j}] must be [..., {E}, n_j] with the leading "
                 f"dimensions {batch} of values[0], got {tuple(v.shape)}"
             )
-        rows = v.reshape(runs, E, sizes[j]).double().transpose(1, 2)
-        table[:, j, : sizes[j]] = torch.nan_to_num(rows, nan=0.0, posinf=0.0, neginf=0.0)
+        by_item = v.reshape(runs, E, sizes[j]).double().transpose(1, 2)
+        table[:, j, : sizes[j]] = torch.nan_to_num(by_item, nan=0.0, posinf=0.0, neginf=0.0)
     table = table.reshape(runs * T, n_max, E)
     binary = all(v.dtype == torch.bool for v in values)
     dtype = torch.float32 if binary and 2 * n_max < 2**24 else torch.float64
     table_d = table.to(dtype)
     unread = ~evaluated.T.unsqueeze(1).repeat(runs, 1, 1)  # [R * T, 1, E]
-    options = {"higher_is_better": higher_is_better, "lca_beta": lca_beta}
+    options: dict[str, Any] = {"higher_is_better": higher_is_better, "lca_beta": lca_beta}
     options |= {"reference_auc": reference_auc, "best": best}
     structure = _Structure(stage, steps, s, lca_beta)
 

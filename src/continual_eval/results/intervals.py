@@ -299,9 +299,7 @@ class IntervalResults:
                     num_items=list(m.num_items),
                     unavailable=dict(m.unavailable),
                     per_task={key: _triple_section(v) for key, v in m.per_task.items()},
-                    step_metrics={
-                        key: _triple_section(v) for key, v in m.step_metrics.items()
-                    },
+                    step_metrics={key: _triple_section(v) for key, v in m.step_metrics.items()},
                 )
                 for name, m in self.matrices.items()
             },
