@@ -265,3 +265,28 @@ def test_ddp_step_items_equal_a_plain_loop(tmp_path):
             _, losses = plain_items(weights[step], tasks)
             for j in range(stage + 1):
                 torch.testing.assert_close(items[j], losses[j], rtol=0, atol=1e-5)
+
+
+def test_step_metrics_checked_on_load_naming_the_field(run, tmp_path):
+    import json
+
+    from continual_eval.results import InvalidResultsError
+
+    cb, _, _, _, _ = run
+    document = cb.results()
+    field = "intervals.matrices.acc.step_metrics"
+
+    def load(change):
+        bad = json.loads(json.dumps(document))
+        change(bad["intervals"]["matrices"]["acc"]["step_metrics"])
+        path = tmp_path / "results.json"
+        path.write_text(json.dumps(bad))
+        return ContinualResults.load(path)
+
+    load(lambda m: None)  # as written: accepted
+    with pytest.raises(InvalidResultsError, match=rf"{field}\.min_acc\.low"):
+        load(lambda m: m["min_acc"]["low"].pop())
+    with pytest.raises(InvalidResultsError, match=rf"{field}\.gap_depth\.low"):
+        load(lambda m: m["gap_depth"].update(low=[1.0, 1.0], high=[0.0, 0.0]))
+    with pytest.raises(InvalidResultsError, match=rf"{field}\.median_acc"):
+        load(lambda m: m.update(median_acc=m["min_acc"]))
