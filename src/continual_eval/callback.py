@@ -476,6 +476,9 @@ class ContinualEvalCallback(Callback):
         scored = self._scoring.score(
             trainer, pl_module, record, range(stage + 1), stage=stage, subset=subset
         )
+        items = record.sections.get("items")
+        if items is not None and not subset:  # before the curves: a refusal records nothing
+            as_callback_error(items.record_step, step, stage, scored)  # type: ignore[attr-defined]
         record.record_step(step, stage, scored.rows, full=not subset)
         self._log_step(trainer, scored.rows, step, subset=subset)
 
@@ -517,6 +520,9 @@ class ContinualEvalCallback(Callback):
         if self.step_evaluation is not None:
             record.steps_trained = self._current_step(trainer)
             replaced = record.record_step(record.steps_trained, stage, scored.rows, full=True)
+            items = record.sections.get("items")
+            if items is not None:  # the stage end replaced a per-step point: its items too
+                items.forget_step(record.steps_trained, stage)  # type: ignore[attr-defined]
             if replaced is None:  # the whole-test-set point of every curve, under the full keys
                 self._log_step(trainer, record.curves.last(), record.steps_trained)
         if trainer.is_global_zero:
