@@ -495,10 +495,12 @@ def _summary_section(
     seeds_text: Any,
     single_interval: Any = None,
     interval_note: str | None = None,
+    missing_notes: Sequence[str] = (),
 ) -> list[str]:
     """The heading and the table of each method's mean ± std per metric (a single run's value
     with ``single_interval(summary, key)``, its interval from its test items, when not
-    ``None``; ``interval_note``, plain text, says so under the table)."""
+    ``None``; ``interval_note``, plain text, says so under the table; ``missing_notes``, plain
+    text, why a single value printed has none)."""
     header = [
         "method",
         "runs",
@@ -531,7 +533,17 @@ def _summary_section(
     ]
     if interval_note:
         body.append(f'<p class="note">{_text(interval_note, 1000)}</p>')
+    body += _missing(missing_notes)
     return body
+
+
+def _missing(notes: Sequence[str]) -> list[str]:
+    """Why numbers printed above have no interval (plain text lines, escaped here): a short
+    list under the table, once per reason."""
+    if not notes:
+        return []
+    items = "".join(f"<li>{_text(n, 800)}</li>" for n in notes)
+    return [f'<p class="note">Printed without an interval, and why:</p><ul class="note">{items}</ul>']
 
 
 def _uncertainty_section(
@@ -819,6 +831,8 @@ def html_report(
     interval_note: str | None = None,
     seed_caveats: Any = None,
     interval_label: Any = None,
+    missing_notes: Sequence[str] = (),
+    per_task: Sequence[str] = (),
 ) -> str:
     """The whole page. ``runs``: [`continual_eval.report.Run`][continual_eval.report.Run];
     ``summaries``: their [`MethodSummary`][continual_eval.report.MethodSummary]; ``columns`` /
@@ -831,8 +845,16 @@ def html_report(
 
     figures = _Figures()
     body = _summary_section(
-        runs, summaries, columns, directions, seeds_text, single_interval, interval_note
+        runs,
+        summaries,
+        columns,
+        directions,
+        seeds_text,
+        single_interval,
+        interval_note,
+        missing_notes,
     )
+    body += list(per_task)
     if any(s.mean[k] is not None for s in summaries for k in columns):
         body.append(
             figures.add(
