@@ -543,7 +543,8 @@ def _missing(notes: Sequence[str]) -> list[str]:
     if not notes:
         return []
     items = "".join(f"<li>{_text(n, 800)}</li>" for n in notes)
-    return [f'<p class="note">Printed without an interval, and why:</p><ul class="note">{items}</ul>']
+    head = '<p class="note">Printed without an interval, and why:</p>'
+    return [f'{head}<ul class="note">{items}</ul>']
 
 
 def _uncertainty_section(
@@ -665,6 +666,76 @@ def _confusion_section(section: Any, figures: _Figures) -> list[str]:
     ]
 
 
+def _with_interval(value: float, ends: tuple[float, float] | None) -> str:
+    """A value (4 decimals, ``—`` when not finite) and, when both ends are finite, its
+    ``[low, high]`` in small type."""
+    if not math.isfinite(value):
+        return "—"
+    text = f"{value + 0.0:.4f}"
+    if ends is not None and all(math.isfinite(e) for e in ends):
+        text += f' <span class="interval">[{ends[0] + 0.0:.4f}, {ends[1] + 0.0:.4f}]</span>'
+    return text
+
+
+def _held_out_section(results: Any) -> list[str]:
+    """A run's held-out sets (`continual_eval._held_out_report`): per matrix the final table
+    (baseline, final, delta, worst drop) and the table per evaluation (each set's score and
+    delta), with their one-run intervals; why not where a matrix has none."""
+    from continual_eval._held_out_report import (
+        held_out_missing,
+        held_out_note,
+        held_out_rows,
+        held_out_stage_rows,
+    )
+
+    held_out = getattr(results, "held_out", None)
+    if held_out is None:
+        return []
+    body = [
+        "<h3>Held-out sets</h3>",
+        "<p>Scored at the baseline and after every stage, never trained, never part of R or its "
+        "metrics; delta = score minus the baseline, worst drop = the largest loss against the "
+        "baseline over the stages in the score's direction.</p>",
+    ]
+    for name in held_out.scores:
+        matrix = results.matrices[name]
+        arrow = _ARROW[bool(matrix.higher_is_better)]
+        rows = [[_text(n, 60), *c] for n, c in held_out_rows(results, name, _with_interval)]
+        header, stage_rows = held_out_stage_rows(results, name, _with_interval)
+        body += [
+            f"<h4>{_text(name)} ({_text(matrix.score)} {arrow})</h4>",
+            _table(["set", "baseline", "final", "delta", "worst drop"], rows),
+            _table(
+                ["evaluation", *(_text(h, 80) for h in header)],
+                [[_text(r[0], 80), *r[1:]] for r in stage_rows],
+            ),
+        ]
+    note = held_out_note(results)
+    if note is not None:
+        body.append(f'<p class="note">{_text(note, 1000)}</p>')
+    body += _missing(held_out_missing(results))
+    return body
+
+
+def _class_incremental_section(results: Any) -> list[str]:
+    """The class-incremental values of a run with their Wilson intervals
+    (`continual_eval._class_incremental_report`): the final measures, the seen / old / new
+    accuracy per stage and each class's accuracy after the last stage; why not for the rest."""
+    from continual_eval._class_incremental_report import class_incremental_tables
+
+    found = class_incremental_tables(results, _with_interval)
+    if found is None:
+        return []
+    body = ["<h3>Class-incremental evaluation</h3>"]
+    for title, header, rows in found.tables:
+        body += [f"<h4>{_text(title)}</h4>", _table([_text(h) for h in header],
+                 [[_text(r[0], 80), *r[1:]] for r in rows])]  # fmt: skip
+    if found.note:
+        body.append(f'<p class="note">{_text(found.note, 1000)}</p>')
+    body += _missing(found.missing)
+    return body
+
+
 def _forgotten_section(results: Any, directory: Path) -> list[str]:
     """The items right at the diagonal and wrong at the final stage
     (`continual_eval._predictions_report`), when the run wrote prediction files."""
@@ -719,9 +790,11 @@ def _run_section(
             held = None if section is None else section.matrices.get(name)
             label = "interval" if interval_label is None else interval_label(results, name)
             body.extend(_matrix_section(name, matrix, names, figures, held, label))
+    body.extend(_held_out_section(results))
     body.extend(_forgotten_section(results, Path(run.path)))
     section = getattr(results, "class_incremental", None)
     if section is not None and section.num_stages > 0:
+        body.extend(_class_incremental_section(results))
         body.extend(_confusion_section(section, figures))
     online = getattr(results, "online", None)
     if online is not None and online.windows:

@@ -87,7 +87,8 @@ def _run_intervals(results: Any, values: dict[str, list[float]]) -> dict[str, li
     for key, (estimate, low, high) in held.per_task.items():
         if key not in out:
             continue
-        for k, (e, lo, hi) in enumerate(zip(estimate.tolist(), low.tolist(), high.tolist())):
+        triples = zip(estimate.tolist(), low.tolist(), high.tolist(), strict=True)
+        for k, (e, lo, hi) in enumerate(triples):
             j = k + _OFFSET[key]
             if j >= T or not all(math.isfinite(v) for v in (e, lo, hi, values[key][j])):
                 continue
@@ -101,9 +102,13 @@ def _reason(results: Any, key: str, reason: Callable[[Any, str], str]) -> str:
     it, else ``reason(results, key)`` (the report's reasons for the metric)."""
     section = results.intervals
     held = None if section is None else section.matrices.get(results.primary_name)
-    if held is not None and key not in held.unavailable and held.metrics.get(key) is not None:
-        if key not in held.per_task:
-            return "the intervals section holds no per-task interval of it"
+    if (
+        held is not None
+        and key not in held.unavailable
+        and held.metrics.get(key) is not None
+        and key not in held.per_task
+    ):
+        return "the intervals section holds no per-task interval of it"
     return reason(results, key)
 
 

@@ -1171,8 +1171,7 @@ def _run_lines(run: Run, out: Path) -> list[str]:
             + ")"
         )
         lines += [
-            f"intransigence={extra:.4f}{shown} (against the "
-            f"{_reference_name(run.reference_kind)})",
+            f"intransigence={extra:.4f}{shown} (against the {_reference_name(run.reference_kind)})",
             "",
         ]
     for picture in pictures:
