@@ -137,14 +137,32 @@ def _interval_of(intervals: Any, title: str, value: float) -> tuple[float, float
     return low, high
 
 
+#: a final measure that is no estimate from the model's predictions, and why it has no interval
+_EXACT = {
+    "newest-task sample share": (
+        "the newest task's share of the seen test samples: fixed by the test set, not estimated "
+        "from the model's predictions"
+    )
+}
+
+
 def _why(results: Any, title: str) -> str:
+    """Why a final measure of one run has no interval: the ``unavailable`` reason (an entry
+    ``"as <key>"`` followed to ``<key>``'s), else what is missing."""
+    if title in _EXACT:
+        return _EXACT[title]
     intervals = getattr(results, "intervals", None)
     if intervals is None:
         return "the run has no per-item records (item_records= not set)"
     section = intervals.class_incremental
     key = _UNAVAILABLE_KEY.get(title)
     if section is not None and key is not None and key in section.unavailable:
-        return printable(section.unavailable[key], 500)
+        why = section.unavailable[key]
+        seen = {key}
+        while why.startswith("as ") and why[3:] in section.unavailable and why[3:] not in seen:
+            seen.add(why[3:])
+            why = f"{section.unavailable[why[3:]]} (as for {why[3:]})"
+        return printable(why, 600)
     if section is None and _INTERVAL_OF.get(title, ("",))[0] == "class_incremental":
         return "the intervals section has no class_incremental part"
     return "the intervals section holds no interval whose estimate is this value"
@@ -208,7 +226,7 @@ def class_incremental_tables(
             span = (float(low[last, c]), float(high[last, c]))
         task = names[task_of[c]] if task_of[c] < len(names) else str(task_of[c])
         per_class.append(
-            [str(c), printable(task, 60), str(int(section.test_samples[c])), cell(value, span)]
+            [f"{c} ({printable(task, 60)})", str(int(section.test_samples[c])), cell(value, span)]
         )
     tables = [
         ("Final measures", ["measure", "value"], final),
@@ -219,7 +237,7 @@ def class_incremental_tables(
         ),
         (
             f"Per-class accuracy after stage {last} (arrival order)",
-            ["class", "task", "test samples", "accuracy"],
+            ["class (task)", "test samples", "accuracy"],
             per_class,
         ),
     ]
