@@ -104,8 +104,8 @@ def held_out_run_lines(
         _pyplot().close(fig)
         lines += ["", f"![held-out sets: {escape_markdown(name)}]({path.name})", ""]
     note = held_out_note(results)
-    if note is not None:
-        lines += [escape_markdown(note), ""]
+    if note is not None:  # the report's own words, no name from the file
+        lines += [note, ""]
     lines += [f"- {escape_markdown(n)}" for n in held_out_missing(results)]
     return lines if lines[-1] == "" else [*lines, ""]
 
