@@ -242,7 +242,7 @@ def class_incremental_tables(
         ),
     ]
     note = None
-    if wilson is not None:
+    if wilson is not None and intervals is not None:
         note = (
             f"[low, high]: {100 * intervals.confidence:g}% intervals from the test items: "
             "Wilson for the per-class, seen, old and new accuracies (each a proportion of the "
