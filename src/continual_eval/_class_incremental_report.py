@@ -244,7 +244,7 @@ def class_incremental_tables(
     note = None
     if wilson is not None and intervals is not None:
         note = (
-            f"[low, high]: {100 * intervals.confidence:g}% intervals from the test items: "
+            f"Each [low, high]: {100 * intervals.confidence:g}% interval from the test items: "
             "Wilson for the per-class, seen, old and new accuracies (each a proportion of the "
             "class's or pool's test samples predicted right); the paired bootstrap of the "
             "acc_task_aware / acc_task_agnostic matrix metrics where a final measure is one of "
@@ -388,8 +388,8 @@ def class_incremental_run_lines(run: Any, out_dir: Path, plain: Callable[[str], 
             *("| " + " | ".join([escape_markdown(r[0]), *r[1:]]) + " |" for r in rows),
             "",
         ]
-    if found.note:
-        out += [escape_markdown(found.note), ""]
+    if found.note:  # the report's own words (no name from the file)
+        out += [found.note, ""]
     if found.missing:
         out += [*(f"- {escape_markdown(m)}" for m in found.missing), ""]
     return [*out, " ".join(lines), ""]

@@ -118,7 +118,7 @@ def held_out_note(results: Any) -> str | None:
         return None
     confidence = results.intervals.confidence
     return (
-        f"[low, high]: {100 * confidence:g}% intervals from the sets' test items (Wilson / t "
+        f"Each [low, high]: {100 * confidence:g}% intervals from the sets' test items (Wilson / t "
         "for the scores; paired bootstrap over each set's items for delta and worst drop, one "
         "resample of a set's items at the baseline and at every stage): the error of the "
         "finite set, not the variation between runs."

@@ -607,9 +607,15 @@ def _matrix_section(
             torch.cat([held.baseline_high.double()[None, :], held.high.double()]),
         )
     row_names = ["untrained", *(f"after {n}" for n in names[: matrix.num_stages])]
+    where = (
+        f"cells' {interval_label}s: on the heatmap below and as the trajectories' error bars"
+        if held is not None
+        else "no cell intervals: no per-item records of this matrix (item_records=)"
+    )
     body = [
         f"<h3>{_text(name)} ({_text(matrix.score)}, {direction} is better)</h3>",
         _matrix_table(matrix, names),
+        f'<p class="note">{_text(where, 300)}</p>',
         figures.add(
             heatmap_figure(
                 grid,

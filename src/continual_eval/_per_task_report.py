@@ -151,10 +151,11 @@ def per_task_tables(
             cells.append(row)
         names = tuple(str(n) for n in runs[0].results.task_names[:T])
         names += tuple(f"task {j}" for j in range(len(names), T))
-        notes = [
-            f"{title} (tasks {', '.join(names[int(j)] for j in tasks)}): no interval: {why}"
-            for (title, why), tasks in missing.items()
-        ]
+        by_reason: dict[str, list[str]] = {}  # one line per reason
+        for (title, why), tasks in missing.items():
+            shown = ", ".join(names[int(j)] for j in tasks)
+            by_reason.setdefault(why, []).append(f"{title} (tasks {shown})")
+        notes = [f"{', '.join(what)}: no interval: {why}" for why, what in by_reason.items()]
         tables.append(PerTaskTable(s.method, len(s.runs), names, cells, notes))
     return tables
 

@@ -731,9 +731,12 @@ def _missing_interval_notes(summaries: Sequence[MethodSummary]) -> list[str]:
                 continue
             run = next(r for r, v in zip(s.runs, s.values[key], strict=True) if v is not None)
             found.setdefault((title, _no_interval_reason(run.results, key)), []).append(s.method)
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # one line per reason
+    for (title, why), methods in found.items():
+        grouped.setdefault((why, tuple(methods)), []).append(title)
     return [
-        f"{title}: no interval ({', '.join(printable(m, 80) for m in methods)}): {why}"
-        for (title, why), methods in found.items()
+        f"{', '.join(titles)}: no interval ({', '.join(printable(m, 80) for m in methods)}): {why}"
+        for (why, methods), titles in grouped.items()
     ]
 
 
@@ -1430,7 +1433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--per-task",
         action="store_true",
-        help="table.tex: also a column per task (the final primary score, over the runs)",
+        help="table.tex: also a column per task (the final primary score, over the runs); "
+        "report.md / report.html: a table per method of each task's BWT, forgetting, FWT and "
+        "intransigence (one run: with its interval from its test items)",
     )
     parser.add_argument("--no-html", action="store_true", help="do not write report.html")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

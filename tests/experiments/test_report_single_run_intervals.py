@@ -396,7 +396,7 @@ def test_values_without_an_interval_state_the_reason_once(runs: Path) -> None:
     notes = head.split("Values of one run printed without an interval, and why:")[1]
     assert notes.count(reason) == 1
     assert "Intransigence: no interval (cil):" in notes
-    assert "ACC: no interval (bare): the run has no per-item records" in notes
+    assert "ACC, BWT, FWT, Forgetting: no interval (bare): the run has no per-item" in notes
     assert "seeds" not in notes  # two runs: ± and the intervals across seeds
     page = _page(runs).split("<h2>Metrics per method</h2>")[1].split("<h2>")[0]
     assert page.count(reason) == 1
