@@ -1106,6 +1106,23 @@ def _final_cell_interval(summary: MethodSummary, task: int) -> tuple[float, floa
     return (low, high) if math.isfinite(low) and math.isfinite(high) else None
 
 
+def _final_cell_notes(summaries: Sequence[MethodSummary], score: str) -> list[str]:
+    """Why a one-run method's final cells (``--per-task`` in ``table.tex``) have no interval
+    (one line per reason, plain text)."""
+    found: dict[str, list[str]] = {}
+    for s in summaries:
+        results = s.runs[0].results
+        section = results.intervals
+        if len(s.runs) == 1 and (section is None or results.primary_name not in section.matrices):
+            found.setdefault(_no_interval_reason(results, "", results.primary_name), []).append(
+                s.method
+            )
+    return [
+        f"final {score} per task ({', '.join(printable(m, 80) for m in methods)}): {why}"
+        for why, methods in found.items()
+    ]
+
+
 def latex_summary(
     summaries: Sequence[MethodSummary],
     runs: Sequence[Run],
@@ -1134,12 +1151,14 @@ def latex_summary(
     ]
     groups = None
     all_columns = metric_columns
+    notes = _missing_interval_notes(summaries)
     if per_task:
         found = _per_task_columns(summaries, confidence=confidence, resamples=resamples, seed=seed)
         if found is not None:
             tasks, score = found
             all_columns = [*metric_columns, *tasks]
             groups = [("Metrics", len(metric_columns)), (f"Final {score} per task", len(tasks))]
+            notes += _final_cell_notes(summaries, score)
     return latex_table(
         [s.method for s in summaries],
         [len(s.runs) for s in summaries],
@@ -1148,6 +1167,7 @@ def latex_summary(
         confidence=confidence,
         groups=groups,
         caption="Continual-learning metrics per method",
+        notes=notes,
     )
 
 

@@ -402,3 +402,19 @@ def test_values_without_an_interval_state_the_reason_once(runs: Path) -> None:
     assert page.count(reason) == 1
     cost = _section(_text(runs), "## Cost\n")
     assert document["intervals"]["unavailable"]["cost"] in cost
+
+
+def test_latex_table_states_why_a_value_has_no_interval(runs: Path) -> None:
+    tex = (runs / "report" / "table.tex").read_text(encoding="utf-8")
+    note = next(line for line in tex.splitlines() if "No interval:" in line)
+    assert tex.index(note) > tex.index("\\end{tabular}")
+    assert (
+        "ACC, BWT, FWT, Forgetting: no interval (bare): the run has no per-item records "
+        "(item\\_records= not set)" in note
+    )
+    assert "Intransigence: no interval (cil): the reference" in note
+    assert "per task (bare): the run has no per-item records" in note  # --per-task's cells
+    assert "seeds)" not in note  # two runs: mean ± std
+    bare = next(line for line in tex.splitlines() if line.startswith("bare & "))
+    cil = next(line for line in tex.splitlines() if line.startswith("cil & "))
+    assert "scriptsize" not in bare and cil.count("scriptsize") == 4 + TASKS
