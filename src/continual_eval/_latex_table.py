@@ -205,6 +205,6 @@ def latex_table(
     lines += ["\\bottomrule", "\\end{tabular}"]
     if notes:
         shown = " ".join(escape_latex(n, 600) + "." for n in notes)
-        lines += [f"\\par\\smallskip{{\\footnotesize No interval: {shown}}}"]
+        lines += [f"\\par\\smallskip{{\\footnotesize One-run values without an interval: {shown}}}"]
     lines += ["\\end{table}", ""]
     return "\n".join(lines)

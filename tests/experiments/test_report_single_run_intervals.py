@@ -406,7 +406,7 @@ def test_values_without_an_interval_state_the_reason_once(runs: Path) -> None:
 
 def test_latex_table_states_why_a_value_has_no_interval(runs: Path) -> None:
     tex = (runs / "report" / "table.tex").read_text(encoding="utf-8")
-    note = next(line for line in tex.splitlines() if "No interval:" in line)
+    note = next(line for line in tex.splitlines() if "without an interval:" in line)
     assert tex.index(note) > tex.index("\\end{tabular}")
     assert (
         "ACC, BWT, FWT, Forgetting: no interval (bare): the run has no per-item records "
