@@ -18,8 +18,10 @@ from continual_eval.results.schema import printable
 
 __all__ = [
     "CLASS_IL_COLUMNS",
+    "ClassIncrementalSummary",
     "ClassIncrementalTables",
     "class_incremental_run_lines",
+    "class_incremental_summary",
     "class_incremental_summary_lines",
     "class_incremental_tables",
     "final_intervals",
@@ -278,25 +280,72 @@ def _aware_agnostic_means(results: Any) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def class_incremental_summary_lines(
-    summaries: Sequence[Any], escape: Callable[[str], str]
-) -> list[str]:
-    """Markdown lines: per method (``summaries`` of
-    [`continual_eval.report.summarise`][continual_eval.report.summarise]), the mean ± sample std
-    over its runs of the final task-aware and task-agnostic accuracy and of ``CLASS_IL_COLUMNS``;
-    nothing when no run has a ``class_incremental`` section."""
-    rows = []
+#: what ``[low, high]`` means in the across-methods class-incremental table
+SUMMARY_NOTE = (
+    "[low, high] after the value of a method with one run: its interval from its test items "
+    "(Wilson for last / old / new accuracy; the paired bootstrap of the acc_task_aware / "
+    "acc_task_agnostic matrix metrics for the task-weighted accuracies), not the variation "
+    "between seeds."
+)
+
+
+@dataclass(frozen=True)
+class ClassIncrementalSummary:
+    """The across-methods table: ``titles`` (the columns after method and runs), ``rows`` of
+    ``(method, runs, cells)`` (cells written by the caller's ``cell``), ``single``: whether a
+    method has one run, ``missing``: ``(title, reason, methods)`` of the one-run values without
+    an interval (plain text)."""
+
+    titles: list[str]
+    rows: list[tuple[str, int, list[str]]]
+    single: bool
+    missing: list[tuple[str, str, list[str]]]
+
+
+def class_incremental_summary(
+    summaries: Sequence[Any],
+    cell: Callable[[Sequence[float], tuple[float, float] | None], str],
+) -> ClassIncrementalSummary | None:
+    """Per method (``summaries`` of
+    [`continual_eval.report.summarise`][continual_eval.report.summarise]) over its runs with a
+    ``class_incremental`` section, the final task-aware and task-agnostic accuracy and
+    ``CLASS_IL_COLUMNS``, each written by ``cell(values, interval)`` (the one-run interval of a
+    method with one run, else ``None``); ``None`` when no run has the section."""
+    groups = []
     for summary in summaries:
         sections = [
-            (run.results, run.results.class_incremental)
+            run.results
             for run in summary.runs
             if getattr(run.results, "class_incremental", None) is not None
         ]
         if sections:
-            rows.append((summary.method, sections))
-    if not rows:
-        return []
+            groups.append((summary.method, sections))
+    if not groups:
+        return None
     titles = ["task-aware acc", "task-agnostic acc", *CLASS_IL_COLUMNS]
+    rows = []
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for method, runs in groups:
+        values = [_final_values(results) for results in runs]
+        one = final_intervals(runs[0]) if len(runs) == 1 else ({}, {})
+        rows.append(
+            (method, len(runs), [cell([v[t] for v in values], one[0].get(t)) for t in titles])
+        )
+        for title, why in one[1].items():
+            reasons.setdefault((title, why), []).append(method)
+    missing = [(title, why, methods) for (title, why), methods in reasons.items()]
+    return ClassIncrementalSummary(titles, rows, any(len(r) == 1 for _, r in groups), missing)
+
+
+def class_incremental_summary_lines(
+    summaries: Sequence[Any], escape: Callable[[str], str]
+) -> list[str]:
+    """Markdown lines of `class_incremental_summary` (mean ± sample std over each method's runs;
+    one run: its value and interval), with the note and the reasons under the table; nothing
+    when no run has a ``class_incremental`` section."""
+    found = class_incremental_summary(summaries, _mean_std)
+    if found is None:
+        return []
     lines = [
         "## Class-incremental evaluation",
         "",
@@ -310,31 +359,19 @@ def class_incremental_summary_lines(
         "of the seen test samples predicted as a class of the newest task, next to that task's "
         "share of the samples (equal for an unbiased classifier).",
         "",
-        "| method | runs | " + " | ".join(titles) + " |",
-        "|---|---:|" + "---:|" * len(titles),
+        "| method | runs | " + " | ".join(found.titles) + " |",
+        "|---|---:|" + "---:|" * len(found.titles),
     ]
-    reasons: dict[tuple[str, str], list[str]] = {}
-    for method, sections in rows:
-        values = [_final_values(results) for results, _ in sections]
-        one = final_intervals(sections[0][0]) if len(sections) == 1 else ({}, {})
-        cells = [_mean_std([v[title] for v in values], one[0].get(title)) for title in titles]
-        lines.append(f"| {escape(method)} | {len(sections)} | " + " | ".join(cells) + " |")
-        for title, why in one[1].items():
-            reasons.setdefault((title, why), []).append(method)
+    for method, runs, cells in found.rows:
+        lines.append(f"| {escape(method)} | {runs} | " + " | ".join(cells) + " |")
     lines.append("")
-    if any(len(sections) == 1 for _, sections in rows):
-        lines += [
-            "[low, high] after the value of a method with one run: its interval from its test "
-            "items (Wilson for last / old / new accuracy; the paired bootstrap of the "
-            "acc_task_aware / acc_task_agnostic matrix metrics for the task-weighted "
-            "accuracies), not the variation between seeds.",
-            "",
-        ]
-    if reasons:
+    if found.single:
+        lines += [SUMMARY_NOTE, ""]
+    if found.missing:
         lines += ["Values of one run printed without an interval, and why:", ""]
         lines += [
             f"- {escape(title)} ({', '.join(escape(m) for m in methods)}): {escape(why)}"
-            for (title, why), methods in reasons.items()
+            for title, why, methods in found.missing
         ]
         lines.append("")
     return lines

@@ -742,6 +742,39 @@ def _class_incremental_section(results: Any) -> list[str]:
     return body
 
 
+def _class_incremental_summary(summaries: Sequence[Any]) -> list[str]:
+    """The across-methods class-incremental table (mean ± sample std; one run: its value and
+    interval), its note and the reasons for the one-run values without an interval."""
+    from continual_eval._class_incremental_report import SUMMARY_NOTE, class_incremental_summary
+
+    def cell(values: Sequence[float], ends: tuple[float, float] | None) -> str:
+        finite = [v for v in values if math.isfinite(v)]
+        if not finite:
+            return "n/a"
+        if len(finite) == 1:
+            text = _with_interval(finite[0], ends)
+        else:
+            mean = math.fsum(finite) / len(finite)
+            std = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+            text = f"{mean:.4f} ± {std:.4f}"
+        return text if len(finite) == len(values) else f"{text} (n={len(finite)})"
+
+    found = class_incremental_summary(summaries, cell)
+    if found is None:
+        return []
+    rows = [[_text(m), str(n), *cells] for m, n, cells in found.rows]
+    body = [
+        "<h2>Class-incremental evaluation</h2>",
+        "<p>Final values, mean ± sample std over each method's runs with a class-incremental "
+        "section (the columns as in <code>report.md</code>).</p>",
+        _table(["method", "runs", *(_text(t) for t in found.titles)], rows),
+    ]
+    if found.single:
+        body.append(f'<p class="note">{_text(SUMMARY_NOTE, 600)}</p>')
+    body += _missing([f"{t} ({', '.join(methods)}): {why}" for t, why, methods in found.missing])
+    return body
+
+
 def _forgotten_section(results: Any, directory: Path) -> list[str]:
     """The items right at the diagonal and wrong at the final stage
     (`continual_eval._predictions_report`), when the run wrote prediction files."""
@@ -941,6 +974,7 @@ def html_report(
             )
         )
         body.extend(_uncertainty_section(summaries, columns, directions, confidence, seed_caveats))
+    body.extend(_class_incremental_summary(summaries))
     for run in runs:
         body.extend(_run_section(run, run_title, figures, interval_label))
     return "\n".join(

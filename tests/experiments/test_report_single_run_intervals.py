@@ -366,6 +366,12 @@ def test_class_incremental_summary_shows_the_single_run_intervals(runs: Path) ->
     new = wilson["new_accuracy"]
     assert row[2 + 7] == _md(new["estimate"][-1], new["low"][-1], new["high"][-1])  # new acc
     assert text.count(wilson["unavailable"]["recency_bias"]) == 1
+    page = _page(runs).split("<h2>Class-incremental evaluation</h2>")[1].split("<h2>")[0]
+    cells = next(r for r in _html_rows(page) if r[0] == "cil")
+    assert cells[2 + 7] == _html(new["estimate"][-1], new["low"][-1], new["high"][-1])
+    old = wilson["old_accuracy"]
+    assert cells[2 + 6] == _html(old["estimate"][-1], old["low"][-1], old["high"][-1])
+    assert page.count(wilson["unavailable"]["recency_bias"]) == 1
 
 
 # ------------------------------------------------------------------ summary.csv, notes
