@@ -84,7 +84,7 @@ def check_class_id_bounds(task_classes: Any) -> None:
     are capped where they are recorded (`MAX_CONFUSION_CELLS` nonzero
     cells in all, see `ClassIncrementalRecord.check_stage`). Other problems (no
     class, a negative or non-integer id, a class in two tasks) are left to
-    [`check_task_classes`][continual_eval.functional.check_task_classes]."""
+    [`check_task_classes`][continual_eval.functional.class_incremental.check_task_classes]."""
     tasks = task_classes.tolist() if isinstance(task_classes, Tensor) else task_classes
     if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Iterable):
         return

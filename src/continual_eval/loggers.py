@@ -26,9 +26,12 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
 * the baseline: ``{prefix}baseline/{task}`` (primary), ``{prefix}{name}/baseline/{task}``;
 * per-step evaluations: ``{prefix}step/{task}`` (primary), ``{prefix}{name}/step/{task}``;
 * stability: ``{prefix}min_acc``, ``{prefix}wc_acc``, ``{prefix}gap_depth/{task}``,
-  ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``;
+  ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``; with
+  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (min-ACC, WC-ACC, the gap depth;
+  at the last recorded stage);
 * plasticity (per-step evaluation, after the last stage recorded): ``{prefix}anytime_acc``,
-  ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``;
+  ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``; with
+  ``item_records`` each with ``.../lo`` and ``.../hi``;
 * against the callback's ``reference=``: ``{prefix}intransigence``, ``{prefix}fwt_isolated``;
 * cost of the stage: ``{prefix}cost/train_seconds``, ``eval_seconds``, ``peak_memory_bytes``,
   ``parameters``, ``samples``, ``optimizer_steps``, ``replay_memory`` (when the module reports
@@ -301,6 +304,8 @@ def stage_scalars(
                 value = float(values[stage - 1])
                 if _finite(value):
                     scalars[f"{base}{tag}/{names[stage - 1]}"] = value
+        if held is not None and stage == matrix.num_stages - 1:
+            scalars |= _step_interval_scalars(held, base, names, stage)
     scalars |= _plasticity_scalars(results, stage, prefix)
     scalars |= _reference_scalars(results, stage, prefix)
     scalars |= _cost_scalars(results, stage, prefix)
@@ -388,6 +393,39 @@ def _held_out_interval_scalars(
                     f"{key}/delta/hi": float(delta[2][stage, k]),
                 }
     return {key: value for key, value in out.items() if _finite(value)}
+
+
+def _step_interval_scalars(
+    held: MatrixIntervals, base: str, names: Sequence[str], stage: int
+) -> dict[str, float]:
+    """``{base}min_acc|wc_acc/lo|hi`` and ``{base}gap_depth/{task}/lo|hi`` of ``stage`` (the
+    last recorded), and ``{base}anytime_acc|lca|auc_fwt/lo|hi`` (item_records with per-step
+    evaluations), where the ``intervals`` section holds them."""
+    out: dict[str, float] = {}
+    steps = held.step_metrics
+    for key in ("min_acc", "wc_acc"):
+        if key in steps and stage < len(steps[key][1]):
+            out |= {
+                f"{base}{key}/lo": float(steps[key][1][stage]),
+                f"{base}{key}/hi": float(steps[key][2][stage]),
+            }
+    depth = steps.get("gap_depth")
+    if depth is not None and 1 <= stage <= len(depth[1]):
+        key = f"{base}gap_depth/{names[stage - 1]}"
+        out |= {f"{key}/lo": float(depth[1][stage - 1]), f"{key}/hi": float(depth[2][stage - 1])}
+    for metric, tag in _PLASTICITY_TAGS:
+        if metric in held.metrics:
+            _, low, high = held.metrics[metric]
+            out |= {f"{base}{tag}/lo": low, f"{base}{tag}/hi": high}
+    return {key: value for key, value in out.items() if _finite(value)}
+
+
+#: the plasticity intervals' names in ``intervals.matrices.*.metrics`` and their log tags
+_PLASTICITY_TAGS = (
+    ("anytime_accuracy", "anytime_acc"),
+    ("lca", "lca"),
+    ("auc_forward_transfer", "auc_fwt"),
+)
 
 
 def _plasticity_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:

@@ -10,8 +10,10 @@ after every stage (`continual_eval._item_record`). From them:
   test items
   ([`paired_bootstrap`][continual_eval.functional.paired_bootstrap]: one resample of each
   task's items used in every cell of that task), with the confidence, resamples, weights and
-  seed stated; ``unavailable``: metric -> why it has no interval (intransigence against a
-  reference of scores only);
+  seed stated; with per-step evaluations, the curve metrics' (min-ACC, WC-ACC, the stability
+  gap, the stage areas, anytime accuracy, ``LCA_beta``, the AUC forward transfer) by the same
+  paired resamples (``step_metrics``); ``unavailable``: metric -> why it has no interval
+  (intransigence against a reference of scores only) or what an interval does not cover;
 * ``items``: the memory the records hold, the matrices not recorded and why, and per 0/1 matrix
   the item transitions of [`item_transitions`][continual_eval.functional.item_transitions]
   (right -> wrong and wrong -> right against the previous evaluation and against the diagonal,
@@ -70,6 +72,12 @@ class MatrixIntervals:
     num_items: tuple[int, ...]
     unavailable: Mapping[str, str] = field(default_factory=dict)
     per_task: Mapping[str, Triple] = field(default_factory=dict)
+    #: the step curves' metrics by the same paired resamples (per-step evaluations with
+    #: ``item_records``): ``min_acc``, ``wc_acc``, ``stage_auc``,
+    #: ``auc_forward_transfer_per_task`` ``[s]``; ``gap_boundary``, ``gap_minimum``,
+    #: ``gap_depth`` ``[s - 1]``; their scalars (``anytime_accuracy``, ``lca``,
+    #: ``auc_forward_transfer``) are in ``metrics``
+    step_metrics: Mapping[str, Triple] = field(default_factory=dict)
 
 
 def _triple(section: schema.PerTaskIntervalSection) -> Triple:
@@ -398,6 +406,7 @@ class IntervalResults:
                     num_items=list(m.num_items),
                     unavailable=dict(m.unavailable),
                     per_task={key: _triple_section(v) for key, v in m.per_task.items()},
+                    step_metrics={key: _triple_section(v) for key, v in m.step_metrics.items()},
                 )
                 for name, m in self.matrices.items()
             },
@@ -435,6 +444,7 @@ class IntervalResults:
                     num_items=tuple(m.num_items),
                     unavailable=dict(m.unavailable),
                     per_task={key: _triple(v) for key, v in m.per_task.items()},
+                    step_metrics={key: _triple(v) for key, v in m.step_metrics.items()},
                 )
                 for name, m in section.matrices.items()
             },

@@ -492,6 +492,10 @@ class MatrixIntervalsSection(Struct, kw_only=True):
     #: the per-task values' intervals by the same resamples (``bwt``, ``forgetting``, ``fwt``
     #: ``[max(s - 1, 0)]``, ``intransigence`` ``[s]``)
     per_task: dict[Name, PerTaskIntervalSection] = msgspec.field(default_factory=dict)
+    #: the step curves' metrics by the same resamples (``min_acc``, ``wc_acc``, ``stage_auc``,
+    #: ``auc_forward_transfer_per_task`` ``[s]``; ``gap_boundary``, ``gap_minimum``,
+    #: ``gap_depth`` ``[max(s - 1, 0)]``)
+    step_metrics: dict[Name, PerTaskIntervalSection] = msgspec.field(default_factory=dict)
 
 
 class IntervalsSection(Struct, kw_only=True):
@@ -1185,6 +1189,14 @@ def _check_intervals(
             for part in ("estimate", "low", "high"):
                 check.length(getattr(values, part), f"{where}.{part}", n(s))
             _check_ordered(check, f"{where}.low", values.low, values.high, "high")
+        for key, values in m.step_metrics.items():
+            where = key_path(f"{field}.step_metrics", key)
+            n = _STEP_METRIC_LENGTHS.get(key)
+            if n is None:
+                check.fail(where, f"expected one of {sorted(_STEP_METRIC_LENGTHS)}")
+            for part in ("estimate", "low", "high"):
+                check.length(getattr(values, part), f"{where}.{part}", n(s))
+            _check_ordered(check, f"{where}.low", values.low, values.high, "high")
     _check_held_out_intervals(check, section, matrices, held_out, s)
     _check_class_il_intervals(check, section.class_incremental, class_incremental, s)
 
@@ -1290,6 +1302,16 @@ _PER_TASK_LENGTHS = {
     "forgetting": lambda s: max(s - 1, 0),
     "fwt": lambda s: max(s - 1, 0),
     "intransigence": lambda s: s,
+}
+#: step-curve interval name -> its length after ``s`` stages
+_STEP_METRIC_LENGTHS = {
+    "min_acc": lambda s: s,
+    "wc_acc": lambda s: s,
+    "stage_auc": lambda s: s,
+    "auc_forward_transfer_per_task": lambda s: s,
+    "gap_boundary": lambda s: max(s - 1, 0),
+    "gap_minimum": lambda s: max(s - 1, 0),
+    "gap_depth": lambda s: max(s - 1, 0),
 }
 
 
