@@ -63,7 +63,9 @@ def _mean_std(values: Sequence[float], ends: tuple[float, float] | None = None) 
 
 #: the one-run interval behind a final measure: ``(matrix, metric)`` of the ``intervals``
 #: section's matrix metrics (the paired bootstrap; used only where its estimate is the value
-#: shown) or ``("class_incremental", field)``, the Wilson interval of the last stage
+#: shown), ``("class_incremental", field)``, the Wilson interval of the last stage, or
+#: ``("paired", metric)``, the paired bootstrap over the items and their classes
+#: (``intervals.class_incremental.paired.metrics``)
 _INTERVAL_OF: dict[str, tuple[str, str]] = {
     "task-aware acc": (AWARE_NAME, "acc"),
     "task-agnostic acc": (AGNOSTIC_NAME, "acc"),
@@ -72,6 +74,10 @@ _INTERVAL_OF: dict[str, tuple[str, str]] = {
     "avg inc acc (task)": (AGNOSTIC_NAME, "average_incremental_accuracy"),
     "old acc (final)": ("class_incremental", "old_accuracy"),
     "new acc (final)": ("class_incremental", "new_accuracy"),
+    "avg inc acc (sample)": ("paired", "average_incremental_accuracy_sample"),
+    "AMCA": ("paired", "amca"),
+    "class forgetting": ("paired", "mean_class_forgetting"),
+    "newest-task prediction share": ("class_incremental", "recency_prediction_share"),
 }
 #: the ``intervals.class_incremental.unavailable`` entry that says why a final measure has
 #: no one-run interval
@@ -123,9 +129,16 @@ def _interval_of(intervals: Any, title: str, value: float) -> tuple[float, float
     where, key = source
     if where == "class_incremental":
         section = intervals.class_incremental
-        if section is None or not len(getattr(section, key)[0]):
+        part = None if section is None else getattr(section, key)
+        if part is None or not len(part[0]):
             return None
-        estimate, low, high = (float(t[-1]) for t in getattr(section, key))
+        estimate, low, high = (float(t[-1]) for t in part)
+    elif where == "paired":
+        section = intervals.class_incremental
+        paired = None if section is None else section.paired
+        if paired is None or key not in paired.metrics:
+            return None
+        estimate, low, high = paired.metrics[key]
     else:
         held = intervals.matrices.get(where)
         found = None if held is None else held.metrics.get(key)

@@ -338,24 +338,29 @@ def test_class_incremental_tables_show_the_wilson_intervals(runs: Path) -> None:
     assert final["last acc (sample)"] == _md(*last)
     acc = document["intervals"]["matrices"]["acc_task_agnostic"]["metrics"]["acc"]
     assert final["task-agnostic acc"] == _md(acc["estimate"], acc["low"], acc["high"])
-    # the measures without an interval: their reason from unavailable, once ("as <key>": that
-    # key's reason)
-    why = wilson["unavailable"]
-    assert wilson["unavailable"]["amca"] == "as average_incremental_accuracy"
-    for line in (
-        f"- class forgetting: no interval: {why['class_forgetting']}",
-        f"- AMCA: no interval: {why['average_incremental_accuracy']} (as for "
-        "average_incremental_accuracy)",
-        f"- avg inc acc (sample): no interval: {why['average_incremental_accuracy']}",
+    # the measures read from each item's class: the paired bootstrap; the prediction share:
+    # Wilson; only the sample share (the test sets' own composition) has none, said once
+    paired = wilson["paired"]["metrics"]
+    for title, key in (
+        ("AMCA", "amca"),
+        ("class forgetting", "mean_class_forgetting"),
+        ("avg inc acc (sample)", "average_incremental_accuracy_sample"),
     ):
-        assert text.count(line + "\n") == 1, line
+        got = paired[key]
+        assert final[title] == _md(got["estimate"], got["low"], got["high"]), title
+    share = wilson["recency_prediction_share"]
+    assert final["newest-task prediction share"] == _md(
+        share["estimate"][-1], share["low"][-1], share["high"][-1]
+    )
+    assert set(wilson["unavailable"]) == {"recency_sample_share"}
+    assert text.count("- newest-task sample share: no interval: ") == 1
     # report.html
     stages, per_class = _class_il_expected(document, _html)
     page = _page(runs).split("<h3>Class-incremental evaluation</h3>")[1].split("<h3>")[0]
     tables = page.split("</table>")
     assert _html_rows(tables[1]) == stages
     assert _html_rows(tables[2]) == per_class
-    assert page.count(why["class_forgetting"]) == 1
+    assert "class forgetting: no interval" not in page
 
 
 def test_class_incremental_summary_shows_the_single_run_intervals(runs: Path) -> None:
@@ -365,13 +370,14 @@ def test_class_incremental_summary_shows_the_single_run_intervals(runs: Path) ->
     wilson = document["intervals"]["class_incremental"]
     new = wilson["new_accuracy"]
     assert row[2 + 7] == _md(new["estimate"][-1], new["low"][-1], new["high"][-1])  # new acc
-    assert text.count(wilson["unavailable"]["recency_bias"]) == 1
+    share = wilson["recency_prediction_share"]
+    assert row[2 + 10] == _md(share["estimate"][-1], share["low"][-1], share["high"][-1])
     page = _page(runs).split("<h2>Class-incremental evaluation</h2>")[1].split("<h2>")[0]
     cells = next(r for r in _html_rows(page) if r[0] == "cil")
     assert cells[2 + 7] == _html(new["estimate"][-1], new["low"][-1], new["high"][-1])
     old = wilson["old_accuracy"]
     assert cells[2 + 6] == _html(old["estimate"][-1], old["low"][-1], old["high"][-1])
-    assert page.count(wilson["unavailable"]["recency_bias"]) == 1
+    assert cells[2 + 10] == _html(share["estimate"][-1], share["low"][-1], share["high"][-1])
 
 
 # ------------------------------------------------------------------ summary.csv, notes
