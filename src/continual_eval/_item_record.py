@@ -890,7 +890,9 @@ class ItemRecord:
             moves = item_transitions(items, baseline=baseline)
             for k in keys:
                 full[k][:, :s] = getattr(moves, k)
-        return Transitions(**full, num_items=tuple(self.num_items))
+        return Transitions(
+            **full, num_items=tuple(self.num_items), confidence=self.settings.confidence
+        )
 
     def results(self, s: int, light: bool = False) -> tuple[IntervalResults | None, ItemResults]:
         """The ``intervals`` (``None`` before the baseline) and ``items`` sections of the first

@@ -128,11 +128,14 @@ def items_run_lines(
         fig.savefig(path, dpi=120)
         _pyplot().close(fig)
         final = moves.forgotten_once_fraction[-1]
+        low, high = (bound[-1] for bound in moves.forgotten_once_interval)
         seen = [
-            f"{escape_markdown(results.task_names[j])} {final[j].item():.3f}"
+            f"{escape_markdown(results.task_names[j])} {final[j].item():.3f} "
+            f"[{low[j].item():.3f}, {high[j].item():.3f}]"
             for j in range(min(moves.right_to_wrong.shape[0], len(final)))
             if math.isfinite(final[j].item())
         ]
+        percent = f"{100 * moves.confidence:g}%"
         lines += [
             f"**{escape_markdown(name)}**: fraction of each task's items forgotten at least once "
             f"by the last stage: {', '.join(seen)}",
@@ -143,9 +146,10 @@ def items_run_lines(
         shown = True
     if shown:
         lines += [
-            "The fractions forgotten at least once and the transition counts are printed "
-            "without an interval: the intervals section of results.json holds none for them "
-            "(they count this test set's items).",
+            f"\\[low, high\\]: the {percent} Wilson interval of the fraction forgotten at least "
+            "once, as a rate over the task's items (i.i.d. draws of its test distribution). The "
+            "figure's transition counts have no interval: they count which of this test set's "
+            "items moved.",
             "",
         ]
     return lines

@@ -681,14 +681,17 @@ def _transition_scalars(
 ) -> dict[str, float]:
     """Row ``stage`` of the item transitions: ``{base}items/right_to_wrong`` and
     ``.../wrong_to_right`` (the tasks trained so far, against the previous evaluation) and
-    ``{base}items/forgotten_once/{task}`` (the fraction of its items forgotten at least once)."""
+    ``{base}items/forgotten_once/{task}`` (the fraction of its items forgotten at least once)
+    with its Wilson interval as ``.../lo`` and ``.../hi``."""
     out = {
         f"{base}items/right_to_wrong": float(moves.right_to_wrong[stage].nan_to_num(0.0).sum()),
         f"{base}items/wrong_to_right": float(moves.wrong_to_right[stage].nan_to_num(0.0).sum()),
     }
     fraction = moves.forgotten_once_fraction[stage].tolist()
-    for task, value in zip(names, fraction, strict=True):
-        out[f"{base}items/forgotten_once/{task}"] = value
+    low, high = (bound[stage].tolist() for bound in moves.forgotten_once_interval)
+    for task, value, lo, hi in zip(names, fraction, low, high, strict=True):
+        key = f"{base}items/forgotten_once/{task}"
+        out |= {key: value, f"{key}/lo": lo, f"{key}/hi": hi}
     return {key: value for key, value in out.items() if _finite(value)}
 
 

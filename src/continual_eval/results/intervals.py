@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional.intervals import wilson_interval
+from continual_eval.functional.intervals import DEFAULT_CONFIDENCE, wilson_interval
 from continual_eval.results import schema
 from continual_eval.results._convert import cells, matrix, present, vector
 
@@ -471,12 +471,23 @@ class Transitions:
     recovered: Tensor
     forgotten_once: Tensor
     num_items: tuple[int, ...]
+    #: the confidence of `forgotten_once_interval` (the ``intervals`` section's)
+    confidence: float = DEFAULT_CONFIDENCE
 
     @property
     def forgotten_once_fraction(self) -> Tensor:
         """``forgotten_once / n_j`` ``[s, T]``: the fraction of task ``j``'s items forgotten at
         least once (a right -> wrong step between consecutive stages after it was learned)."""
         return self.forgotten_once / torch.tensor(self.num_items, dtype=torch.float64)
+
+    @property
+    def forgotten_once_interval(self) -> tuple[Tensor, Tensor]:
+        """``(low, high)`` ``[s, T]``: the Wilson interval (at ``confidence``) of
+        `forgotten_once_fraction` as the rate at which the task's items (i.i.d. draws of its
+        test distribution) are forgotten at least once, ``forgotten_once`` of ``n_j`` trials
+        (NaN where undefined)."""
+        trials = torch.tensor(self.num_items, dtype=torch.float64).expand_as(self.forgotten_once)
+        return wilson_interval(self.forgotten_once, trials, confidence=self.confidence)
 
 
 _TRANSITION_KEYS = ("right_to_wrong", "wrong_to_right", "forgotten", "recovered", "forgotten_once")
@@ -502,6 +513,9 @@ class ItemResults:
                 name: schema.TransitionsSection(
                     **{key: cells(getattr(t, key)) for key in _TRANSITION_KEYS},
                     num_items=list(t.num_items),
+                    confidence=t.confidence,
+                    forgotten_once_low=cells(t.forgotten_once_interval[0]),
+                    forgotten_once_high=cells(t.forgotten_once_interval[1]),
                 )
                 for name, t in self.transitions.items()
             },
@@ -517,6 +531,7 @@ class ItemResults:
                 name: Transitions(
                     **{key: matrix(getattr(t, key), num_tasks) for key in _TRANSITION_KEYS},
                     num_items=tuple(t.num_items),
+                    confidence=t.confidence,  # the interval follows from the counts
                 )
                 for name, t in section.transitions.items()
             },

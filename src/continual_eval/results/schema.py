@@ -524,7 +524,9 @@ class TransitionsSection(Struct, kw_only=True):
     """One 0/1 matrix's item transitions per stage and task ``[s, T]`` (``null``: undefined):
     against the previous evaluation (``right_to_wrong``, ``wrong_to_right``), against the
     diagonal (``forgotten``, ``recovered``), the items forgotten at least once
-    (``forgotten_once``) and ``num_items`` ``[T]``."""
+    (``forgotten_once``) and ``num_items`` ``[T]``; ``forgotten_once_low``/``_high`` ``[s, T]``:
+    the Wilson interval (at ``confidence``) of the fraction ``forgotten_once / num_items``
+    (derived from the counts: a reader recomputes it)."""
 
     right_to_wrong: Rows
     wrong_to_right: Rows
@@ -532,6 +534,9 @@ class TransitionsSection(Struct, kw_only=True):
     recovered: Rows
     forgotten_once: Rows
     num_items: list[Count]
+    confidence: Annotated[float, Meta(gt=0, lt=1)] = 0.95
+    forgotten_once_low: Rows | None = None
+    forgotten_once_high: Rows | None = None
 
 
 class ItemsSection(Struct, kw_only=True):
@@ -1395,6 +1400,19 @@ def _check_items(
                     f"{field}.{key}[{i}][{j}]",
                     f"expected a count in [0, {t.num_items[j]}] (num_items[{j}]), found "
                     f"{describe(float(values[i, j]))}",
+                )
+        for key in ("forgotten_once_low", "forgotten_once_high"):
+            rows = getattr(t, key)
+            if rows is None:
+                continue
+            check.rows(rows, f"{field}.{key}", s, T)
+            values = np.array(rows, dtype=np.float64).reshape(len(rows), T)
+            outside = np.argwhere((values < 0) | (values > 1))
+            if outside.size:
+                i, j = (int(v) for v in outside[0])
+                check.fail(
+                    f"{field}.{key}[{i}][{j}]",
+                    f"expected a fraction in [0, 1], found {describe(float(values[i, j]))}",
                 )
 
 
