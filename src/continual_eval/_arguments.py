@@ -491,6 +491,7 @@ def run_record(
                     primary=next(iter(specs)),
                     reference=reference_items[0],
                     reference_note=reference_items[1],
+                    reference_kind=getattr(settings.get("reference"), "kind", None),
                     held_out=held_out,
                 )
             )

@@ -87,6 +87,7 @@ _METRICS = (
     "learning_accuracy",
     "average_incremental_accuracy",
     "intransigence",
+    "fwt_isolated",
 )
 
 Stored = PackedBits | Tensor
@@ -282,6 +283,7 @@ class ItemRecord:
         primary: str | None = None,
         reference: Sequence[Tensor | PackedBits] | None = None,
         reference_note: str | None = None,
+        reference_kind: str | None = None,
         held_out: Sequence[str] = (),
     ) -> None:
         self.specs = {name: specs[name] for name in binary}
@@ -296,6 +298,9 @@ class ItemRecord:
         if reference is not None and self.primary is not None:
             self.reference = _reference_items(reference, self.binary[self.primary], num_tasks)
         self.reference_note = reference_note
+        #: ``isolated``, ``joint`` or ``cumulative``: FWT against isolated training
+        #: (``fwt_isolated``) has an interval against an isolated reference only
+        self.reference_kind = reference_kind
         self.held_out = list(held_out)
         self.num_items: list[int] | None = None
         #: the held-out sets' item counts (ids ``T + h`` in the evaluations)
@@ -623,6 +628,7 @@ class ItemRecord:
             "primary": self.primary,
             "reference": None if self.reference is None else self._reference_journal(),
             "reference_note": self.reference_note,
+            "reference_kind": self.reference_kind,
             "held_out": list(self.held_out),
         }
 
@@ -656,6 +662,7 @@ class ItemRecord:
             forgetting=str(settings["forgetting"]),
             primary=settings.get("primary"),
             reference_note=settings.get("reference_note"),
+            reference_kind=settings.get("reference_kind"),
             held_out=[str(h) for h in settings.get("held_out", [])],
         )
         reference = settings.get("reference")
@@ -798,7 +805,10 @@ class ItemRecord:
         """Metric -> why it has no interval (intransigence of a reference without items)."""
         if name != self.primary or self.reference is not None or self.reference_note is None:
             return {}
-        return {"intransigence": self.reference_note}
+        out = {"intransigence": self.reference_note}
+        if self.reference_kind == "isolated":
+            out["fwt_isolated"] = "as intransigence"
+        return out
 
     def _bootstrap(
         self, name: str, s: int
@@ -823,6 +833,8 @@ class ItemRecord:
         )
         out = {}
         for key in _METRICS:
+            if key == "fwt_isolated" and self.reference_kind != "isolated":
+                continue  # R[j, j] - ref[j] is FWT against isolated training only
             interval = result.metrics.get(key)
             if interval is not None:
                 out[key] = (

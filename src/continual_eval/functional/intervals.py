@@ -718,8 +718,9 @@ class BootstrapIntervals:
 
     metrics: dict[str, IntervalTensors]
     """``acc``, ``bwt``, ``forgetting`` (under ``forgetting_convention``), ``learning_accuracy``,
-    ``average_incremental_accuracy``; ``fwt`` with a baseline, ``intransigence`` with a
-    reference"""
+    ``average_incremental_accuracy``; ``fwt`` with a baseline, ``intransigence`` and
+    ``fwt_isolated`` (``R[j, j] - ref[j]`` over ``j >= 1``, FWT's ``isolated`` convention) with
+    a reference"""
     per_task: dict[str, IntervalTensors]
     """``bwt``, ``forgetting``, ``fwt`` ``[..., T-1]``; ``intransigence`` ``[..., T]``"""
     cells: IntervalTensors
@@ -814,6 +815,11 @@ def _metric_family(
     if reference is not None:
         per_task["intransigence"] = intransigence_per_task(scores, reference, **options)
         means["intransigence"] = intransigence(scores, reference, **options)
+        # FWT against isolated training, R[j, j] - ref[j] over j >= 1 (a mean of the negated
+        # per-task intransigence after the first task; meaningful for an isolated reference)
+        means["fwt_isolated"] = forward_transfer(
+            scores, reference, convention="isolated", **options
+        )
     return means, per_task
 
 
