@@ -63,7 +63,14 @@ from continual_eval.results.schema import MAX_FILE_BYTES
 if TYPE_CHECKING:  # pragma: no cover
     from continual_eval.results.schema import Document
 
-__all__ = ["FORMAT", "REBUILD_SPACING", "StageJournal", "read_journal", "rebuild_due"]
+__all__ = [
+    "FORMAT",
+    "REBUILD_SPACING",
+    "StageJournal",
+    "read_journal",
+    "rebuild_due",
+    "replay_if_newer",
+]
 
 #: the header's ``journal`` value
 FORMAT = "continual-eval stage journal"
@@ -243,7 +250,7 @@ def replay(path: str | os.PathLike[str]) -> RunRecord:
     return record
 
 
-def _newer(path: Path, document: Document | None) -> ContinualResults | None:
+def replay_if_newer(path: Path, document: Document | None) -> ContinualResults | None:
     """The journal's results when it holds more stages than ``document`` of the same run."""
     header, lines = read_journal(path)
     if document is not None and header.get("run_id") != document.run_id:
@@ -259,4 +266,4 @@ def _newer(path: Path, document: Document | None) -> ContinualResults | None:
     return results
 
 
-set_journal_replay(_newer)
+set_journal_replay(replay_if_newer)

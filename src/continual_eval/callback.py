@@ -528,7 +528,10 @@ class ContinualEvalCallback(Callback):
         if items is not None and self.verbose and trainer.is_global_zero:
             rank_zero_info(items.summary_line())  # type: ignore[attr-defined]
         if trainer.is_global_zero:
-            log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
+            results = self._write(trainer)
+            log_baseline(
+                trainer.loggers, results, prefix=self.prefix, results_dir=self._directory.path
+            )
 
     def _record_stage(self, trainer: Trainer, pl_module: LightningModule, stage: int) -> None:
         record = self._record

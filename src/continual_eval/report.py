@@ -80,7 +80,7 @@ from continual_eval._predictions_report import forgotten_lines
 from continual_eval.functional import intransigence
 from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
 from continual_eval.results import ContinualResults, InvalidResultsError, MatrixResults
-from continual_eval.results.files import RESULTS_FILE
+from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE
 from continual_eval.results.schema import printable
 from continual_eval.seed_statistics import (
     DEFAULT_CONFIDENCE,
@@ -266,9 +266,11 @@ class MethodSummary:
 
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Runs in ``paths``: each path is a run directory (or its results.json) or a folder searched
-    recursively for ``results.json``, leaving out the reference models' runs (anything under a
-    directory named in [`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES], below
-    ``path``). Sorted by path.
+    recursively for ``results.json`` (and for stage journals without one: runs killed before
+    their first ``results.json``, replayed), leaving out the reference models' runs (anything
+    under a directory named in
+    [`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES], below ``path``). Sorted
+    by path.
 
     Every file is validated; the first invalid one raises
     ``InvalidResultsError``."""
@@ -277,11 +279,14 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
         path = Path(raw)
         if path.is_file():
             candidates = [path]
-        elif (path / RESULTS_FILE).is_file():
+        elif (path / RESULTS_FILE).is_file() or (path / JOURNAL_FILE).is_file():
+            # a journal alone (a run killed before its first results.json): load replays it
             candidates = [path / RESULTS_FILE]
         else:
             candidates = [
-                p for p in path.rglob(RESULTS_FILE) if not _in_reference_dir(p.relative_to(path))
+                p.with_name(RESULTS_FILE)
+                for p in (*path.rglob(RESULTS_FILE), *path.rglob(JOURNAL_FILE))
+                if not _in_reference_dir(p.relative_to(path))
             ]
             if not candidates:
                 raise FileNotFoundError(f"no {RESULTS_FILE} in {path}")
