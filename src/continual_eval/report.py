@@ -90,6 +90,7 @@ from continual_eval.seed_statistics import (
     paired_csv,
     paired_markdown,
     pairwise_differences,
+    refuse_mixed_seed_types,
     summarize,
     summary_csv,
     summary_markdown,
@@ -412,6 +413,7 @@ def summarise(
     ``resamples`` resamples with ``seed``). The group is named by its method alone when all runs
     share one experiment. The metrics: [`REPORT_METRICS`][continual_eval.report.REPORT_METRICS],
     then the [`PLASTICITY_METRICS`][continual_eval.report.PLASTICITY_METRICS] some run records."""
+    _check_run_seeds(runs)
     one_experiment = len({run.experiment for run in runs}) <= 1
     groups: dict[str, list[Run]] = {}
     for run in runs:
@@ -445,6 +447,23 @@ def summarise(
         std = {key: stats[key].std for key in keys}
         summaries.append(MethodSummary(method, members, mean, std, stats, values))
     return summaries
+
+
+def _check_run_seeds(runs: Sequence[Run]) -> None:
+    """Seeds (``metadata.seed``) of one type across the runs, else an
+    [`InvalidResultsError`][continual_eval.results.InvalidResultsError] naming the labels, their
+    files and the first run whose seed differs in type (seeds are matched by value and type)."""
+    seeded = [r for r in runs if r.seed is not None]
+    files = [str(r.path / RESULTS_FILE) for r in seeded]
+    try:
+        refuse_mixed_seed_types([r.seed for r in seeded], "the runs", files)
+    except ValueError as err:
+        odd = next(
+            f
+            for r, f in zip(seeded, files, strict=True)
+            if type(r.seed) is not type(seeded[0].seed)
+        )
+        raise InvalidResultsError(odd, "metadata.seed", str(err)) from None
 
 
 def _columns(summaries: Sequence[MethodSummary]) -> dict[str, str]:

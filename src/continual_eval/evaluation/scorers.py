@@ -1059,7 +1059,7 @@ def checked_result(
     if value.is_complex() or value.dtype == torch.bool:
         raise EvaluationError(f"{what} returned a {value.dtype} tensor; scores are real numbers")
     if task_ids is None:
-        if value.numel() != 1:
+        if value.numel() != 1 or value.ndim > 1:  # 0-d or [1]; [[0.5]] is a matrix
             raise EvaluationError(
                 f"{what} returned a tensor of shape {list(value.shape)}, not {want}"
             )
