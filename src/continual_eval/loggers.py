@@ -842,7 +842,16 @@ def _log_stage_to(
             for name in results.matrices:
                 primary = name == results.primary_name
                 path = log_dir / scores_csv_name(name, primary)
-                write_scores_csv(path, document(), None if primary else name)
+                try:
+                    write_scores_csv(path, document(), None if primary else name)
+                except OSError as err:
+                    raise write_failed(
+                        path,
+                        err,
+                        results.stages_completed,
+                        results_dir=results_dir,
+                        what=" (the CSVLogger's copy)",
+                    ) from None
 
 
 def _log_wandb(
