@@ -794,7 +794,9 @@ def _stage_figures(
                 path = Path(results_dir) / curves_png_name(name, name == results.primary_name)
                 data = _png(fig)  # replaced atomically: a full disk leaves the last picture
                 try:
-                    replace_atomically(path, lambda tmp, d=data: tmp.write_bytes(d), durable=False)
+                    replace_atomically(
+                        path, functools.partial(Path.write_bytes, data=data), durable=False
+                    )
                 except OSError as err:
                     raise write_failed(path, err, results.stages_completed) from None
     section = results.class_incremental
