@@ -24,6 +24,7 @@ from continual_eval.report import find_runs
 from continual_eval.results import ContinualResults
 from continual_eval.results.files import (
     CLAIM_FILE,
+    JOURNAL_FILE,
     RESULTS_FILE,
     SCORES_FILE,
     ResultsWriteError,
@@ -45,10 +46,12 @@ class _Failing:
     """A file object whose writes fail with ``errno`` after writing half of their bytes (a disk
     that fills up inside a write)."""
 
-    def __init__(self, file, code: int) -> None:
-        self._file, self._code = file, code
+    def __init__(self, file, code: int, state: dict | None = None) -> None:
+        self._file, self._code, self._state = file, code, state
 
     def write(self, data) -> int:
+        if self._state is not None and not self._state["on"]:
+            return self._file.write(data)
         data = bytes(data)
         self._file.write(data[: len(data) // 2])
         self._file.flush()
@@ -66,8 +69,9 @@ class _Failing:
 
 def no_space_for(monkeypatch, name: str, *, under: Path | None = None, code=errno.ENOSPC):
     """From now on, every write to a file named ``name`` (or its temporary ``.name.PID.tmp``),
-    under ``under`` if given, fails (``open`` itself: how Python, matplotlib and Lightning all
-    write); returns a switch ``on(False)`` to free the disk again."""
+    under ``under`` if given, fails (through ``open``: how Python, matplotlib and Lightning all
+    write; a file kept open fails from the moment the switch is on); returns the switch
+    (``switch(False)`` frees the disk again)."""
     real = io.open
     state = {"on": True}
 
@@ -77,8 +81,8 @@ def no_space_for(monkeypatch, name: str, *, under: Path | None = None, code=errn
             return handle
         path = Path(os.fsdecode(file))
         hit = path.name == name or (path.name.startswith(f".{name}.") and path.suffix == ".tmp")
-        if state["on"] and hit and (under is None or under in path.parents):
-            return _Failing(handle, code)
+        if hit and (under is None or under in path.parents):  # failing while switched on
+            return _Failing(handle, code, state)
         return handle
 
     monkeypatch.setattr(io, "open", fake_open)
@@ -165,6 +169,35 @@ def test_full_disk_on_a_csv_loggers_copy_then_resume_equals_uninterrupted(
     _fit(tasks, tmp_path / "cut", resumed, ckpt=tmp_path / "cut" / "ckpt" / "task_0.ckpt")
     assert torch.equal(resumed.scores, full.scores)  # the uninterrupted R, bitwise
     assert torch.equal(ContinualResults.load(out).primary.scores, full.scores)
+
+
+@pytest.mark.parametrize("name", [RESULTS_FILE, JOURNAL_FILE])
+def test_full_disk_with_the_background_writer_then_resume_equals_uninterrupted(
+    tasks, tmp_path: Path, monkeypatch, name: str
+):
+    """No logger, verbose=False: the results are made and written on the background writer (the
+    error surfaces at the next wait); the journal's line is written in the hook."""
+    full = ContinualEvalCallback(eval_loaders(tasks), dirpath=tmp_path / "full", verbose=False)
+    _fit(tasks, tmp_path / "f", full)
+    out = tmp_path / "cut" / "res"
+    switch = no_space_for(monkeypatch, name, under=out)
+    switch(False)
+    cb = ContinualEvalCallback(eval_loaders(tasks), dirpath=out, verbose=False)
+    with pytest.raises(ResultsWriteError) as info:
+        _fit(tasks, tmp_path / "cut", cb, strike=lambda task: switch(task == 1))
+    switch(False)
+    _one_line(info.value, out / name)
+    assert "results.json on disk holds 1 completed stage(s), unchanged" in str(info.value)
+    assert files.read_document(out).stages_completed == 1  # whole, the stage before
+    journal = (out / JOURNAL_FILE).read_bytes()
+    assert journal.endswith(b"\n")  # no torn line
+    assert ContinualResults.load(out).stages_completed == (2 if name == RESULTS_FILE else 1)
+    monkeypatch.undo()
+    resumed = ContinualEvalCallback(eval_loaders(tasks), dirpath=out, verbose=False)
+    _fit(tasks, tmp_path / "cut", resumed, ckpt=tmp_path / "cut" / "ckpt" / "task_0.ckpt")
+    assert torch.equal(resumed.scores, full.scores)
+    assert torch.equal(ContinualResults.load(out).primary.scores, full.scores)
+    assert files.check_results_files(out) is None
 
 
 def test_a_loggers_own_file_that_cannot_be_written_names_the_logger(tmp_path: Path, monkeypatch):
