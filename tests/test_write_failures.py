@@ -262,3 +262,30 @@ def test_load_replays_a_journal_without_results_json(tasks, tmp_path: Path, fres
     assert torch.equal(loaded.primary.baseline, cb.baseline)
     [run] = find_runs([tmp_path])  # the report finds it too
     assert torch.equal(run.results.primary.scores, cb.scores)
+
+
+def test_a_claim_that_cannot_be_written_is_raised_on_every_rank(tmp_path: Path, monkeypatch):
+    """Rank 0's failure goes through the same broadcast as a refusal: no rank waits for it."""
+    from types import SimpleNamespace
+
+    real = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: _Failing(real(*a, **k), errno.ENOSPC))
+    sent: list = []
+
+    def broadcast(obj, src=0):
+        sent.append(obj)
+        return obj
+
+    def trainer(rank: int):
+        strategy = SimpleNamespace(broadcast=broadcast if rank == 0 else lambda obj, src=0: sent[0])
+        return SimpleNamespace(is_global_zero=rank == 0, world_size=2, strategy=strategy)
+
+    out = tmp_path / "out"
+    for rank in (0, 1):
+        with pytest.raises(ResultsWriteError) as info:
+            files.claim_or_refuse(trainer(rank), out, run_id="r", restored=False, overwrite=False)
+        assert info.value.errno == errno.ENOSPC
+        assert str(info.value).startswith(
+            f"[Errno 28] ContinualEvalCallback: could not write {out / CLAIM_FILE} (No space"
+        )
+    assert not (out / CLAIM_FILE).exists()
