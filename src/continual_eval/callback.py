@@ -65,7 +65,7 @@ from continual_eval.metric import ContinualMetrics
 from continual_eval.options import StepEvaluation
 from continual_eval.record import RunRecord
 from continual_eval.results import ContinualResults
-from continual_eval.results.files import ResultsWriteError
+from continual_eval.results.files import ResultsWriteError, is_record_file
 from continual_eval.results.reference import (
     check_reference_length,
     reference_items,
@@ -631,8 +631,8 @@ class ContinualEvalCallback(Callback):
     ) -> None:
         if trainer.is_global_zero and self._record is not None and self._record.baseline_done:
             with contextlib.suppress(OSError):  # the fit's own error is the one to see
-                if isinstance(exception, ResultsWriteError):
-                    # a write failed: the files stay as its message says (no rebuild after it)
+                if isinstance(exception, ResultsWriteError) and is_record_file(exception.path):
+                    # results.json, a CSV or the journal failed: they stay as the message says
                     self._directory.wait()
                 else:
                     self._directory.flush(self._record, self.continual_results())

@@ -84,6 +84,7 @@ __all__ = [
     "commit_results",
     "default_results_dir",
     "file_records",
+    "is_record_file",
     "new_version_dir",
     "prepare_commit",
     "read_document",
@@ -137,7 +138,10 @@ def _write_bytes(path: Path, data: bytes, *, durable: bool) -> None:
 
 class ResultsWriteError(OSError):
     """A results file could not be written (a full disk, a read-only directory): one line naming
-    the file, what is safely on disk and how to resume; ``errno`` is the cause's."""
+    the file, what is safely on disk and how to resume; ``errno`` is the cause's, ``path`` the
+    file (``None`` where the error does not say)."""
+
+    path: Path | None = None
 
 
 def write_failed(
@@ -179,12 +183,21 @@ def write_failed(
         again = " with overwrite=True or a new dirpath"
         again = again if journal.is_file() or on_disk is not None else ""
         resume += f"; without a checkpoint, start the run again{again}"
-    return ResultsWriteError(
+    error = ResultsWriteError(
         err.errno,
         f"could not write {path}{what} ({err.strerror or err}) while recording {stages} "
         f"completed stage(s); {kept}, nothing truncated. Free the disk (or fix the directory), "
         + resume,
     )
+    error.path = path
+    return error
+
+
+def is_record_file(path: Path | None) -> bool:
+    """Whether ``path`` is one of the files whose contents a `write_failed` message describes
+    (``results.json``, a scores CSV, the journal, the claim), which nothing may rewrite after
+    that message."""
+    return path is not None and _is_results_file(path.name)
 
 
 _write_failed = write_failed
