@@ -117,6 +117,7 @@ def items_run_lines(
     if items is None or not items.transitions:
         return lines
     names = [plain(n) for n in results.task_names]
+    shown = False
     for number, (name, moves) in enumerate(items.transitions.items()):
         if moves.right_to_wrong.shape[0] == 0:
             continue
@@ -137,6 +138,14 @@ def items_run_lines(
             f"by the last stage: {', '.join(seen)}",
             "",
             f"![item transitions: {escape_markdown(name)}]({path.name})",
+            "",
+        ]
+        shown = True
+    if shown:
+        lines += [
+            "The fractions forgotten at least once and the transition counts are printed "
+            "without an interval: the intervals section of results.json holds none for them "
+            "(they count this test set's items).",
             "",
         ]
     return lines

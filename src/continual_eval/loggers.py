@@ -26,9 +26,12 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
 * the baseline: ``{prefix}baseline/{task}`` (primary), ``{prefix}{name}/baseline/{task}``;
 * per-step evaluations: ``{prefix}step/{task}`` (primary), ``{prefix}{name}/step/{task}``;
 * stability: ``{prefix}min_acc``, ``{prefix}wc_acc``, ``{prefix}gap_depth/{task}``,
-  ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``;
+  ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``; with
+  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (min-ACC, WC-ACC, the gap depth;
+  at the last recorded stage);
 * plasticity (per-step evaluation, after the last stage recorded): ``{prefix}anytime_acc``,
-  ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``;
+  ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``; with
+  ``item_records`` each with ``.../lo`` and ``.../hi``;
 * against the callback's ``reference=``: ``{prefix}intransigence``, ``{prefix}fwt_isolated``;
 * cost of the stage: ``{prefix}cost/train_seconds``, ``eval_seconds``, ``peak_memory_bytes``,
   ``parameters``, ``samples``, ``optimizer_steps``, ``replay_memory`` (when the module reports
@@ -37,7 +40,10 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
   ``seen_acc_task``, ``old_acc``, ``new_acc``, ``amca``, ``recency_prediction_share``,
   ``recency_sample_share``, ``class_forgetting`` (see
   [`scalars`][continual_eval.results.ClassIncrementalResults.scalars]) and the
-  confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``;
+  confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``; with
+  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (Wilson: ``seen_acc_sample``,
+  ``old_acc``, ``new_acc``, ``recency_prediction_share``, every stage; the paired bootstrap:
+  ``seen_acc_task``, ``amca``, ``class_forgetting``, at the last stage);
 * figures: ``{prefix}{score}_matrix`` and ``{prefix}{score}_curves`` (primary),
   ``{prefix}{name}_matrix`` and ``{prefix}{name}_curves``.
 
@@ -306,6 +312,8 @@ def stage_scalars(
                 value = float(values[stage - 1])
                 if _finite(value):
                     scalars[f"{base}{tag}/{names[stage - 1]}"] = value
+        if held is not None and stage == matrix.num_stages - 1:
+            scalars |= _step_interval_scalars(held, base, names, stage)
     scalars |= _plasticity_scalars(results, stage, prefix)
     scalars |= _reference_scalars(results, stage, prefix)
     scalars |= _cost_scalars(results, stage, prefix)
@@ -337,17 +345,30 @@ def held_out_scalars(results: ContinualResults, stage: int, prefix: str) -> dict
 def _class_il_interval_scalars(
     results: ContinualResults, stage: int, prefix: str
 ) -> dict[str, float]:
-    """``{prefix}class_il/seen_acc_sample|old_acc|new_acc/lo|hi`` of ``stage`` (Wilson, from
-    the confusion counts) where the ``intervals`` section holds them."""
+    """``{prefix}class_il/seen_acc_sample|old_acc|new_acc|recency_prediction_share/lo|hi`` of
+    ``stage`` (Wilson, from the confusion counts) and, where the paired bootstrap over the items
+    and their labels was made (the results of a finished run),
+    ``.../seen_acc_task|amca|class_forgetting/lo|hi`` (the values logged as ``seen_acc_task``,
+    ``amca`` and ``class_forgetting``), where the ``intervals`` section holds them."""
     held = None if results.intervals is None else results.intervals.class_incremental
     if held is None or not 0 <= stage < held.seen_accuracy[0].shape[0]:
         return {}
     out: dict[str, float] = {}
-    for key, (_, low, high) in (
+    parts = [
         ("seen_acc_sample", held.seen_accuracy),
         ("old_acc", held.old_accuracy),
         ("new_acc", held.new_accuracy),
-    ):
+    ]
+    if held.recency_prediction_share is not None:
+        parts.append(("recency_prediction_share", held.recency_prediction_share))
+    if held.paired is not None:
+        per_stage = held.paired.per_stage
+        parts += [
+            ("seen_acc_task", per_stage["seen_accuracy_task"]),
+            ("amca", per_stage["amca_per_stage"]),
+            ("class_forgetting", per_stage["mean_class_forgetting_per_stage"]),
+        ]
+    for key, (_, low, high) in parts:
         out |= {
             f"{prefix}class_il/{key}/lo": float(low[stage]),
             f"{prefix}class_il/{key}/hi": float(high[stage]),
@@ -380,6 +401,39 @@ def _held_out_interval_scalars(
                     f"{key}/delta/hi": float(delta[2][stage, k]),
                 }
     return {key: value for key, value in out.items() if _finite(value)}
+
+
+def _step_interval_scalars(
+    held: MatrixIntervals, base: str, names: Sequence[str], stage: int
+) -> dict[str, float]:
+    """``{base}min_acc|wc_acc/lo|hi`` and ``{base}gap_depth/{task}/lo|hi`` of ``stage`` (the
+    last recorded), and ``{base}anytime_acc|lca|auc_fwt/lo|hi`` (item_records with per-step
+    evaluations), where the ``intervals`` section holds them."""
+    out: dict[str, float] = {}
+    steps = held.step_metrics
+    for key in ("min_acc", "wc_acc"):
+        if key in steps and stage < len(steps[key][1]):
+            out |= {
+                f"{base}{key}/lo": float(steps[key][1][stage]),
+                f"{base}{key}/hi": float(steps[key][2][stage]),
+            }
+    depth = steps.get("gap_depth")
+    if depth is not None and 1 <= stage <= len(depth[1]):
+        key = f"{base}gap_depth/{names[stage - 1]}"
+        out |= {f"{key}/lo": float(depth[1][stage - 1]), f"{key}/hi": float(depth[2][stage - 1])}
+    for metric, tag in _PLASTICITY_TAGS:
+        if metric in held.metrics:
+            _, low, high = held.metrics[metric]
+            out |= {f"{base}{tag}/lo": low, f"{base}{tag}/hi": high}
+    return {key: value for key, value in out.items() if _finite(value)}
+
+
+#: the plasticity intervals' names in ``intervals.matrices.*.metrics`` and their log tags
+_PLASTICITY_TAGS = (
+    ("anytime_accuracy", "anytime_acc"),
+    ("lca", "lca"),
+    ("auc_forward_transfer", "auc_fwt"),
+)
 
 
 def _plasticity_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:
