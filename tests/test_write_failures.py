@@ -289,3 +289,13 @@ def test_a_claim_that_cannot_be_written_is_raised_on_every_rank(tmp_path: Path, 
             f"[Errno 28] ContinualEvalCallback: could not write {out / CLAIM_FILE} (No space"
         )
     assert not (out / CLAIM_FILE).exists()
+
+
+def test_a_failure_before_any_checkpoint_says_to_start_again(tmp_path: Path) -> None:
+    err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    (tmp_path / JOURNAL_FILE).write_bytes(b"{}\n")
+    for stages in (0, 1, 2):
+        message = str(files.write_failed(tmp_path / RESULTS_FILE, err, stages))
+        again = "; without a checkpoint, start the run again with overwrite=True or a new dirpath"
+        assert message.endswith(again) == (stages <= 1), message
+        assert "resume the run from its last checkpoint" in message

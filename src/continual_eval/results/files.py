@@ -179,7 +179,7 @@ def write_failed(
         "then resume the run from its last checkpoint (trainer.fit(..., ckpt_path=...)): it "
         "rewrites every file from the checkpoint's state"
     )
-    if stages == 0:  # the baseline's write: a checkpoint exists only if one was saved since
+    if stages <= 1:  # the baseline's or first stage's write: a checkpoint may not exist yet
         again = " with overwrite=True or a new dirpath"
         again = again if journal.is_file() or on_disk is not None else ""
         resume += f"; without a checkpoint, start the run again{again}"
