@@ -60,6 +60,7 @@ from continual_eval.metric import ContinualMetrics
 from continual_eval.options import StepEvaluation
 from continual_eval.record import RunRecord
 from continual_eval.results import ContinualResults
+from continual_eval.results.files import ResultsWriteError, is_record_file
 from continual_eval.results.reference import check_reference_length
 from continual_eval.rng import collect_rng_states, set_rng_states
 from continual_eval.stage_cost import StageCostRecorder
@@ -506,7 +507,10 @@ class ContinualEvalCallback(Callback):
         if items is not None and self.verbose and trainer.is_global_zero:
             rank_zero_info(items.summary_line())  # type: ignore[attr-defined]
         if trainer.is_global_zero:
-            log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
+            results = self._write(trainer)
+            log_baseline(
+                trainer.loggers, results, prefix=self.prefix, results_dir=self._directory.path
+            )
 
     def _record_stage(self, trainer: Trainer, pl_module: LightningModule, stage: int) -> None:
         record = self._record
@@ -608,7 +612,11 @@ class ContinualEvalCallback(Callback):
     ) -> None:
         if trainer.is_global_zero and self._record is not None and self._record.baseline_done:
             with contextlib.suppress(OSError):  # the fit's own error is the one to see
-                self._directory.flush(self._record, self.continual_results())
+                if isinstance(exception, ResultsWriteError) and is_record_file(exception.path):
+                    # results.json, a CSV or the journal failed: they stay as the message says
+                    self._directory.wait()
+                else:
+                    self._directory.flush(self._record, self.continual_results())
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

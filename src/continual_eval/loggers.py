@@ -61,11 +61,13 @@ Call these on global rank 0 only (Lightning's logger methods are rank-zero-only 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import math
+import os
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +84,13 @@ from continual_eval._run_warnings import warn_once
 from continual_eval.functional.family import METRIC_KEYS
 from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
-from continual_eval.results.files import scores_csv_name, write_scores_csv
+from continual_eval.results.files import (
+    ResultsWriteError,
+    replace_atomically,
+    scores_csv_name,
+    write_failed,
+    write_scores_csv,
+)
 from continual_eval.results.intervals import MatrixIntervals, Transitions
 from continual_eval.results.schema import printable
 
@@ -571,10 +579,12 @@ def log_baseline(
     results: ContinualResults | Mapping[str, Any],
     *,
     prefix: str = "continual/",
+    results_dir: str | Path | None = None,
 ) -> None:
     """Log every matrix's untrained scores at step 0: ``{prefix}baseline/{task}`` for the primary
     matrix, ``{prefix}{name}/baseline/{task}`` for the others, ``{prefix}held_out/{set}/{name}``
-    for the held-out sets."""
+    for the held-out sets. ``results_dir``: the run's results directory (named by a write
+    error)."""
     results = _as_results(results)
     scalars = {
         f"{_scorer_base(results, name, prefix)}baseline/{task}": value
@@ -583,9 +593,39 @@ def log_baseline(
         if math.isfinite(value)
     } | held_out_scalars(results, -1, prefix)
     for logger in loggers:
-        if scalars:
-            logger.log_metrics(scalars, step=0)
-        logger.save()
+        with _logger_writes(logger, results, results_dir):
+            if scalars:
+                logger.log_metrics(scalars, step=0)
+            logger.save()
+
+
+@contextlib.contextmanager
+def _logger_writes(
+    logger: Logger, results: ContinualResults, results_dir: str | Path | None
+) -> Iterator[None]:
+    """A file a logger cannot write (a full disk: its CSV, its copy of ``scores.csv``) is the
+    one-line `ResultsWriteError` naming it, what the results directory holds and how to resume
+    (not a bare ``OSError`` without a file name); a network error of a remote logger passes."""
+    try:
+        yield
+    except (ResultsWriteError, ConnectionError, TimeoutError):
+        raise
+    except OSError as err:
+        if err.errno is None:
+            raise
+        log_dir = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None)
+        kind = type(logger).__name__
+        if err.filename:
+            path, what = Path(os.fsdecode(err.filename)), f" (written by the {kind})"
+        else:  # a failed write() names no file: the logger's directory, then
+            path, what = Path(log_dir or ".") / "*", f" (a file of the {kind} in {log_dir})"
+        raise write_failed(
+            path,
+            err,
+            results.stages_completed,
+            results_dir=results_dir if results_dir is not None else path.parent,
+            what=what,
+        ) from None
 
 
 def _value_range(matrix: MatrixResults) -> tuple[float, float] | None:
@@ -735,8 +775,8 @@ def log_stage(
     document = functools.cache(results.to_dict)  # built once, for the loggers that store it
     try:
         for logger in loggers:
-            if whole_matrices:
-                _log_stage_to(
+            with _logger_writes(logger, results, results_dir):
+                _log_stage_one(
                     logger,
                     results,
                     stage,
@@ -746,17 +786,46 @@ def log_stage(
                     document,
                     prefix=prefix,
                     results_dir=results_dir,
+                    whole_matrices=whole_matrices,
                 )
-            elif isinstance(logger, WandbLogger):
-                _log_wandb_stage_row(logger, scalars, stage, prefix)
-            else:
-                logger.log_metrics(scalars, step=stage)
-            logger.save()
     finally:
         for figure in figures.values():
             import matplotlib.pyplot as plt
 
             plt.close(figure)
+
+
+def _log_stage_one(
+    logger: Logger,
+    results: ContinualResults,
+    stage: int,
+    scalars: dict[str, float],
+    tags: dict[str, str],
+    figures: dict[str, Any],
+    document: Callable[[], dict[str, Any]],
+    *,
+    prefix: str,
+    results_dir: str | Path | None,
+    whole_matrices: bool,
+) -> None:
+    """One logger's part of `log_stage`, then its ``save()``."""
+    if whole_matrices:
+        _log_stage_to(
+            logger,
+            results,
+            stage,
+            scalars,
+            tags,
+            figures,
+            document,
+            prefix=prefix,
+            results_dir=results_dir,
+        )
+    elif isinstance(logger, WandbLogger):
+        _log_wandb_stage_row(logger, scalars, stage, prefix)
+    else:
+        logger.log_metrics(scalars, step=stage)
+    logger.save()
 
 
 def _stage_figures(
@@ -779,8 +848,14 @@ def _stage_figures(
             figures[curves_tags[name]] = fig
             if results_dir is not None:
                 Path(results_dir).mkdir(parents=True, exist_ok=True)
-                png = curves_png_name(name, name == results.primary_name)
-                fig.savefig(Path(results_dir) / png, dpi=100)
+                path = Path(results_dir) / curves_png_name(name, name == results.primary_name)
+                data = _png(fig)  # replaced atomically: a full disk leaves the last picture
+                try:
+                    replace_atomically(
+                        path, functools.partial(Path.write_bytes, data=data), durable=False
+                    )
+                except OSError as err:
+                    raise write_failed(path, err, results.stages_completed) from None
     section = results.class_incremental
     if image_loggers and section is not None and stage < section.num_stages:
         figures[f"{prefix}class_il/confusion"] = section.confusion_figure(stage)
@@ -826,7 +901,16 @@ def _log_stage_to(
             for name in results.matrices:
                 primary = name == results.primary_name
                 path = log_dir / scores_csv_name(name, primary)
-                write_scores_csv(path, document(), None if primary else name)
+                try:
+                    write_scores_csv(path, document(), None if primary else name)
+                except OSError as err:
+                    raise write_failed(
+                        path,
+                        err,
+                        results.stages_completed,
+                        results_dir=results_dir,
+                        what=" (the CSVLogger's copy)",
+                    ) from None
 
 
 def _log_wandb(

@@ -81,7 +81,7 @@ from continual_eval._predictions_report import forgotten_lines
 from continual_eval.functional import intransigence
 from continual_eval.functional.family import METRIC_KEYS, METRIC_TITLES, REPORT_KEYS
 from continual_eval.results import ContinualResults, InvalidResultsError, MatrixResults
-from continual_eval.results.files import RESULTS_FILE
+from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE
 from continual_eval.results.schema import printable
 from continual_eval.seed_statistics import (
     DEFAULT_CONFIDENCE,
@@ -91,6 +91,7 @@ from continual_eval.seed_statistics import (
     paired_csv,
     paired_markdown,
     pairwise_differences,
+    refuse_mixed_seed_types,
     summarize,
     summary_csv,
     summary_markdown,
@@ -267,9 +268,11 @@ class MethodSummary:
 
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Runs in ``paths``: each path is a run directory (or its results.json) or a folder searched
-    recursively for ``results.json``, leaving out the reference models' runs (anything under a
-    directory named in [`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES], below
-    ``path``). Sorted by path.
+    recursively for ``results.json`` (and for stage journals without one: runs killed before
+    their first ``results.json``, replayed), leaving out the reference models' runs (anything
+    under a directory named in
+    [`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES], below ``path``). Sorted
+    by path.
 
     Every file is validated; the first invalid one raises
     ``InvalidResultsError``."""
@@ -278,11 +281,14 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
         path = Path(raw)
         if path.is_file():
             candidates = [path]
-        elif (path / RESULTS_FILE).is_file():
+        elif (path / RESULTS_FILE).is_file() or (path / JOURNAL_FILE).is_file():
+            # a journal alone (a run killed before its first results.json): load replays it
             candidates = [path / RESULTS_FILE]
         else:
             candidates = [
-                p for p in path.rglob(RESULTS_FILE) if not _in_reference_dir(p.relative_to(path))
+                p.with_name(RESULTS_FILE)
+                for p in (*path.rglob(RESULTS_FILE), *path.rglob(JOURNAL_FILE))
+                if not _in_reference_dir(p.relative_to(path))
             ]
             if not candidates:
                 raise FileNotFoundError(f"no {RESULTS_FILE} in {path}")
@@ -408,6 +414,7 @@ def summarise(
     ``resamples`` resamples with ``seed``). The group is named by its method alone when all runs
     share one experiment. The metrics: [`REPORT_METRICS`][continual_eval.report.REPORT_METRICS],
     then the [`PLASTICITY_METRICS`][continual_eval.report.PLASTICITY_METRICS] some run records."""
+    _check_run_seeds(runs)
     one_experiment = len({run.experiment for run in runs}) <= 1
     groups: dict[str, list[Run]] = {}
     for run in runs:
@@ -441,6 +448,23 @@ def summarise(
         std = {key: stats[key].std for key in keys}
         summaries.append(MethodSummary(method, members, mean, std, stats, values))
     return summaries
+
+
+def _check_run_seeds(runs: Sequence[Run]) -> None:
+    """Seeds (``metadata.seed``) of one type across the runs, else an
+    [`InvalidResultsError`][continual_eval.results.InvalidResultsError] naming the labels, their
+    files and the first run whose seed differs in type (seeds are matched by value and type)."""
+    seeded = [r for r in runs if r.seed is not None]
+    files = [str(r.path / RESULTS_FILE) for r in seeded]
+    try:
+        refuse_mixed_seed_types([r.seed for r in seeded], "the runs", files)
+    except ValueError as err:
+        odd = next(
+            f
+            for r, f in zip(seeded, files, strict=True)
+            if type(r.seed) is not type(seeded[0].seed)
+        )
+        raise InvalidResultsError(odd, "metadata.seed", str(err)) from None
 
 
 def _columns(summaries: Sequence[MethodSummary]) -> dict[str, str]:

@@ -91,6 +91,7 @@ from continual_eval.evaluation.scorers import (
     checked_result,
     item_support,
     make_scorer,
+    scorer_label,
 )
 from continual_eval.evaluation.sources import _batch_sources, _TaskSource
 from continual_eval.evaluation.step import (
@@ -609,7 +610,7 @@ def _item_scorers(scorers: Sequence[Scorer], wanted: Collection[int]) -> list[in
             raise ValueError(f"item_scorers: {i} is no scorer position (0..{len(scorers) - 1})")
         problem = item_support(scorers[i])
         if problem is not None:
-            raise TypeError(f"scorer {scorers[i].name!r} keeps no per-item values: {problem}")
+            raise TypeError(f"{scorer_label(scorers[i])} keeps no per-item values: {problem}")
     for i, s in enumerate(scorers):
         if i in recorded or hasattr(s, "keep_items"):
             s.keep_items = i in recorded  # type: ignore[attr-defined]
