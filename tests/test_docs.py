@@ -240,6 +240,7 @@ def site(tmp_path_factory) -> Site:
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # a docstring link that resolves nowhere fails CI, not only --run-slow
 def test_site_builds_strict_without_a_banner(site: Site) -> None:
     assert "WARNING" not in site.output, site.output
     assert not any(b in site.output for b in _BANNERS), site.output  # as a user runs it
@@ -283,7 +284,8 @@ def test_api_pages_show_links_not_roles(site: Site) -> None:
     assert any("#continual_eval." in href for href in links), links
     page = (site.path / "api" / "functional" / "index.html").read_text(encoding="utf-8")
     links = re.findall(r'<a class="autorefs autorefs-internal"[^>]*href="([^"]*)"', page)
-    assert "#continual_eval.functional.PackedBits" in links  # a link written in a docstring
+    # a link written in a docstring
+    assert "#continual_eval.functional.intervals.PackedBits" in links
     # a role converted by tools/convert_roles.py: :func:`~continual_eval.fit_tasks` in the
     # callback's docstring
     page = (site.path / "api" / "callback" / "index.html").read_text(encoding="utf-8")

@@ -144,6 +144,8 @@ def _loop_bootstrap(items, base, ref, weights, *, forgetting, higher_is_better, 
         means["learning_accuracy"] = curve["learning_accuracy"][-1]
         means["average_incremental_accuracy"] = curve["average_incremental_accuracy"][-1]
         means["intransigence"] = sum(per_task["intransigence"]) / T
+        sign = 1.0 if higher_is_better else -1.0  # FWT against isolated training, j >= 1
+        means["fwt_isolated"] = sum(sign * (R[j][j] - c[j]) for j in range(1, T)) / (T - 1)
         for key, value in means.items():
             samples.setdefault(key, []).append(value)
         for key, values in per_task.items():
@@ -342,6 +344,7 @@ def test_coverage_of_cells_and_metrics_by_simulation():
         "forgetting": F.forgetting(R),
         "fwt": F.forward_transfer(R, b),
         "intransigence": F.intransigence(R, c),
+        "fwt_isolated": F.forward_transfer(R, c, convention="isolated"),
         "learning_accuracy": F.learning_accuracy(R),
         "average_incremental_accuracy": F.average_incremental_accuracy(R),
     }

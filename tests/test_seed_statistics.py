@@ -222,12 +222,12 @@ def test_csv_neutralises_formula_names():
 
 def test_mixed_seed_label_types_are_refused_by_name():
     with pytest.raises(
-        ValueError, match=r"method 'ewc' mixes seed label types: 0 \(int\), '1' \(str\)"
+        ValueError, match=r"method 'ewc': seed labels of mixed types: 0 \(int\), '1' \(str\)"
     ):
         ss.summarize_runs({"ewc": {0: 0.5, "1": 0.6}})
-    with pytest.raises(ValueError, match=r"mixes seed label types: 0 \(int\), '0' \(str\)"):
+    with pytest.raises(ValueError, match=r"seed labels of mixed types: 0 \(int\), '0' \(str\)"):
         ss.paired_difference({0: 0.5, 1: 0.4}, {"0": 0.3})
-    with pytest.raises(ValueError, match=r"mixes seed label types"):
+    with pytest.raises(ValueError, match=r"^the methods' runs: seed labels of mixed types"):
         ss.pairwise_differences({"a": {0: 0.5}, "b": {"0": 0.3}})
 
 

@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from continual_eval._class_incremental_recorder import (
     ClassIncrementalRecord,
@@ -19,7 +19,12 @@ from continual_eval._class_incremental_recorder import (
 from continual_eval._held_out_record import HeldOutRecord
 from continual_eval._item_record import DEFAULT_MAX_BYTES, ItemRecord, ItemSettings
 from continual_eval._loader_list import as_loader_list
-from continual_eval._predictions import PredictionsRecord, generation_scorers
+from continual_eval._predictions import (
+    PredictionsRecord,
+    check_predictions,
+    generation_scorers,
+    keep_items,
+)
 from continual_eval._stage_budget import StageBudget, StageBudgetRecord
 from continual_eval._stage_journal import replay
 from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME, TaskAgnosticAccuracyScorer
@@ -35,9 +40,12 @@ from continual_eval.functional.intervals import DEFAULT_CONFIDENCE, DEFAULT_RESA
 from continual_eval.options import StepEvaluation
 from continual_eval.record import MatrixSpec, RecordSection, RunRecord
 from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE, read_run_id
+from continual_eval.results.reference import reference_items, resolve_reference
 from continual_eval.results.schema import MAX_NAME_LENGTH, MAX_TASKS
 
 __all__ = [
+    "Scoring",
+    "check_budget_with_classes",
     "check_cache",
     "check_choice",
     "check_epochs_per_task",
@@ -52,6 +60,7 @@ __all__ = [
     "class_incremental_scorers",
     "item_matrices",
     "resolve_scorers",
+    "resolve_scoring",
     "run_record",
     "step_settings",
     "subset_description",
@@ -367,6 +376,60 @@ def check_item_records(value: object, scorers: Mapping[str, Scorer]) -> ItemSett
     return ItemSettings(names, max_bytes, float(confidence), resamples, seed)
 
 
+def check_budget_with_classes(eval_old_tasks_every: object, task_classes: object) -> None:
+    """``eval_old_tasks_every`` and ``task_classes`` exclude each other."""
+    if eval_old_tasks_every is not None and task_classes is not None:
+        raise ValueError(
+            "eval_old_tasks_every cannot be combined with task_classes: the class-incremental "
+            "confusion counts of a stage need every seen task scored (stage_eval_subset can)"
+        )
+
+
+class Scoring(NamedTuple):
+    """What the callback scores with, resolved from its arguments: the scorers (the primary
+    first, the class-incremental pair after the user's), ``predictions``, the item-record
+    settings, the reference and the reference's per-item values (or why it has none)."""
+
+    scorers: dict[str, Scorer]
+    predictions: int | None
+    item_settings: ItemSettings | None
+    reference: Any
+    reference_items: tuple[Sequence[Any] | None, str | None]
+
+
+def resolve_scoring(
+    scorers: Mapping[str, Any] | Sequence[Any] | None,
+    metric: Any,
+    task_classes: Sequence[Sequence[int]] | None,
+    predictions: int | None,
+    item_records: object,
+    reference: Any,
+) -> Scoring:
+    """``scorers=``/``metric=``, ``task_classes=``, ``predictions=``, ``item_records=`` and
+    ``reference=`` checked together (each error names its argument)."""
+    resolved = resolve_scorers(scorers, metric)
+    if task_classes is not None:  # the two class-incremental matrices, after the user's
+        resolved.update(class_incremental_scorers(task_classes, resolved))
+    kept = check_predictions(predictions, resolved)
+    if kept is not None:
+        keep_items(generation_scorers(resolved), kept)
+    settings = check_item_records(item_records, resolved)
+    if settings is not None:
+        recorded, skipped = item_matrices(resolved, settings)
+        if not recorded:
+            raise ValueError(
+                "item_records: no matrix of this run is a mean over items the callback can "
+                "record: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
+            )
+    resolved_reference = resolve_reference(reference, next(iter(resolved.values())))
+    items = (
+        (None, None)
+        if settings is None
+        else reference_items(reference, resolved_reference, path_reference_items)
+    )
+    return Scoring(resolved, kept, settings, resolved_reference, items)
+
+
 def item_matrices(
     scorers: Mapping[str, Scorer], settings: ItemSettings
 ) -> tuple[dict[str, bool], dict[str, str]]:
@@ -428,6 +491,7 @@ def run_record(
                     primary=next(iter(specs)),
                     reference=reference_items[0],
                     reference_note=reference_items[1],
+                    reference_kind=getattr(settings.get("reference"), "kind", None),
                     held_out=held_out,
                 )
             )

@@ -10,10 +10,11 @@ cell per test sample of the seen tasks), so the memory follows what was measured
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +37,33 @@ from continual_eval.results.schema import (
     confusion_cells,
 )
 
-__all__ = ["ClassIncrementalRecord", "check_class_id_bounds", "class_incremental_scorers"]
+__all__ = [
+    "ClassIncrementalRecord",
+    "baseline_labels",
+    "check_class_id_bounds",
+    "class_incremental_scorers",
+]
+
+
+@contextlib.contextmanager
+def baseline_labels(scorers: Mapping[str, Any], items: Any) -> Iterator[None]:
+    """While in the block, the task-agnostic scorer keeps its samples' labels beside its items
+    (``keep_labels``) when the per-item records (``items``, the record's ``items`` section or
+    ``None``) keep its items: the baseline evaluation, so that the test items' classes are
+    recorded once (the per-class intervals, `continual_eval._item_record`)."""
+    scorer = scorers.get(AGNOSTIC_NAME)
+    on = (
+        isinstance(scorer, TaskAgnosticAccuracyScorer)
+        and items is not None
+        and AGNOSTIC_NAME in getattr(items, "binary", {})
+    )
+    if on:
+        scorer.keep_labels = True  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        if on:
+            scorer.keep_labels = False  # type: ignore[union-attr]
 
 
 def _ids(classes: Any) -> list[Any]:
@@ -57,7 +84,7 @@ def check_class_id_bounds(task_classes: Any) -> None:
     are capped where they are recorded (`MAX_CONFUSION_CELLS` nonzero
     cells in all, see `ClassIncrementalRecord.check_stage`). Other problems (no
     class, a negative or non-integer id, a class in two tasks) are left to
-    [`check_task_classes`][continual_eval.functional.check_task_classes]."""
+    [`check_task_classes`][continual_eval.functional.class_incremental.check_task_classes]."""
     tasks = task_classes.tolist() if isinstance(task_classes, Tensor) else task_classes
     if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Iterable):
         return

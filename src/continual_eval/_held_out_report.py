@@ -12,7 +12,14 @@ from typing import Any
 
 from continual_eval.results import HeldOutResults
 
-__all__ = ["held_out_run_lines", "plot_held_out"]
+__all__ = [
+    "held_out_missing",
+    "held_out_note",
+    "held_out_rows",
+    "held_out_run_lines",
+    "held_out_stage_rows",
+    "plot_held_out",
+]
 
 
 def plot_held_out(
@@ -75,10 +82,17 @@ def held_out_run_lines(
             "| set | baseline | final | delta | worst drop |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
-        ends = _interval_ends(results, name)
-        for k, (set_name, row) in enumerate(held_out.summary(name).items()):
-            cells = [_cell(v, None if ends is None else ends[key][k]) for key, v in row.items()]
+        for set_name, cells in held_out_rows(results, name, _cell):
             lines.append(f"| {escape_markdown(set_name)} | " + " | ".join(cells) + " |")
+        header, stage_rows = held_out_stage_rows(results, name, _cell)
+        lines += [
+            "",
+            "| stage | " + " | ".join(escape_markdown(h) for h in header) + " |",
+            "| --- |" + " ---: |" * len(header),
+        ]
+        lines += [
+            "| " + " | ".join([escape_markdown(row[0]), *row[1:]]) + " |" for row in stage_rows
+        ]
         path = out / f"{label}_held_out{'' if number == 0 else f'_{number}'}.png"
         fig, _ = plot_held_out(
             held_out,
@@ -89,15 +103,91 @@ def held_out_run_lines(
         fig.savefig(path, dpi=120)
         _pyplot().close(fig)
         lines += ["", f"![held-out sets: {escape_markdown(name)}]({path.name})", ""]
-    if any(_interval_ends(results, name) is not None for name in held_out.scores):
-        confidence = results.intervals.confidence
-        lines += [
-            f"[low, high]: {confidence:.0%} intervals from the sets' test items (Wilson / t for "
-            "the scores; paired bootstrap over each set's items for delta and worst drop): the "
-            "error of the finite set, not the variation between runs.",
-            "",
-        ]
-    return lines
+    note = held_out_note(results)
+    if note is not None:  # the report's own words, no name from the file
+        lines += [note, ""]
+    lines += [f"- {escape_markdown(n)}" for n in held_out_missing(results)]
+    return lines if lines[-1] == "" else [*lines, ""]
+
+
+def held_out_note(results: Any) -> str | None:
+    """What ``[low, high]`` means in the held-out tables (plain text); ``None`` when no matrix
+    has held-out intervals."""
+    held_out = results.held_out
+    if held_out is None or not any(_interval_ends(results, n) for n in held_out.scores):
+        return None
+    confidence = results.intervals.confidence
+    return (
+        f"Each [low, high]: {100 * confidence:g}% intervals from the sets' test items (Wilson / t "
+        "for the scores; paired bootstrap over each set's items for delta and worst drop, one "
+        "resample of a set's items at the baseline and at every stage): the error of the "
+        "finite set, not the variation between runs."
+    )
+
+
+def held_out_missing(results: Any) -> list[str]:
+    """Why a matrix's held-out numbers are printed without intervals (plain text, one line per
+    matrix without them)."""
+    held_out = results.held_out
+    if held_out is None:
+        return []
+    out = []
+    for name in held_out.scores:
+        if _interval_ends(results, name) is not None:
+            continue
+        intervals = getattr(results, "intervals", None)
+        if intervals is None:
+            why = "the run has no per-item records (item_records= not set)"
+        elif name not in intervals.matrices:
+            skipped = None if results.items is None else results.items.skipped.get(name)
+            why = "matrix not recorded per item" + (f": {skipped}" if skipped else "")
+        else:
+            why = "the intervals section holds no held-out interval of this matrix"
+        out.append(f"{name}: held-out values without an interval: {why}")
+    return out
+
+
+def held_out_rows(
+    results: Any, name: str, cell: Callable[[float, tuple[float, float] | None], str]
+) -> list[tuple[str, list[str]]]:
+    """Per set of matrix ``name``: its name and the cells baseline, final, delta, worst drop
+    written by ``cell(value, (low, high) or None)``."""
+    ends = _interval_ends(results, name)
+    return [
+        (set_name, [cell(v, None if ends is None else ends[key][k]) for key, v in row.items()])
+        for k, (set_name, row) in enumerate(results.held_out.summary(name).items())
+    ]
+
+
+def held_out_stage_rows(
+    results: Any, name: str, cell: Callable[[float, tuple[float, float] | None], str]
+) -> tuple[list[str], list[list[str]]]:
+    """The header (per set: its score, and its delta against the baseline) and one row per
+    evaluation (the baseline, then after each stage): each set's score with its cell interval
+    and its delta with its paired-bootstrap interval, written by ``cell``."""
+    held_out = results.held_out
+    baseline, scores = held_out.baseline[name], held_out.scores[name]
+    intervals = getattr(results, "intervals", None)
+    held = None if intervals is None else intervals.held_out.get(name)
+    header = [h for set_name in held_out.names for h in (set_name, f"{set_name} delta")]
+    task_names = list(results.task_names)
+    rows = []
+    for i in range(scores.shape[0] + 1):
+        label = "baseline" if i == 0 else f"after {task_names[i - 1]}"
+        row = [label]
+        for k in range(len(held_out.names)):
+            value = float(baseline[k] if i == 0 else scores[i - 1, k])
+            ends = delta = None
+            if held is not None:
+                low = held.baseline_low[k] if i == 0 else held.low[i - 1, k]
+                high = held.baseline_high[k] if i == 0 else held.high[i - 1, k]
+                ends = (float(low), float(high))
+                if i > 0:
+                    delta = (float(held.delta[1][i - 1, k]), float(held.delta[2][i - 1, k]))
+            change = 0.0 if i == 0 else value - float(baseline[k])
+            row += [cell(value, ends), "—" if i == 0 else cell(change, delta)]
+        rows.append(row)
+    return header, rows
 
 
 def _cell(value: float, ends: tuple[float, float] | None) -> str:

@@ -495,10 +495,12 @@ def _summary_section(
     seeds_text: Any,
     single_interval: Any = None,
     interval_note: str | None = None,
+    missing_notes: Sequence[str] = (),
 ) -> list[str]:
     """The heading and the table of each method's mean ± std per metric (a single run's value
     with ``single_interval(summary, key)``, its interval from its test items, when not
-    ``None``; ``interval_note``, plain text, says so under the table)."""
+    ``None``; ``interval_note``, plain text, says so under the table; ``missing_notes``, plain
+    text, why a single value printed has none)."""
     header = [
         "method",
         "runs",
@@ -531,7 +533,18 @@ def _summary_section(
     ]
     if interval_note:
         body.append(f'<p class="note">{_text(interval_note, 1000)}</p>')
+    body += _missing(missing_notes)
     return body
+
+
+def _missing(notes: Sequence[str]) -> list[str]:
+    """Why numbers printed above have no interval (plain text lines, escaped here): a short
+    list under the table, once per reason."""
+    if not notes:
+        return []
+    items = "".join(f"<li>{_text(n, 800)}</li>" for n in notes)
+    head = '<p class="note">Printed without an interval, and why:</p>'
+    return [f'{head}<ul class="note">{items}</ul>']
 
 
 def _uncertainty_section(
@@ -594,9 +607,15 @@ def _matrix_section(
             torch.cat([held.baseline_high.double()[None, :], held.high.double()]),
         )
     row_names = ["untrained", *(f"after {n}" for n in names[: matrix.num_stages])]
+    where = (
+        f"cells' {interval_label}s: on the heatmap below and as the trajectories' error bars"
+        if held is not None
+        else "no cell intervals: no per-item records of this matrix (item_records=)"
+    )
     body = [
         f"<h3>{_text(name)} ({_text(matrix.score)}, {direction} is better)</h3>",
         _matrix_table(matrix, names),
+        f'<p class="note">{_text(where, 300)}</p>',
         figures.add(
             heatmap_figure(
                 grid,
@@ -653,6 +672,109 @@ def _confusion_section(section: Any, figures: _Figures) -> list[str]:
     ]
 
 
+def _with_interval(value: float, ends: tuple[float, float] | None) -> str:
+    """A value (4 decimals, ``—`` when not finite) and, when both ends are finite, its
+    ``[low, high]`` in small type."""
+    if not math.isfinite(value):
+        return "—"
+    text = f"{value + 0.0:.4f}"
+    if ends is not None and all(math.isfinite(e) for e in ends):
+        text += f' <span class="interval">[{ends[0] + 0.0:.4f}, {ends[1] + 0.0:.4f}]</span>'
+    return text
+
+
+def _held_out_section(results: Any) -> list[str]:
+    """A run's held-out sets (`continual_eval._held_out_report`): per matrix the final table
+    (baseline, final, delta, worst drop) and the table per evaluation (each set's score and
+    delta), with their one-run intervals; why not where a matrix has none."""
+    from continual_eval._held_out_report import (
+        held_out_missing,
+        held_out_note,
+        held_out_rows,
+        held_out_stage_rows,
+    )
+
+    held_out = getattr(results, "held_out", None)
+    if held_out is None:
+        return []
+    body = [
+        "<h3>Held-out sets</h3>",
+        "<p>Scored at the baseline and after every stage, never trained, never part of R or its "
+        "metrics; delta = score minus the baseline, worst drop = the largest loss against the "
+        "baseline over the stages in the score's direction.</p>",
+    ]
+    for name in held_out.scores:
+        matrix = results.matrices[name]
+        arrow = _ARROW[bool(matrix.higher_is_better)]
+        rows = [[_text(n, 60), *c] for n, c in held_out_rows(results, name, _with_interval)]
+        header, stage_rows = held_out_stage_rows(results, name, _with_interval)
+        body += [
+            f"<h4>{_text(name)} ({_text(matrix.score)} {arrow})</h4>",
+            _table(["set", "baseline", "final", "delta", "worst drop"], rows),
+            _table(
+                ["evaluation", *(_text(h, 80) for h in header)],
+                [[_text(r[0], 80), *r[1:]] for r in stage_rows],
+            ),
+        ]
+    note = held_out_note(results)
+    if note is not None:
+        body.append(f'<p class="note">{_text(note, 1000)}</p>')
+    body += _missing(held_out_missing(results))
+    return body
+
+
+def _class_incremental_section(results: Any) -> list[str]:
+    """The class-incremental values of a run with their Wilson intervals
+    (`continual_eval._class_incremental_report`): the final measures, the seen / old / new
+    accuracy per stage and each class's accuracy after the last stage; why not for the rest."""
+    from continual_eval._class_incremental_report import class_incremental_tables
+
+    found = class_incremental_tables(results, _with_interval)
+    if found is None:
+        return []
+    body = ["<h3>Class-incremental evaluation</h3>"]
+    for title, header, rows in found.tables:
+        body += [f"<h4>{_text(title)}</h4>", _table([_text(h) for h in header],
+                 [[_text(r[0], 80), *r[1:]] for r in rows])]  # fmt: skip
+    if found.note:
+        body.append(f'<p class="note">{_text(found.note, 1000)}</p>')
+    body += _missing(found.missing)
+    return body
+
+
+def _class_incremental_summary(summaries: Sequence[Any]) -> list[str]:
+    """The across-methods class-incremental table (mean ± sample std; one run: its value and
+    interval), its note and the reasons for the one-run values without an interval."""
+    from continual_eval._class_incremental_report import SUMMARY_NOTE, class_incremental_summary
+
+    def cell(values: Sequence[float], ends: tuple[float, float] | None) -> str:
+        finite = [v for v in values if math.isfinite(v)]
+        if not finite:
+            return "n/a"
+        if len(finite) == 1:
+            text = _with_interval(finite[0], ends)
+        else:
+            mean = math.fsum(finite) / len(finite)
+            std = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+            text = f"{mean:.4f} ± {std:.4f}"
+        return text if len(finite) == len(values) else f"{text} (n={len(finite)})"
+
+    found = class_incremental_summary(summaries, cell)
+    if found is None:
+        return []
+    rows = [[_text(m), str(n), *cells] for m, n, cells in found.rows]
+    body = [
+        "<h2>Class-incremental evaluation</h2>",
+        "<p>Final values, mean ± sample std over each method's runs with a class-incremental "
+        "section (the columns as in <code>report.md</code>).</p>",
+        _table(["method", "runs", *(_text(t) for t in found.titles)], rows),
+    ]
+    if found.single:
+        body.append(f'<p class="note">{_text(SUMMARY_NOTE, 600)}</p>')
+    body += _missing([f"{t} ({', '.join(methods)}): {why}" for t, why, methods in found.missing])
+    return body
+
+
 def _forgotten_section(results: Any, directory: Path) -> list[str]:
     """The items right at the diagonal and wrong at the final stage
     (`continual_eval._predictions_report`), when the run wrote prediction files."""
@@ -707,9 +829,11 @@ def _run_section(
             held = None if section is None else section.matrices.get(name)
             label = "interval" if interval_label is None else interval_label(results, name)
             body.extend(_matrix_section(name, matrix, names, figures, held, label))
+    body.extend(_held_out_section(results))
     body.extend(_forgotten_section(results, Path(run.path)))
     section = getattr(results, "class_incremental", None)
     if section is not None and section.num_stages > 0:
+        body.extend(_class_incremental_section(results))
         body.extend(_confusion_section(section, figures))
     online = getattr(results, "online", None)
     if online is not None and online.windows:
@@ -819,6 +943,8 @@ def html_report(
     interval_note: str | None = None,
     seed_caveats: Any = None,
     interval_label: Any = None,
+    missing_notes: Sequence[str] = (),
+    per_task: Sequence[str] = (),
 ) -> str:
     """The whole page. ``runs``: [`continual_eval.report.Run`][continual_eval.report.Run];
     ``summaries``: their [`MethodSummary`][continual_eval.report.MethodSummary]; ``columns`` /
@@ -831,8 +957,16 @@ def html_report(
 
     figures = _Figures()
     body = _summary_section(
-        runs, summaries, columns, directions, seeds_text, single_interval, interval_note
+        runs,
+        summaries,
+        columns,
+        directions,
+        seeds_text,
+        single_interval,
+        interval_note,
+        missing_notes,
     )
+    body += list(per_task)
     if any(s.mean[k] is not None for s in summaries for k in columns):
         body.append(
             figures.add(
@@ -840,6 +974,7 @@ def html_report(
             )
         )
         body.extend(_uncertainty_section(summaries, columns, directions, confidence, seed_caveats))
+    body.extend(_class_incremental_summary(summaries))
     for run in runs:
         body.extend(_run_section(run, run_title, figures, interval_label))
     return "\n".join(

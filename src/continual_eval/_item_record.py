@@ -3,11 +3,23 @@ after every stage, for the matrices whose per-task score is a mean over items, a
 give the results (the ``intervals`` and ``items`` sections, `continual_eval.results.intervals`).
 
 Storage, per matrix and evaluation (the baseline, then each stage; stage ``i`` holds the tasks it
-scored): 0/1 items bit-packed ([`PackedBits`][continual_eval.functional.PackedBits], 1 bit per
+scored): 0/1 items bit-packed ([`PackedBits`][continual_eval.functional.intervals.PackedBits], 1 bit
+per
 item), other items float64 (64 bits per item). A run of ``T`` tasks holds at most ``T + 1``
 evaluations of ``sum_j n_j`` items per matrix; that bound is checked at the baseline against
 ``max_bytes`` (refused before anything is trained, naming the size). The state is one entry per
 evaluation (``"baseline"``, then ``stages[i]``), so each stage's part stands alone.
+
+Per-step (in-stage) evaluations (``eval_every_n_steps``, whole test sets): each keeps the items
+of the tasks it scored (``<= stage``), stored as the stage ends' are, as ``(step, stage,
+items)`` entries (`ItemRecord.steps`; in the checkpoint, and in the stage journal with the
+stage they ran in). Their count depends on the run's length, so they are checked as they come:
+an evaluation that would take the records (with the stage ends still to come) past
+``max_bytes`` is refused, naming the bound. They give the intervals of min-ACC, WC-ACC, the
+stability gap, the stage areas, anytime accuracy, ``LCA_beta`` and the AUC forward transfer
+(``intervals.matrices.*.step_metrics`` and ``metrics``, by
+`continual_eval.functional._step_intervals`): the same paired resample of a task's items in
+every per-step and stage-end evaluation.
 
 Intervals and transitions are a function of the record (`ItemRecord.results`), computed when
 the results are built and kept until the next stage is recorded.
@@ -32,6 +44,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from continual_eval.evaluation.class_incremental import AGNOSTIC_NAME
+from continual_eval.functional._class_il_intervals import class_il_bootstrap
+from continual_eval.functional._step_intervals import step_bootstrap
 from continual_eval.functional.intervals import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
@@ -45,7 +60,9 @@ from continual_eval.functional.intervals import (
 )
 from continual_eval.functional.items import item_transitions
 from continual_eval.results.intervals import (
+    CLASS_IL_PAIRED,
     ClassIncrementalIntervals,
+    ClassIncrementalPaired,
     HeldOutIntervals,
     IntervalResults,
     ItemResults,
@@ -70,6 +87,7 @@ _METRICS = (
     "learning_accuracy",
     "average_incremental_accuracy",
     "intransigence",
+    "fwt_isolated",
 )
 
 Stored = PackedBits | Tensor
@@ -77,17 +95,48 @@ Stored = PackedBits | Tensor
 #: the numbers a run reports that one run's per-item records give no interval, and why (stated
 #: in the ``intervals`` section's ``unavailable``)
 UNAVAILABLE = {
-    "stability": (
-        "min-ACC, WC-ACC and the stability gap read the per-step evaluations, which keep no "
-        "per-item values (item_records covers the baseline and stage-end evaluations); a minimum "
-        "over steps of noisy curves has no one-run interval here"
-    ),
-    "plasticity": (
-        "the learning-curve area and AUC forward transfer read the per-step evaluations, which "
-        "keep no per-item values"
-    ),
     "cost": "measured (times, samples, memory), not estimated from test items",
 }
+#: stated with per-step evaluations (``step_metrics``): what their intervals do not give
+STEP_UNAVAILABLE = {
+    "gap_recovery_steps": (
+        "a first-passage time in optimizer steps (the first evaluation back at the boundary "
+        "score): a discrete statistic of the curve, no interval built"
+    ),
+    "min_acc_ties": (
+        "min-ACC, WC-ACC and the gap's minimum and depth take a minimum over evaluations: their "
+        "percentile interval covers at the nominal rate where the minimum is clear (94-96% "
+        "measured), and undercovers where several evaluations come within the test-set noise "
+        "of it (about 88% at nominal 95% with four evaluations within 0.02 of the minimum, "
+        "n = 256; tests/test_step_intervals.py): read such an interval as too narrow"
+    ),
+    "auc_forward_transfer_reference": (
+        "the AUC forward transfer's interval holds the reference's areas fixed (a reference of "
+        "scores): the reference run's own test-set error is not in it"
+    ),
+}
+#: why the per-step metrics have no interval where the per-step evaluations kept no items
+STEP_SUBSET = (
+    "the per-step evaluations score a fixed subset (StepEvaluation(subset=...)), whose items "
+    "are not recorded: min-ACC, WC-ACC, the stability gap and the plasticity metrics have no "
+    "interval"
+)
+STEP_MISSING = (
+    "the per-step evaluations' items are not all recorded (a run resumed from a checkpoint or "
+    "journal without them): min-ACC, WC-ACC, the stability gap and the plasticity metrics have "
+    "no interval"
+)
+#: the step-curve keys kept per stage (``step_metrics``) and as one number (``metrics``)
+_STEP_VECTORS = (
+    "min_acc",
+    "wc_acc",
+    "gap_boundary",
+    "gap_minimum",
+    "gap_depth",
+    "stage_auc",
+    "auc_forward_transfer_per_task",
+)
+_STEP_SCALARS = ("anytime_accuracy", "lca", "auc_forward_transfer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +207,46 @@ def _num(stored: Stored) -> int:
     return stored.num_items if isinstance(stored, PackedBits) else int(stored.numel())
 
 
+def _label_bytes(labels: Mapping[int, Tensor] | None) -> int:
+    if labels is None:
+        return 0
+    return sum(v.numel() * v.element_size() for v in labels.values())
+
+
+def _small_ints(values: Tensor, what: str) -> Tensor:
+    """Class ids ``[n]`` as int16 (int32 past 32767), refused unless whole numbers >= 0."""
+    flat = values.detach().to("cpu").reshape(-1)
+    if flat.is_floating_point():
+        if not bool((flat == flat.round()).all()):
+            raise ValueError(f"{what} are not whole class ids")
+        flat = flat.long()
+    flat = flat.to(torch.int64)
+    if flat.numel() and int(flat.min()) < 0:
+        raise ValueError(f"{what}: class id {int(flat.min())} is negative")
+    small = flat.numel() == 0 or int(flat.max()) <= torch.iinfo(torch.int16).max
+    return flat.to(torch.int16 if small else torch.int32)
+
+
+def _restored_labels(
+    given: Mapping[Any, Tensor] | None, num_items: Sequence[int] | None, source: str
+) -> dict[int, Tensor] | None:
+    """The item labels a checkpoint or journal holds (``None``: none), checked: one ``[n_j]``
+    entry of class ids per task."""
+    if given is None:
+        return None
+    sizes = list(num_items or [])
+    out = {int(j): _small_ints(v, f"{source}'s item labels of task {j}") for j, v in given.items()}
+    wrong = [j for j in range(len(sizes)) if j not in out or out[j].numel() != sizes[j]]
+    if wrong or len(out) != len(sizes):
+        j = wrong[0] if wrong else len(sizes)
+        raise ValueError(
+            f"per-item records: {source}'s item labels do not match the test sets: task {j} "
+            f"has {out[j].numel() if j in out else 'no'} labels"
+            + (f" for its {sizes[j]} items" if j < len(sizes) else " (no such task)")
+        )
+    return out
+
+
 class ItemRecord:
     """Per-item records of the matrices ``binary`` names (matrix -> 0/1 items), a record
     section (see the module docstring).
@@ -171,7 +260,8 @@ class ItemRecord:
         forgetting: the run's forgetting convention (the bootstrap's).
         primary: the primary matrix's name (the one ``reference`` scores).
         reference: the reference model's items of the primary matrix, one ``[n_j]`` entry per
-            task (bool or [`PackedBits`][continual_eval.functional.PackedBits] for 0/1 items,
+            task (bool or [`PackedBits`][continual_eval.functional.intervals.PackedBits] for 0/1
+            items,
             else floating): the intransigence interval.
         reference_note: why the run's reference has no items (stated in the ``intervals``
             section as intransigence's ``unavailable`` reason); ``None``: no reference.
@@ -193,6 +283,7 @@ class ItemRecord:
         primary: str | None = None,
         reference: Sequence[Tensor | PackedBits] | None = None,
         reference_note: str | None = None,
+        reference_kind: str | None = None,
         held_out: Sequence[str] = (),
     ) -> None:
         self.specs = {name: specs[name] for name in binary}
@@ -207,13 +298,23 @@ class ItemRecord:
         if reference is not None and self.primary is not None:
             self.reference = _reference_items(reference, self.binary[self.primary], num_tasks)
         self.reference_note = reference_note
+        #: ``isolated``, ``joint`` or ``cumulative``: FWT against isolated training
+        #: (``fwt_isolated``) has an interval against an isolated reference only
+        self.reference_kind = reference_kind
         self.held_out = list(held_out)
         self.num_items: list[int] | None = None
         #: the held-out sets' item counts (ids ``T + h`` in the evaluations)
         self.held_out_sizes: list[int] = []
         self.baseline: dict[str, dict[int, Stored]] = {}
         self.stages: list[dict[str, dict[int, Stored]]] = []
+        #: the test items' labels, task -> ``[n_j]`` int16/int32 class ids (recorded once, at
+        #: the baseline, with ``task_classes``: the per-class intervals); ``None``: not recorded
+        self.labels: dict[int, Tensor] | None = None
+        #: the per-step evaluations' items, ``(step, stage, matrix -> task -> stored)`` in order
+        self.steps: list[tuple[int, int, dict[str, dict[int, Stored]]]] = []
         self._cache: tuple[tuple[int, bool], IntervalResults | None, ItemResults] | None = None
+        self._step_cache: tuple[Any, dict[str, Any]] | None = None
+        self._class_il_cache: tuple[tuple[int, bool], ClassIncrementalIntervals] | None = None
 
     # ------------------------------------------------------------------ memory
     def evaluation_bytes(self, num_items: Sequence[int]) -> int:
@@ -235,14 +336,15 @@ class ItemRecord:
         if self.reference is not None and self.primary is not None:
             binary = self.binary[self.primary]
             held += sum(_nbytes(binary, _num(v)) for v in self.reference.values())
-        for evaluation in [self.baseline, *self.stages]:
+        held += _label_bytes(self.labels)
+        for evaluation in [self.baseline, *self.stages, *(e for _, _, e in self.steps)]:
             for name, tasks in evaluation.items():
                 held += sum(_nbytes(self.binary[name], self._size(j)) for j in tasks)
         return held
 
-    def _check_size(self, num_items: Sequence[int]) -> None:
+    def _check_size(self, num_items: Sequence[int], label_bytes: int = 0) -> None:
         per = self.evaluation_bytes(num_items)
-        total = (self.num_tasks + 1) * per
+        total = (self.num_tasks + 1) * per + label_bytes
         if total > self.settings.max_bytes:
             kinds = ", ".join(
                 f"{name}: {1 if b else 64} bit(s) per item" for name, b in self.binary.items()
@@ -252,7 +354,9 @@ class ItemRecord:
                 f"{self.num_tasks + 1} evaluations (the baseline and {self.num_tasks} stages) x "
                 f"{sum(num_items) + sum(self.held_out_sizes)} test items x "
                 f"{len(self.binary)} matrices ({kinds}); "
-                f"{per} bytes per evaluation), over item_records max_bytes="
+                f"{per} bytes per evaluation"
+                + (f"; and {label_bytes} bytes of the items' labels" if label_bytes else "")
+                + "), over item_records max_bytes="
                 f"{self.settings.max_bytes}; raise max_bytes or record fewer matrices"
             )
 
@@ -334,14 +438,34 @@ class ItemRecord:
         empty = [j for j in tasks if sizes[j] == 0]
         if empty:
             raise ValueError(f"per-item records: task {empty[0]}'s test set has no item")
-        self._check_size(sizes)
+        labels = self._baseline_labels(scored, sizes)
+        self._check_size(sizes, _label_bytes(labels))
         self._check_reference(sizes)
         self.num_items = sizes
         self.baseline = {
             name: {j: _store(v, self.binary[name]) for j, v in tasks_.items()}
             for name, tasks_ in items.items()
         }
+        self.labels = labels
         self.stages, self._cache = [], None
+        self._class_il_cache = None
+
+    def _baseline_labels(self, scored: Scored, sizes: Sequence[int]) -> dict[int, Tensor] | None:
+        """The task-agnostic scorer's item labels of the baseline (``task_classes=`` with its
+        items recorded), task -> ``[n_j]`` int16 (int32 past 32767 classes); ``None`` without."""
+        given = scored.labels.get(AGNOSTIC_NAME) if AGNOSTIC_NAME in self.binary else None
+        if given is None:
+            return None
+        out = {}
+        for j in range(self.num_tasks):
+            values = given.get(j)
+            if values is None or values.numel() != sizes[j]:
+                raise ValueError(
+                    f"the baseline holds {'no' if values is None else values.numel()} item "
+                    f"labels of task {j} for its {sizes[j]} items ({AGNOSTIC_NAME!r})"
+                )
+            out[j] = _small_ints(values, f"the baseline's item labels of task {j}")
+        return out
 
     def check_stage(self, stage: int, scored: Scored) -> None:
         self._checked(scored, f"stage {stage}", scored.task_ids)
@@ -353,8 +477,45 @@ class ItemRecord:
             for name, tasks in items.items()
         }
         self.stages = [*self.stages[:stage], entry]
-        self._cache = None
+        self.steps = [e for e in self.steps if e[1] <= stage]
+        self._cache = self._step_cache = self._class_il_cache = None
         return []
+
+    def record_step(self, step: int, stage: int, scored: Scored) -> None:
+        """Keep a per-step evaluation's items (tasks ``<= stage``, no held-out set); refused
+        (``ValueError`` naming ``max_bytes``) when it and the stage ends still to come would
+        take the records past the bound."""
+        tasks = list(range(stage + 1))
+        items = self._checked(dataclasses.replace(scored, held_out={}), f"step {step}", tasks)
+        assert self.num_items is not None
+        adds = sum(_nbytes(self.binary[n], self.num_items[j]) for n in items for j in tasks)
+        to_come = (self.num_tasks - stage) * self.evaluation_bytes(self.num_items)
+        total = self.memory_bytes + adds + to_come
+        if total > self.settings.max_bytes:
+            raise ValueError(
+                f"per-item records: the per-step evaluation at step {step} (stage {stage}) "
+                f"would take them to {total / 2**20:.1f} MiB ({total} bytes: "
+                f"{self.memory_bytes} held, {adds} for this evaluation, {to_come} for the "
+                f"{self.num_tasks - stage} stage ends to come), over item_records max_bytes="
+                f"{self.settings.max_bytes}; raise max_bytes, evaluate less often "
+                "(eval_every_n_steps) or record fewer matrices"
+            )
+        entry = {
+            name: {j: _store(v, self.binary[name]) for j, v in values.items() if j in tasks}
+            for name, values in items.items()
+        }
+        if self.steps and self.steps[-1][:2] == (step, stage):
+            self.steps.pop()  # the same evaluation again (a stage end at that step)
+        self.steps.append((int(step), int(stage), entry))
+        self._step_cache = None
+
+    def forget_step(self, step: int, stage: int) -> None:
+        """Drop the per-step evaluation at ``(step, stage)`` (the stage end at that step
+        replaced its curve point; the stage end's items stand for it)."""
+        before = len(self.steps)
+        self.steps = [e for e in self.steps if e[:2] != (step, stage)]
+        if len(self.steps) != before:
+            self._step_cache = None
 
     def values(self, name: str, stage: int | None = None) -> dict[int, Tensor]:
         """Matrix ``name``'s items of every task the evaluation scored (``stage=None``: the
@@ -379,7 +540,14 @@ class ItemRecord:
             "held_out_sizes": list(self.held_out_sizes),
             "baseline": self._plain(self.baseline),
             "stages": [self._plain(stage) for stage in self.stages],
+            "steps": [
+                {"step": step, "stage": stage, "items": self._plain(entry)}
+                for step, stage, entry in self.steps
+            ],
             "reference": None if self.reference is None else self._reference_state(),
+            "labels": None
+            if self.labels is None
+            else {j: v.clone() for j, v in self.labels.items()},
         }
 
     def _reference_state(self) -> dict[str, Any]:
@@ -437,12 +605,17 @@ class ItemRecord:
         self.num_items = None if sizes is None else [int(n) for n in sizes]
         self.baseline = restored(state["baseline"])
         self.stages = [restored(stage) for stage in state["stages"]]
+        self.steps = [  # absent in older checkpoints
+            (int(e["step"]), int(e["stage"]), restored(e["items"])) for e in state.get("steps", [])
+        ]
+        self._step_cache = None
         self._restore_reference(
             state.get("reference"), "the checkpoint"
         )  # absent in older checkpoints
         if self.num_items is not None:
             self._check_reference(self.num_items)
-        self._cache = None
+        self.labels = _restored_labels(state.get("labels"), self.num_items, "the checkpoint")
+        self._cache = self._class_il_cache = None
 
     # ------------------------------------------------------------------ journal
     def journal_settings(self) -> dict[str, Any]:
@@ -455,6 +628,7 @@ class ItemRecord:
             "primary": self.primary,
             "reference": None if self.reference is None else self._reference_journal(),
             "reference_note": self.reference_note,
+            "reference_kind": self.reference_kind,
             "held_out": list(self.held_out),
         }
 
@@ -488,6 +662,7 @@ class ItemRecord:
             forgetting=str(settings["forgetting"]),
             primary=settings.get("primary"),
             reference_note=settings.get("reference_note"),
+            reference_kind=settings.get("reference_kind"),
             held_out=[str(h) for h in settings.get("held_out", [])],
         )
         reference = settings.get("reference")
@@ -511,13 +686,13 @@ class ItemRecord:
         }
 
     def journal_part(self, stage: int | None) -> dict[str, Any]:
-        """The items of the baseline (with the test-set sizes) or of ``stage``: per matrix and
-        task, 0/1 items as the hex of their packed bytes, other items by `tensor_to_json`."""
+        """The items of the baseline (with the test-set sizes) or of ``stage`` (and of its
+        per-step evaluations, ``steps``): per matrix and task, 0/1 items as the hex of their
+        packed bytes, other items by `tensor_to_json`."""
         from continual_eval.record import tensor_to_json
 
-        evaluation = self.baseline if stage is None else self.stages[stage]
-        part: dict[str, Any] = {
-            "items": {
+        def encoded(evaluation: Mapping[str, Mapping[int, Stored]]) -> dict[str, Any]:
+            return {
                 name: {
                     str(j): v.bits.numpy().tobytes().hex()
                     if isinstance(v, PackedBits)
@@ -526,10 +701,20 @@ class ItemRecord:
                 }
                 for name, tasks in evaluation.items()
             }
-        }
+
+        evaluation = self.baseline if stage is None else self.stages[stage]
+        part: dict[str, Any] = {"items": encoded(evaluation)}
+        if stage is not None:  # the stage's per-step evaluations
+            part["steps"] = [
+                {"step": step, "items": encoded(entry)}
+                for step, at, entry in self.steps
+                if at == stage
+            ]
         if stage is None:
             part["num_items"] = None if self.num_items is None else list(self.num_items)
             part["held_out_sizes"] = list(self.held_out_sizes)
+            if self.labels is not None:
+                part["labels"] = {str(j): tensor_to_json(v) for j, v in self.labels.items()}
         return part
 
     def replay_part(self, stage: int | None, part: Mapping[str, Any]) -> None:
@@ -540,21 +725,35 @@ class ItemRecord:
             self.held_out_sizes = [int(n) for n in part.get("held_out_sizes", [])]
         assert self.num_items is not None
         sizes = [*self.num_items, *self.held_out_sizes]
-        evaluation: dict[str, dict[int, Stored]] = {}
-        for name, tasks in part["items"].items():
-            evaluation[name] = {}
-            for key, value in tasks.items():
-                j = int(key)
-                if self.binary[name]:
-                    raw = torch.frombuffer(bytearray(bytes.fromhex(value)), dtype=torch.uint8)
-                    evaluation[name][j] = PackedBits(raw.clone(), sizes[j])
-                else:
-                    evaluation[name][j] = tensor_from_json(value).double()
+
+        def decoded(items: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, Stored]]:
+            evaluation: dict[str, dict[int, Stored]] = {}
+            for name, tasks in items.items():
+                evaluation[name] = {}
+                for key, value in tasks.items():
+                    j = int(key)
+                    if self.binary[name]:
+                        raw = torch.frombuffer(bytearray(bytes.fromhex(value)), dtype=torch.uint8)
+                        evaluation[name][j] = PackedBits(raw.clone(), sizes[j])
+                    else:
+                        evaluation[name][j] = tensor_from_json(value).double()
+            return evaluation
+
+        evaluation = decoded(part["items"])
         if stage is None:
-            self.baseline, self.stages = evaluation, []
+            self.baseline, self.stages, self.steps = evaluation, [], []
+            given = part.get("labels")
+            self.labels = _restored_labels(
+                None if given is None else {k: tensor_from_json(v) for k, v in given.items()},
+                self.num_items,
+                "the journal",
+            )
         else:
             self.stages = [*self.stages[:stage], evaluation]
-        self._cache = None
+            kept = [e for e in self.steps if e[1] < stage]
+            steps = part.get("steps", [])  # absent in older journals
+            self.steps = kept + [(int(e["step"]), stage, decoded(e["items"])) for e in steps]
+        self._cache = self._step_cache = self._class_il_cache = None
 
     # ------------------------------------------------------------------ results
     def _dense(self, name: str, s: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -606,7 +805,10 @@ class ItemRecord:
         """Metric -> why it has no interval (intransigence of a reference without items)."""
         if name != self.primary or self.reference is not None or self.reference_note is None:
             return {}
-        return {"intransigence": self.reference_note}
+        out = {"intransigence": self.reference_note}
+        if self.reference_kind == "isolated":
+            out["fwt_isolated"] = "as intransigence"
+        return out
 
     def _bootstrap(
         self, name: str, s: int
@@ -631,6 +833,8 @@ class ItemRecord:
         )
         out = {}
         for key in _METRICS:
+            if key == "fwt_isolated" and self.reference_kind != "isolated":
+                continue  # R[j, j] - ref[j] is FWT against isolated training only
             interval = result.metrics.get(key)
             if interval is not None:
                 out[key] = (
@@ -698,7 +902,9 @@ class ItemRecord:
             moves = item_transitions(items, baseline=baseline)
             for k in keys:
                 full[k][:, :s] = getattr(moves, k)
-        return Transitions(**full, num_items=tuple(self.num_items))
+        return Transitions(
+            **full, num_items=tuple(self.num_items), confidence=self.settings.confidence
+        )
 
     def results(self, s: int, light: bool = False) -> tuple[IntervalResults | None, ItemResults]:
         """The ``intervals`` (``None`` before the baseline) and ``items`` sections of the first
@@ -759,22 +965,176 @@ class ItemRecord:
         """``results`` with the ``intervals`` and ``items`` sections of its stages."""
         intervals, items = self.results(results.primary.num_stages)
         intervals = self._with_class_il(intervals, results)
+        intervals = self._with_steps(intervals, results)
         return dataclasses.replace(results, intervals=intervals, items=items)
+
+    # ------------------------------------------------------------------ step curves
+    def _step_rows(self, results: ContinualResults) -> list[dict[str, dict[int, Stored]]] | None:
+        """The items of every curve evaluation of the completed stages, in the curves' order
+        (a stage's last one is its end: ``stages[k]``); ``None`` when one has no items."""
+        steps = results.steps
+        assert steps is not None
+        s = results.primary.num_stages
+        stage, step = steps.stage.tolist(), steps.step.tolist()
+        kept = {(t, k): entry for t, k, entry in self.steps}
+        rows: list[dict[str, dict[int, Stored]]] = []
+        for n, (k, t) in enumerate(zip(stage, step, strict=True)):
+            if k >= s:
+                break
+            if n + 1 == len(stage) or stage[n + 1] != k:  # the stage's end
+                rows.append(self.stages[k])
+            elif (t, k) in kept:
+                rows.append(kept[(t, k)])
+            else:
+                return None
+        return rows
+
+    def _step_intervals(
+        self, name: str, results: ContinualResults, rows: Sequence[Mapping[str, Any]]
+    ) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+        """Matrix ``name``'s curve metrics by the paired bootstrap over test items (one resample
+        of each task's items in the baseline, every stage end and every per-step evaluation):
+        `step_bootstrap`'s keys, estimate/low/high each."""
+        from continual_eval.results.model import _best_score
+
+        assert self.num_items is not None and results.steps is not None
+        T, s = self.num_tasks, results.primary.num_stages
+        evaluations = [self.baseline, *self.stages[:s], *rows]
+        E = len(evaluations)
+        evaluated = torch.zeros(E, T, dtype=torch.bool)
+        binary = self.binary[name]
+        values = []
+        for j in range(T):
+            n = self.num_items[j]
+            v = torch.zeros(E, n, dtype=torch.bool if binary else torch.float64)
+            for e, evaluation in enumerate(evaluations):
+                stored = evaluation.get(name, {}).get(j)
+                if stored is not None:
+                    v[e], evaluated[e, j] = _values(stored), True
+            values.append(v)
+        matrix = results[name]
+        N = len(rows)
+        plasticity = matrix.plasticity
+        reference = results.reference
+        reference_auc = None
+        if name == results.primary_name and reference is not None:
+            reference_auc = reference.auc
+        settings = self.settings
+        found = step_bootstrap(
+            values,
+            evaluated,
+            results.steps.stage[:N],
+            results.steps.step[:N],
+            s,
+            higher_is_better=matrix.higher_is_better,
+            lca_beta=None if plasticity is None else plasticity.lca_beta,
+            reference_auc=reference_auc,
+            best=_best_score(matrix.higher_is_better, matrix.bounds),
+            confidence=settings.confidence,
+            resamples=settings.resamples,
+            seed=settings.seed,
+        )
+        return {key: tuple(t) for key, t in found.items()}  # type: ignore[misc]
+
+    def _with_steps(
+        self, intervals: IntervalResults | None, results: ContinualResults
+    ) -> IntervalResults | None:
+        """``intervals`` with every recorded matrix's curve-metric intervals (``step_metrics``,
+        and ``anytime_accuracy``, ``lca``, ``auc_forward_transfer`` in ``metrics``) when the run
+        has step curves; what they cannot give in ``unavailable``."""
+        if intervals is None or results.steps is None or self.num_items is None:
+            return intervals
+        s = results.primary.num_stages
+        unavailable = dict(intervals.unavailable)
+        if s == 0:
+            return intervals
+        if results.steps.subset is not None and not all(results.steps.full):
+            unavailable["stability"] = unavailable["plasticity"] = STEP_SUBSET
+            return dataclasses.replace(intervals, unavailable=unavailable)
+        rows = self._step_rows(results)
+        if rows is None:
+            unavailable["stability"] = unavailable["plasticity"] = STEP_MISSING
+            return dataclasses.replace(intervals, unavailable=unavailable)
+        key = (s, len(rows), len(self.steps))
+        if self._step_cache is None or self._step_cache[0] != key:
+            found = {name: self._step_intervals(name, results, rows) for name in self.binary}
+            self._step_cache = (key, found)
+        found = self._step_cache[1]
+        matrices = {}
+        for name, m in intervals.matrices.items():
+            mine = found[name]
+            scalars = {k: tuple(float(t) for t in mine[k]) for k in _STEP_SCALARS if k in mine}
+            matrices[name] = dataclasses.replace(
+                m,
+                metrics={**m.metrics, **scalars},
+                step_metrics={k: mine[k] for k in _STEP_VECTORS if k in mine},
+            )
+        unavailable |= STEP_UNAVAILABLE
+        return dataclasses.replace(intervals, matrices=matrices, unavailable=unavailable)
 
     def light_add_to(self, results: ContinualResults) -> ContinualResults:
         """`add_to` without the metrics' paired bootstrap (the per-stage results of a run in
         progress: cell intervals and transitions only)."""
         intervals, items = self.results(results.primary.num_stages, light=True)
-        intervals = self._with_class_il(intervals, results)
+        intervals = self._with_class_il(intervals, results, light=True)
         return dataclasses.replace(results, intervals=intervals, items=items)
 
     def _with_class_il(
-        self, intervals: IntervalResults | None, results: ContinualResults
+        self, intervals: IntervalResults | None, results: ContinualResults, light: bool = False
     ) -> IntervalResults | None:
-        """``intervals`` with the Wilson intervals of the class-incremental proportions (from
-        the ``class_incremental`` section's confusion counts) when the results have one."""
+        """``intervals`` with the class-incremental intervals when the results have a
+        ``class_incremental`` section: the Wilson intervals of its proportions (from the
+        confusion counts) and, from ``acc_task_agnostic``'s items and the items' labels, the
+        paired bootstrap of the numbers that read each item's class (``light``: left to the
+        end of the run; cached until the record changes)."""
         section = results.class_incremental
         if intervals is None or section is None:
             return intervals
-        class_il = ClassIncrementalIntervals.compute(section, self.settings.confidence)
-        return dataclasses.replace(intervals, class_incremental=class_il)
+        key = (section.num_stages, light)
+        if self._class_il_cache is None or self._class_il_cache[0] != key:
+            class_il = ClassIncrementalIntervals.compute(section, self.settings.confidence)
+            paired, reason = self._class_il_paired(section, light)
+            unavailable = dict(class_il.unavailable)
+            if paired is not None:
+                unavailable = {k: v for k, v in unavailable.items() if k not in CLASS_IL_PAIRED}
+            else:
+                unavailable |= dict.fromkeys(CLASS_IL_PAIRED, reason)
+            class_il = dataclasses.replace(class_il, paired=paired, unavailable=unavailable)
+            self._class_il_cache = (key, class_il)
+        return dataclasses.replace(intervals, class_incremental=self._class_il_cache[1])
+
+    def _class_il_paired(
+        self, section: Any, light: bool
+    ) -> tuple[ClassIncrementalPaired | None, str]:
+        """The paired bootstrap of the class-IL numbers (`class_il_bootstrap`) of the section's
+        stages, or ``None`` and why not."""
+        s = int(section.num_stages)
+        if AGNOSTIC_NAME not in self.binary:
+            return None, (
+                f"item_records does not record {AGNOSTIC_NAME!r}, whose items (with their "
+                "labels) the paired interval resamples"
+            )
+        if self.labels is None:
+            return None, (
+                "the test items' labels were not recorded at the baseline (a record made "
+                "before they were): the per-class numbers need each item's class"
+            )
+        if light:
+            return None, (
+                "the paired bootstrap is made at the end of the run (left out of the results "
+                "of a run in progress)"
+            )
+        if s == 0 or s > len(self.stages):
+            return None, "no stage with item records"
+        items, _ = self._per_task_items(AGNOSTIC_NAME, s)
+        settings = self.settings
+        values = class_il_bootstrap(
+            items,
+            [self.labels[j] for j in range(s)],
+            section.checked.class_task,
+            forgetting=self.forgetting,
+            confidence=settings.confidence,
+            resamples=settings.resamples,
+            seed=settings.seed,
+        )
+        return ClassIncrementalPaired.from_bootstrap(values, AGNOSTIC_NAME), ""

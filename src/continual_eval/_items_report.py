@@ -117,6 +117,7 @@ def items_run_lines(
     if items is None or not items.transitions:
         return lines
     names = [plain(n) for n in results.task_names]
+    shown = False
     for number, (name, moves) in enumerate(items.transitions.items()):
         if moves.right_to_wrong.shape[0] == 0:
             continue
@@ -127,16 +128,28 @@ def items_run_lines(
         fig.savefig(path, dpi=120)
         _pyplot().close(fig)
         final = moves.forgotten_once_fraction[-1]
+        low, high = (bound[-1] for bound in moves.forgotten_once_interval)
         seen = [
-            f"{escape_markdown(results.task_names[j])} {final[j].item():.3f}"
+            f"{escape_markdown(results.task_names[j])} {final[j].item():.3f} "
+            f"[{low[j].item():.3f}, {high[j].item():.3f}]"
             for j in range(min(moves.right_to_wrong.shape[0], len(final)))
             if math.isfinite(final[j].item())
         ]
+        percent = f"{100 * moves.confidence:g}%"
         lines += [
             f"**{escape_markdown(name)}**: fraction of each task's items forgotten at least once "
             f"by the last stage: {', '.join(seen)}",
             "",
             f"![item transitions: {escape_markdown(name)}]({path.name})",
+            "",
+        ]
+        shown = True
+    if shown:
+        lines += [
+            f"\\[low, high\\]: the {percent} Wilson interval of the fraction forgotten at least "
+            "once, as a rate over the task's items (i.i.d. draws of its test distribution). The "
+            "figure's transition counts have no interval: they count which of this test set's "
+            "items moved.",
             "",
         ]
     return lines

@@ -135,13 +135,15 @@ def latex_table(
     groups: Sequence[tuple[str, int]] | None = None,
     caption: str | None = None,
     label: str = "tab:continual-eval",
+    notes: Sequence[str] = (),
 ) -> str:
     """A ``table`` environment with a booktabs ``tabular``: a row per method (its name and
     ``n``, the runs), a column per ``LatexColumn`` (``mean ± spread``, best in bold).
 
     ``groups``: ``(title, number of columns)`` spanning the columns in order (a first header row
     with ``\\cmidrule``); ``caption`` (plain text, escaped) is followed by what ``±`` and the
-    bold cells mean.
+    bold cells mean; ``notes`` (plain text, escaped): lines under the table in small type (why
+    a one-run value has no interval).
     """
     if spread not in SPREADS:
         raise ValueError(f"spread must be one of {', '.join(SPREADS)}, got {spread!r}")
@@ -200,5 +202,9 @@ def latex_table(
             for i, c in enumerate(columns)
         ]
         lines.append(" & ".join([escape_latex(method), str(runs[k]), *cells]) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}", ""]
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    if notes:
+        shown = " ".join(escape_latex(n, 600) + "." for n in notes)
+        lines += [f"\\par\\smallskip{{\\footnotesize One-run values without an interval: {shown}}}"]
+    lines += ["\\end{table}", ""]
     return "\n".join(lines)

@@ -54,16 +54,23 @@ from continual_eval.results import ContinualResults, InvalidResultsError
 from continual_eval.results.files import (
     JOURNAL_FILE,
     ResultsWriteError,
-    read_run_id,
     replace_atomically,
     set_journal_replay,
+    write_failed,
 )
 from continual_eval.results.schema import MAX_FILE_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     from continual_eval.results.schema import Document
 
-__all__ = ["FORMAT", "REBUILD_SPACING", "StageJournal", "read_journal", "rebuild_due"]
+__all__ = [
+    "FORMAT",
+    "REBUILD_SPACING",
+    "StageJournal",
+    "read_journal",
+    "rebuild_due",
+    "replay_if_newer",
+]
 
 #: the header's ``journal`` value
 FORMAT = "continual-eval stage journal"
@@ -179,16 +186,8 @@ class StageJournal:
             raise self._failed(err, stage + 1) from None
 
     def _failed(self, err: OSError, stages: int) -> ResultsWriteError:
-        on_disk = read_run_id(self.path.parent)[2]
-        kept = "no results.json" if on_disk is None else f"results.json holds {on_disk} stage(s)"
-        return ResultsWriteError(
-            err.errno,
-            f"could not write {self.path} ({err.strerror or err}) while recording {stages} "
-            f"completed stage(s); the journal on disk is unchanged and {kept}, nothing "
-            "truncated. Free the disk (or fix the directory), then resume the run from its last "
-            "checkpoint (trainer.fit(..., ckpt_path=...)): it rewrites every file from the "
-            "checkpoint's state",
-        )
+        """The one-line error of a journal write that failed (the journal as before it)."""
+        return write_failed(self.path, err, stages)
 
 
 def read_journal(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -243,7 +242,7 @@ def replay(path: str | os.PathLike[str]) -> RunRecord:
     return record
 
 
-def _newer(path: Path, document: Document | None) -> ContinualResults | None:
+def replay_if_newer(path: Path, document: Document | None) -> ContinualResults | None:
     """The journal's results when it holds more stages than ``document`` of the same run."""
     header, lines = read_journal(path)
     if document is not None and header.get("run_id") != document.run_id:
@@ -259,4 +258,4 @@ def _newer(path: Path, document: Document | None) -> ContinualResults | None:
     return results
 
 
-set_journal_replay(_newer)
+set_journal_replay(replay_if_newer)

@@ -38,7 +38,8 @@ class TrainerScoring:
     inference_mode: bool
     verbose: bool = True
     predictions: int | None = None
-    #: the scorers (positions) whose per-item values the baseline and stage-end evaluations keep
+    #: the scorers (positions) whose per-item values the evaluations keep (the baseline, the
+    #: stage ends and the per-step evaluations of whole test sets)
     item_scorers: tuple[int, ...] = ()
 
     def score(
@@ -73,7 +74,8 @@ class TrainerScoring:
                 stage=stage,
                 progress=progress,
                 verbose=self.verbose,
-                item_scorers=self.item_scorers if stage_end or stage == -1 else (),
+                # the per-step evaluations' too, on whole test sets (a subset's are not kept)
+                item_scorers=() if subset else self.item_scorers,
             )
         scored = Scored.from_evaluation(list(self.scorers), evaluation, T, H)
         if not predictions or self.predictions is None:

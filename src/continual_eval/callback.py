@@ -23,6 +23,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from continual_eval import _arguments as args
+from continual_eval._class_incremental_recorder import baseline_labels
 from continual_eval._fit_checks import (
     as_callback_error,
     check_fit_trains,
@@ -35,13 +36,7 @@ from continual_eval._fit_checks import (
     untrained_stage,
 )
 from continual_eval._loader_list import as_loader_list
-from continual_eval._predictions import (
-    PredictionsRecord,
-    check_predictions,
-    generation_scorers,
-    keep_items,
-    write_pending,
-)
+from continual_eval._predictions import PredictionsRecord, write_pending
 from continual_eval._run_directory import RunDirectory
 from continual_eval._run_end import end_run
 from continual_eval._run_warnings import warn_once
@@ -65,11 +60,8 @@ from continual_eval.metric import ContinualMetrics
 from continual_eval.options import StepEvaluation
 from continual_eval.record import RunRecord
 from continual_eval.results import ContinualResults
-from continual_eval.results.reference import (
-    check_reference_length,
-    reference_items,
-    resolve_reference,
-)
+from continual_eval.results.files import ResultsWriteError, is_record_file
+from continual_eval.results.reference import check_reference_length
 from continual_eval.rng import collect_rng_states, set_rng_states
 from continual_eval.stage_cost import StageCostRecorder
 from continual_eval.step_curves import StepCurves
@@ -181,11 +173,7 @@ class ContinualEvalCallback(Callback):
         self.step_evaluation = StepEvaluation.of(eval_every_n_steps)
         #: ``stage_eval_subset``, ``stage_eval_seed`` and ``eval_old_tasks_every``, checked
         self.stage_budget = StageBudget(stage_eval_subset, stage_eval_seed, eval_old_tasks_every)
-        if eval_old_tasks_every is not None and task_classes is not None:
-            raise ValueError(
-                "eval_old_tasks_every cannot be combined with task_classes: the class-incremental "
-                "confusion counts of a stage need every seen task scored (stage_eval_subset can)"
-            )
+        args.check_budget_with_classes(eval_old_tasks_every, task_classes)
         self.lca_beta = args.check_lca_beta(lca_beta, self.step_evaluation)
         self._given_names = args.check_task_names(task_names)
         self.held_out_dataloaders = args.check_held_out(held_out_dataloaders, task_classes)
@@ -197,31 +185,18 @@ class ContinualEvalCallback(Callback):
         self.log_images, self.verbose, self.inference_mode = log_images, verbose, inference_mode
         self.cache_test_batches, self.cache_max_bytes = cache_test_batches, cache_max_bytes
         self.overwrite, self.restore_rng_states = overwrite, restore_rng_states
-        self.scorers: dict[str, Scorer] = args.resolve_scorers(scorers, metric)
-        if task_classes is not None:  # the two class-incremental matrices, after the user's
-            self.scorers.update(args.class_incremental_scorers(task_classes, self.scorers))
-        self.predictions = check_predictions(predictions, self.scorers)
-        if self.predictions is not None:
-            keep_items(generation_scorers(self.scorers), self.predictions)
-        self.primary = next(iter(self.scorers))
-        #: ``item_records=`` resolved (``None``: off)
-        self.item_settings = args.check_item_records(item_records, self.scorers)
-        if self.item_settings is not None:
-            recorded, skipped = args.item_matrices(self.scorers, self.item_settings)
-            if not recorded:
-                raise ValueError(
-                    "item_records: no matrix of this run is a mean over items the callback can "
-                    "record: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
-                )
-        self.scorer: Scorer = self.scorers[self.primary]
-        #: the ``reference=`` argument resolved (checked against the primary scorer)
-        self.reference = resolve_reference(reference, self.scorer)
-        #: the reference's per-item values (or why it has none), for the intransigence interval
-        self._reference_items = (
-            (None, None)
-            if self.item_settings is None
-            else reference_items(reference, self.reference, args.path_reference_items)
+        scoring = args.resolve_scoring(
+            scorers, metric, task_classes, predictions, item_records, reference
         )
+        self.scorers: dict[str, Scorer] = scoring.scorers
+        self.predictions, self.primary = scoring.predictions, next(iter(self.scorers))
+        self.scorer: Scorer = self.scorers[self.primary]
+        #: ``item_records=`` resolved (``None``: off)
+        self.item_settings = scoring.item_settings
+        #: the ``reference=`` argument resolved (checked against the primary scorer)
+        self.reference = scoring.reference
+        #: the reference's per-item values (or why it has none), for the intransigence interval
+        self._reference_items = scoring.reference_items
         self._loaders_given = test_dataloaders is not None
         self.reset()
         if test_dataloaders is not None:
@@ -503,6 +478,9 @@ class ContinualEvalCallback(Callback):
         scored = self._scoring.score(
             trainer, pl_module, record, range(stage + 1), stage=stage, subset=subset
         )
+        items = record.sections.get("items")
+        if items is not None and not subset:  # before the curves: a refusal records nothing
+            as_callback_error(items.record_step, step, stage, scored)  # type: ignore[attr-defined]
         record.record_step(step, stage, scored.rows, full=not subset)
         self._log_step(trainer, scored.rows, step, subset=subset)
 
@@ -519,16 +497,20 @@ class ContinualEvalCallback(Callback):
         if trainer.loggers:  # every rank, before anything is measured (no collective)
             refuse_key_collisions(record.continual_results(), self.prefix)
         tasks = range(record.num_tasks)
-        scored = self._scoring.score(
-            trainer, pl_module, record, tasks, stage=-1, held_out=True, predictions=True
-        )
+        with baseline_labels(self.scorers, record.sections.get("items")):  # task_classes=
+            scored = self._scoring.score(
+                trainer, pl_module, record, tasks, stage=-1, held_out=True, predictions=True
+            )
         as_callback_error(record.record_baseline, scored)
         write_pending(record, self._directory.path if trainer.is_global_zero else None)
         items = record.sections.get("items")
         if items is not None and self.verbose and trainer.is_global_zero:
             rank_zero_info(items.summary_line())  # type: ignore[attr-defined]
         if trainer.is_global_zero:
-            log_baseline(trainer.loggers, self._write(trainer), prefix=self.prefix)
+            results = self._write(trainer)
+            log_baseline(
+                trainer.loggers, results, prefix=self.prefix, results_dir=self._directory.path
+            )
 
     def _record_stage(self, trainer: Trainer, pl_module: LightningModule, stage: int) -> None:
         record = self._record
@@ -544,6 +526,9 @@ class ContinualEvalCallback(Callback):
         if self.step_evaluation is not None:
             record.steps_trained = self._current_step(trainer)
             replaced = record.record_step(record.steps_trained, stage, scored.rows, full=True)
+            items = record.sections.get("items")
+            if items is not None:  # the stage end replaced a per-step point: its items too
+                items.forget_step(record.steps_trained, stage)  # type: ignore[attr-defined]
             if replaced is None:  # the whole-test-set point of every curve, under the full keys
                 self._log_step(trainer, record.curves.last(), record.steps_trained)
         if trainer.is_global_zero:
@@ -627,7 +612,11 @@ class ContinualEvalCallback(Callback):
     ) -> None:
         if trainer.is_global_zero and self._record is not None and self._record.baseline_done:
             with contextlib.suppress(OSError):  # the fit's own error is the one to see
-                self._directory.flush(self._record, self.continual_results())
+                if isinstance(exception, ResultsWriteError) and is_record_file(exception.path):
+                    # results.json, a CSV or the journal failed: they stay as the message says
+                    self._directory.wait()
+                else:
+                    self._directory.flush(self._record, self.continual_results())
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -26,9 +26,12 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
 * the baseline: ``{prefix}baseline/{task}`` (primary), ``{prefix}{name}/baseline/{task}``;
 * per-step evaluations: ``{prefix}step/{task}`` (primary), ``{prefix}{name}/step/{task}``;
 * stability: ``{prefix}min_acc``, ``{prefix}wc_acc``, ``{prefix}gap_depth/{task}``,
-  ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``;
+  ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``; with
+  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (min-ACC, WC-ACC, the gap depth;
+  at the last recorded stage);
 * plasticity (per-step evaluation, after the last stage recorded): ``{prefix}anytime_acc``,
-  ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``;
+  ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``; with
+  ``item_records`` each with ``.../lo`` and ``.../hi``;
 * against the callback's ``reference=``: ``{prefix}intransigence``, ``{prefix}fwt_isolated``;
 * cost of the stage: ``{prefix}cost/train_seconds``, ``eval_seconds``, ``peak_memory_bytes``,
   ``parameters``, ``samples``, ``optimizer_steps``, ``replay_memory`` (when the module reports
@@ -37,7 +40,10 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
   ``seen_acc_task``, ``old_acc``, ``new_acc``, ``amca``, ``recency_prediction_share``,
   ``recency_sample_share``, ``class_forgetting`` (see
   [`scalars`][continual_eval.results.ClassIncrementalResults.scalars]) and the
-  confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``;
+  confusion matrix in arrival order as the figure ``{prefix}class_il/confusion``; with
+  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (Wilson: ``seen_acc_sample``,
+  ``old_acc``, ``new_acc``, ``recency_prediction_share``, every stage; the paired bootstrap:
+  ``seen_acc_task``, ``amca``, ``class_forgetting``, at the last stage);
 * figures: ``{prefix}{score}_matrix`` and ``{prefix}{score}_curves`` (primary),
   ``{prefix}{name}_matrix`` and ``{prefix}{name}_curves``.
 
@@ -55,11 +61,13 @@ Call these on global rank 0 only (Lightning's logger methods are rank-zero-only 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import math
+import os
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +84,13 @@ from continual_eval._run_warnings import warn_once
 from continual_eval.functional.family import METRIC_KEYS
 from continual_eval.results import ContinualResults, MatrixResults, Plasticity
 from continual_eval.results.class_incremental import class_incremental_scalars
-from continual_eval.results.files import scores_csv_name, write_scores_csv
+from continual_eval.results.files import (
+    ResultsWriteError,
+    replace_atomically,
+    scores_csv_name,
+    write_failed,
+    write_scores_csv,
+)
 from continual_eval.results.intervals import MatrixIntervals, Transitions
 from continual_eval.results.schema import printable
 
@@ -298,6 +312,8 @@ def stage_scalars(
                 value = float(values[stage - 1])
                 if _finite(value):
                     scalars[f"{base}{tag}/{names[stage - 1]}"] = value
+        if held is not None and stage == matrix.num_stages - 1:
+            scalars |= _step_interval_scalars(held, base, names, stage)
     scalars |= _plasticity_scalars(results, stage, prefix)
     scalars |= _reference_scalars(results, stage, prefix)
     scalars |= _cost_scalars(results, stage, prefix)
@@ -329,17 +345,30 @@ def held_out_scalars(results: ContinualResults, stage: int, prefix: str) -> dict
 def _class_il_interval_scalars(
     results: ContinualResults, stage: int, prefix: str
 ) -> dict[str, float]:
-    """``{prefix}class_il/seen_acc_sample|old_acc|new_acc/lo|hi`` of ``stage`` (Wilson, from
-    the confusion counts) where the ``intervals`` section holds them."""
+    """``{prefix}class_il/seen_acc_sample|old_acc|new_acc|recency_prediction_share/lo|hi`` of
+    ``stage`` (Wilson, from the confusion counts) and, where the paired bootstrap over the items
+    and their labels was made (the results of a finished run),
+    ``.../seen_acc_task|amca|class_forgetting/lo|hi`` (the values logged as ``seen_acc_task``,
+    ``amca`` and ``class_forgetting``), where the ``intervals`` section holds them."""
     held = None if results.intervals is None else results.intervals.class_incremental
     if held is None or not 0 <= stage < held.seen_accuracy[0].shape[0]:
         return {}
     out: dict[str, float] = {}
-    for key, (_, low, high) in (
+    parts = [
         ("seen_acc_sample", held.seen_accuracy),
         ("old_acc", held.old_accuracy),
         ("new_acc", held.new_accuracy),
-    ):
+    ]
+    if held.recency_prediction_share is not None:
+        parts.append(("recency_prediction_share", held.recency_prediction_share))
+    if held.paired is not None:
+        per_stage = held.paired.per_stage
+        parts += [
+            ("seen_acc_task", per_stage["seen_accuracy_task"]),
+            ("amca", per_stage["amca_per_stage"]),
+            ("class_forgetting", per_stage["mean_class_forgetting_per_stage"]),
+        ]
+    for key, (_, low, high) in parts:
         out |= {
             f"{prefix}class_il/{key}/lo": float(low[stage]),
             f"{prefix}class_il/{key}/hi": float(high[stage]),
@@ -372,6 +401,39 @@ def _held_out_interval_scalars(
                     f"{key}/delta/hi": float(delta[2][stage, k]),
                 }
     return {key: value for key, value in out.items() if _finite(value)}
+
+
+def _step_interval_scalars(
+    held: MatrixIntervals, base: str, names: Sequence[str], stage: int
+) -> dict[str, float]:
+    """``{base}min_acc|wc_acc/lo|hi`` and ``{base}gap_depth/{task}/lo|hi`` of ``stage`` (the
+    last recorded), and ``{base}anytime_acc|lca|auc_fwt/lo|hi`` (item_records with per-step
+    evaluations), where the ``intervals`` section holds them."""
+    out: dict[str, float] = {}
+    steps = held.step_metrics
+    for key in ("min_acc", "wc_acc"):
+        if key in steps and stage < len(steps[key][1]):
+            out |= {
+                f"{base}{key}/lo": float(steps[key][1][stage]),
+                f"{base}{key}/hi": float(steps[key][2][stage]),
+            }
+    depth = steps.get("gap_depth")
+    if depth is not None and 1 <= stage <= len(depth[1]):
+        key = f"{base}gap_depth/{names[stage - 1]}"
+        out |= {f"{key}/lo": float(depth[1][stage - 1]), f"{key}/hi": float(depth[2][stage - 1])}
+    for metric, tag in _PLASTICITY_TAGS:
+        if metric in held.metrics:
+            _, low, high = held.metrics[metric]
+            out |= {f"{base}{tag}/lo": low, f"{base}{tag}/hi": high}
+    return {key: value for key, value in out.items() if _finite(value)}
+
+
+#: the plasticity intervals' names in ``intervals.matrices.*.metrics`` and their log tags
+_PLASTICITY_TAGS = (
+    ("anytime_accuracy", "anytime_acc"),
+    ("lca", "lca"),
+    ("auc_forward_transfer", "auc_fwt"),
+)
 
 
 def _plasticity_scalars(results: ContinualResults, stage: int, prefix: str) -> dict[str, float]:
@@ -517,10 +579,12 @@ def log_baseline(
     results: ContinualResults | Mapping[str, Any],
     *,
     prefix: str = "continual/",
+    results_dir: str | Path | None = None,
 ) -> None:
     """Log every matrix's untrained scores at step 0: ``{prefix}baseline/{task}`` for the primary
     matrix, ``{prefix}{name}/baseline/{task}`` for the others, ``{prefix}held_out/{set}/{name}``
-    for the held-out sets."""
+    for the held-out sets. ``results_dir``: the run's results directory (named by a write
+    error)."""
     results = _as_results(results)
     scalars = {
         f"{_scorer_base(results, name, prefix)}baseline/{task}": value
@@ -529,9 +593,39 @@ def log_baseline(
         if math.isfinite(value)
     } | held_out_scalars(results, -1, prefix)
     for logger in loggers:
-        if scalars:
-            logger.log_metrics(scalars, step=0)
-        logger.save()
+        with _logger_writes(logger, results, results_dir):
+            if scalars:
+                logger.log_metrics(scalars, step=0)
+            logger.save()
+
+
+@contextlib.contextmanager
+def _logger_writes(
+    logger: Logger, results: ContinualResults, results_dir: str | Path | None
+) -> Iterator[None]:
+    """A file a logger cannot write (a full disk: its CSV, its copy of ``scores.csv``) is the
+    one-line `ResultsWriteError` naming it, what the results directory holds and how to resume
+    (not a bare ``OSError`` without a file name); a network error of a remote logger passes."""
+    try:
+        yield
+    except (ResultsWriteError, ConnectionError, TimeoutError):
+        raise
+    except OSError as err:
+        if err.errno is None:
+            raise
+        log_dir = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None)
+        kind = type(logger).__name__
+        if err.filename:
+            path, what = Path(os.fsdecode(err.filename)), f" (written by the {kind})"
+        else:  # a failed write() names no file: the logger's directory, then
+            path, what = Path(log_dir or ".") / "*", f" (a file of the {kind} in {log_dir})"
+        raise write_failed(
+            path,
+            err,
+            results.stages_completed,
+            results_dir=results_dir if results_dir is not None else path.parent,
+            what=what,
+        ) from None
 
 
 def _value_range(matrix: MatrixResults) -> tuple[float, float] | None:
@@ -627,14 +721,17 @@ def _transition_scalars(
 ) -> dict[str, float]:
     """Row ``stage`` of the item transitions: ``{base}items/right_to_wrong`` and
     ``.../wrong_to_right`` (the tasks trained so far, against the previous evaluation) and
-    ``{base}items/forgotten_once/{task}`` (the fraction of its items forgotten at least once)."""
+    ``{base}items/forgotten_once/{task}`` (the fraction of its items forgotten at least once)
+    with its Wilson interval as ``.../lo`` and ``.../hi``."""
     out = {
         f"{base}items/right_to_wrong": float(moves.right_to_wrong[stage].nan_to_num(0.0).sum()),
         f"{base}items/wrong_to_right": float(moves.wrong_to_right[stage].nan_to_num(0.0).sum()),
     }
     fraction = moves.forgotten_once_fraction[stage].tolist()
-    for task, value in zip(names, fraction, strict=True):
-        out[f"{base}items/forgotten_once/{task}"] = value
+    low, high = (bound[stage].tolist() for bound in moves.forgotten_once_interval)
+    for task, value, lo, hi in zip(names, fraction, low, high, strict=True):
+        key = f"{base}items/forgotten_once/{task}"
+        out |= {key: value, f"{key}/lo": lo, f"{key}/hi": hi}
     return {key: value for key, value in out.items() if _finite(value)}
 
 
@@ -678,8 +775,8 @@ def log_stage(
     document = functools.cache(results.to_dict)  # built once, for the loggers that store it
     try:
         for logger in loggers:
-            if whole_matrices:
-                _log_stage_to(
+            with _logger_writes(logger, results, results_dir):
+                _log_stage_one(
                     logger,
                     results,
                     stage,
@@ -689,17 +786,46 @@ def log_stage(
                     document,
                     prefix=prefix,
                     results_dir=results_dir,
+                    whole_matrices=whole_matrices,
                 )
-            elif isinstance(logger, WandbLogger):
-                _log_wandb_stage_row(logger, scalars, stage, prefix)
-            else:
-                logger.log_metrics(scalars, step=stage)
-            logger.save()
     finally:
         for figure in figures.values():
             import matplotlib.pyplot as plt
 
             plt.close(figure)
+
+
+def _log_stage_one(
+    logger: Logger,
+    results: ContinualResults,
+    stage: int,
+    scalars: dict[str, float],
+    tags: dict[str, str],
+    figures: dict[str, Any],
+    document: Callable[[], dict[str, Any]],
+    *,
+    prefix: str,
+    results_dir: str | Path | None,
+    whole_matrices: bool,
+) -> None:
+    """One logger's part of `log_stage`, then its ``save()``."""
+    if whole_matrices:
+        _log_stage_to(
+            logger,
+            results,
+            stage,
+            scalars,
+            tags,
+            figures,
+            document,
+            prefix=prefix,
+            results_dir=results_dir,
+        )
+    elif isinstance(logger, WandbLogger):
+        _log_wandb_stage_row(logger, scalars, stage, prefix)
+    else:
+        logger.log_metrics(scalars, step=stage)
+    logger.save()
 
 
 def _stage_figures(
@@ -722,8 +848,14 @@ def _stage_figures(
             figures[curves_tags[name]] = fig
             if results_dir is not None:
                 Path(results_dir).mkdir(parents=True, exist_ok=True)
-                png = curves_png_name(name, name == results.primary_name)
-                fig.savefig(Path(results_dir) / png, dpi=100)
+                path = Path(results_dir) / curves_png_name(name, name == results.primary_name)
+                data = _png(fig)  # replaced atomically: a full disk leaves the last picture
+                try:
+                    replace_atomically(
+                        path, functools.partial(Path.write_bytes, data=data), durable=False
+                    )
+                except OSError as err:
+                    raise write_failed(path, err, results.stages_completed) from None
     section = results.class_incremental
     if image_loggers and section is not None and stage < section.num_stages:
         figures[f"{prefix}class_il/confusion"] = section.confusion_figure(stage)
@@ -769,7 +901,16 @@ def _log_stage_to(
             for name in results.matrices:
                 primary = name == results.primary_name
                 path = log_dir / scores_csv_name(name, primary)
-                write_scores_csv(path, document(), None if primary else name)
+                try:
+                    write_scores_csv(path, document(), None if primary else name)
+                except OSError as err:
+                    raise write_failed(
+                        path,
+                        err,
+                        results.stages_completed,
+                        results_dir=results_dir,
+                        what=" (the CSVLogger's copy)",
+                    ) from None
 
 
 def _log_wandb(

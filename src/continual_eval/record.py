@@ -99,6 +99,7 @@ class Scored:
         items: matrix name -> task id -> its per-item values ``[n_j]`` in test-set order (the
             matrices with per-item records; empty without); ids ``num_tasks + h``: the held-out
             set ``h``'s items.
+        labels: as ``items``, each item's label (see the field).
     """
 
     rows: Mapping[str, Tensor]
@@ -107,6 +108,9 @@ class Scored:
     held_out: Mapping[str, Tensor] = field(default_factory=dict)
     items: Mapping[str, Mapping[int, Tensor]] = field(default_factory=dict)
     predictions: tuple[Any, ...] | None = None
+    #: matrix name -> task id -> its items' labels ``[n_j]`` int64 (the class-incremental
+    #: scorers at the baseline, ``keep_labels``); empty without
+    labels: Mapping[str, Mapping[int, Tensor]] = field(default_factory=dict)
 
     @classmethod
     def from_evaluation(
@@ -137,7 +141,12 @@ class Scored:
             for name, values in zip(names, evaluation.items_by_scorer, strict=False)
             if values is not None
         }
-        return cls(rows, details, task_ids, held_out, items)
+        labels = {
+            name: dict(zip(evaluation.task_ids, values, strict=True))
+            for name, values in zip(names, evaluation.labels_by_scorer, strict=False)
+            if values is not None
+        }
+        return cls(rows, details, task_ids, held_out, items, labels=labels)
 
 
 class RecordSection(Protocol):

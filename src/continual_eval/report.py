@@ -76,11 +76,12 @@ from continual_eval._items_report import items_run_lines
 from continual_eval._latex_table import SPREADS, LatexColumn, latex_table
 from continual_eval._markdown import escape_markdown
 from continual_eval._online_report import online_run_lines, online_summary_lines
+from continual_eval._per_task_report import PerTaskTable, per_task_markdown, per_task_tables
 from continual_eval._predictions_report import forgotten_lines
 from continual_eval.functional import intransigence
-from continual_eval.functional.family import METRIC_TITLES, REPORT_KEYS
+from continual_eval.functional.family import METRIC_KEYS, METRIC_TITLES, REPORT_KEYS
 from continual_eval.results import ContinualResults, InvalidResultsError, MatrixResults
-from continual_eval.results.files import RESULTS_FILE
+from continual_eval.results.files import JOURNAL_FILE, RESULTS_FILE
 from continual_eval.results.schema import printable
 from continual_eval.seed_statistics import (
     DEFAULT_CONFIDENCE,
@@ -90,6 +91,7 @@ from continual_eval.seed_statistics import (
     paired_csv,
     paired_markdown,
     pairwise_differences,
+    refuse_mixed_seed_types,
     summarize,
     summary_csv,
     summary_markdown,
@@ -266,9 +268,11 @@ class MethodSummary:
 
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Runs in ``paths``: each path is a run directory (or its results.json) or a folder searched
-    recursively for ``results.json``, leaving out the reference models' runs (anything under a
-    directory named in [`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES], below
-    ``path``). Sorted by path.
+    recursively for ``results.json`` (and for stage journals without one: runs killed before
+    their first ``results.json``, replayed), leaving out the reference models' runs (anything
+    under a directory named in
+    [`REFERENCE_DIR_NAMES`][continual_eval.report.REFERENCE_DIR_NAMES], below ``path``). Sorted
+    by path.
 
     Every file is validated; the first invalid one raises
     ``InvalidResultsError``."""
@@ -277,11 +281,14 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
         path = Path(raw)
         if path.is_file():
             candidates = [path]
-        elif (path / RESULTS_FILE).is_file():
+        elif (path / RESULTS_FILE).is_file() or (path / JOURNAL_FILE).is_file():
+            # a journal alone (a run killed before its first results.json): load replays it
             candidates = [path / RESULTS_FILE]
         else:
             candidates = [
-                p for p in path.rglob(RESULTS_FILE) if not _in_reference_dir(p.relative_to(path))
+                p.with_name(RESULTS_FILE)
+                for p in (*path.rglob(RESULTS_FILE), *path.rglob(JOURNAL_FILE))
+                if not _in_reference_dir(p.relative_to(path))
             ]
             if not candidates:
                 raise FileNotFoundError(f"no {RESULTS_FILE} in {path}")
@@ -407,6 +414,7 @@ def summarise(
     ``resamples`` resamples with ``seed``). The group is named by its method alone when all runs
     share one experiment. The metrics: [`REPORT_METRICS`][continual_eval.report.REPORT_METRICS],
     then the [`PLASTICITY_METRICS`][continual_eval.report.PLASTICITY_METRICS] some run records."""
+    _check_run_seeds(runs)
     one_experiment = len({run.experiment for run in runs}) <= 1
     groups: dict[str, list[Run]] = {}
     for run in runs:
@@ -440,6 +448,23 @@ def summarise(
         std = {key: stats[key].std for key in keys}
         summaries.append(MethodSummary(method, members, mean, std, stats, values))
     return summaries
+
+
+def _check_run_seeds(runs: Sequence[Run]) -> None:
+    """Seeds (``metadata.seed``) of one type across the runs, else an
+    [`InvalidResultsError`][continual_eval.results.InvalidResultsError] naming the labels, their
+    files and the first run whose seed differs in type (seeds are matched by value and type)."""
+    seeded = [r for r in runs if r.seed is not None]
+    files = [str(r.path / RESULTS_FILE) for r in seeded]
+    try:
+        refuse_mixed_seed_types([r.seed for r in seeded], "the runs", files)
+    except ValueError as err:
+        odd = next(
+            f
+            for r, f in zip(seeded, files, strict=True)
+            if type(r.seed) is not type(seeded[0].seed)
+        )
+        raise InvalidResultsError(odd, "metadata.seed", str(err)) from None
 
 
 def _columns(summaries: Sequence[MethodSummary]) -> dict[str, str]:
@@ -683,6 +708,62 @@ def _run_metric_interval(results: ContinualResults, key: str) -> tuple[float, fl
     return low, high
 
 
+#: report columns whose one-run interval is ruled out by a section-wide reason of the
+#: ``intervals`` section's ``unavailable`` (column -> that key)
+_SECTION_REASONS = {"anytime_accuracy": "plasticity", "lca": "plasticity"}
+
+
+def _no_interval_reason(results: ContinualResults, key: str, matrix: str | None = None) -> str:
+    """Why one run's value of metric ``key`` of ``matrix`` (the primary one by default) has no
+    interval: the ``intervals`` section's reason (``unavailable`` of the matrix, then of the
+    section) where it states one, else what is missing (no item records, the matrix not recorded,
+    an estimate of another definition, no such interval)."""
+    name = results.primary_name if matrix is None else matrix
+    section = results.intervals
+    if section is None:
+        return "the run has no per-item records (item_records= not set): no intervals section"
+    held = section.matrices.get(name)
+    if held is None:
+        skipped = None if results.items is None else results.items.skipped.get(name)
+        why = f": {printable(skipped, 300)}" if skipped else ""
+        return f"matrix {printable(name, 80)} has no per-item records{why}"
+    if key in held.unavailable:
+        return printable(held.unavailable[key], 500)
+    for found in (_SECTION_REASONS.get(key), key):
+        if found is not None and found in section.unavailable:
+            return printable(section.unavailable[found], 500)
+    interval = held.metrics.get(key)
+    if interval is not None:
+        if not (math.isfinite(interval[1]) and math.isfinite(interval[2])):
+            return "its interval is undefined (a resampled value is not finite)"
+        return (
+            "the intervals section's estimate differs from the value shown (another "
+            "definition), so its interval is not shown"
+        )
+    return "the intervals section of results.json holds no interval of it"
+
+
+def _missing_interval_notes(summaries: Sequence[MethodSummary]) -> list[str]:
+    """One line (plain text) per column and reason where a method's single value is printed
+    without an interval: ``<title>: no interval (methods): <reason>``; a column shown with ``±``
+    (two or more runs) has its intervals across seeds under Uncertainty across seeds."""
+    columns = _columns(summaries)
+    found: dict[tuple[str, str], list[str]] = {}
+    for key, title in columns.items():
+        for s in summaries:
+            if s.stats[key].n != 1 or _single_run_interval(s, key) is not None:
+                continue
+            run = next(r for r, v in zip(s.runs, s.values[key], strict=True) if v is not None)
+            found.setdefault((title, _no_interval_reason(run.results, key)), []).append(s.method)
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # one line per reason
+    for (title, why), methods in found.items():
+        grouped.setdefault((why, tuple(methods)), []).append(title)
+    return [
+        f"{', '.join(titles)}: no interval ({', '.join(printable(m, 80) for m in methods)}): {why}"
+        for (why, methods), titles in grouped.items()
+    ]
+
+
 def _single_run_interval(summary: MethodSummary, key: str) -> tuple[float, float] | None:
     """The single-run interval of column ``key`` shown for a method with exactly one value of
     it (`_run_metric_interval` of that run); ``None``
@@ -746,16 +827,32 @@ def _plot_run(run: Run, out_dir: Path) -> list[RunPictures]:
     return pictures
 
 
+def _summary_interval(summary: MethodSummary, key: str) -> tuple[float, float] | None:
+    """The interval ``summary.csv`` gives column ``key`` of a method: with one value, that run's
+    interval from its test items (`_single_run_interval`); with two or more, the Student-t
+    interval of the mean across seeds (``SeedSummary.t_interval``); ``None`` when there is none."""
+    stats = summary.stats[key]
+    if stats.n == 1:
+        return _single_run_interval(summary, key)
+    ci = stats.t_interval
+    return None if ci is None else (ci.low, ci.high)
+
+
 def _write_summary_csv(summaries: Sequence[MethodSummary], path: Path) -> None:
-    """One row per method: runs, then ``n``, mean and sample std of each metric (through
-    ``csv_text``: a name a spreadsheet would run as a formula is
-    neutralised)."""
+    """One row per method: runs, then ``n``, mean, sample std, ``lo`` and ``hi`` of each metric
+    (`_summary_interval`: one value, its run's interval from its test items; two or more, the
+    Student-t interval across seeds; empty when none), through ``csv_text`` (a name a
+    spreadsheet would run as a formula is neutralised)."""
     columns = _columns(summaries)
-    header = ["method", "runs", *(f"{k}_{s}" for k in columns for s in ("n", "mean", "std"))]
-    rows = [
-        [s.method, len(s.runs), *(v for k in columns for v in (s.stats[k].n, s.mean[k], s.std[k]))]
-        for s in summaries
-    ]
+    parts = ("n", "mean", "std", "lo", "hi")
+    header = ["method", "runs", *(f"{k}_{p}" for k in columns for p in parts)]
+    rows = []
+    for s in summaries:
+        row: list[Any] = [s.method, len(s.runs)]
+        for k in columns:
+            ends = _summary_interval(s, k)
+            row += [s.stats[k].n, s.mean[k], s.std[k], *((None, None) if ends is None else ends)]
+        rows.append(row)
     path.write_text(csv_text(header, rows), encoding="utf-8")
 
 
@@ -930,7 +1027,18 @@ def _cost_section(summaries: Sequence[MethodSummary], out: Path) -> list[str]:
         csv_rows.append([method, count, *means.values(), memory])
     header = ["method", "runs_with_cost", *(f"{k}_mean" for k in COST_COLUMNS), "memory_kind"]
     (out / "cost.csv").write_text(csv_text(header, csv_rows), encoding="utf-8")
-    return [*lines, ""]
+    return [*lines, "", f"No interval: {escape_markdown(_cost_reason(summaries))}.", ""]
+
+
+def _cost_reason(summaries: Sequence[MethodSummary]) -> str:
+    """Why the cost totals have no interval: the ``intervals`` section's ``unavailable["cost"]``
+    of the first run that states it, else the same fact in the report's words."""
+    for s in summaries:
+        for r in s.runs:
+            section = r.results.intervals
+            if section is not None and "cost" in section.unavailable:
+                return printable(section.unavailable["cost"], 300)
+    return "measured (times, samples, memory), not estimated from test items"
 
 
 def _reference_name(kind: str) -> str:
@@ -1022,6 +1130,23 @@ def _final_cell_interval(summary: MethodSummary, task: int) -> tuple[float, floa
     return (low, high) if math.isfinite(low) and math.isfinite(high) else None
 
 
+def _final_cell_notes(summaries: Sequence[MethodSummary], score: str) -> list[str]:
+    """Why a one-run method's final cells (``--per-task`` in ``table.tex``) have no interval
+    (one line per reason, plain text)."""
+    found: dict[str, list[str]] = {}
+    for s in summaries:
+        results = s.runs[0].results
+        section = results.intervals
+        if len(s.runs) == 1 and (section is None or results.primary_name not in section.matrices):
+            found.setdefault(_no_interval_reason(results, "", results.primary_name), []).append(
+                s.method
+            )
+    return [
+        f"final {score} per task ({', '.join(printable(m, 80) for m in methods)}): {why}"
+        for why, methods in found.items()
+    ]
+
+
 def latex_summary(
     summaries: Sequence[MethodSummary],
     runs: Sequence[Run],
@@ -1050,12 +1175,14 @@ def latex_summary(
     ]
     groups = None
     all_columns = metric_columns
+    notes = _missing_interval_notes(summaries)
     if per_task:
         found = _per_task_columns(summaries, confidence=confidence, resamples=resamples, seed=seed)
         if found is not None:
             tasks, score = found
             all_columns = [*metric_columns, *tasks]
             groups = [("Metrics", len(metric_columns)), (f"Final {score} per task", len(tasks))]
+            notes += _final_cell_notes(summaries, score)
     return latex_table(
         [s.method for s in summaries],
         [len(s.runs) for s in summaries],
@@ -1064,6 +1191,7 @@ def latex_summary(
         confidence=confidence,
         groups=groups,
         caption="Continual-learning metrics per method",
+        notes=notes,
     )
 
 
@@ -1078,10 +1206,19 @@ def _run_lines(run: Run, out: Path) -> list[str]:
         return lines + online_run_lines(run, out, _plain_title, _run_title(run))
     pictures = _plot_run(run, out)
     lines += [format_matrix_table(_escaped_names(run.results), markdown=True), ""]
+    lines += _matrix_interval_lines(run.results)
     extra = run_metrics(run.results)["intransigence"]
     if extra is not None and run.reference_kind is not None:
+        ends = _run_metric_interval(run.results, "intransigence")
+        shown = (
+            f" [{ends[0]:.4f}, {ends[1]:.4f}]"
+            if ends is not None
+            else " (no interval: "
+            + escape_markdown(_no_interval_reason(run.results, "intransigence"))
+            + ")"
+        )
         lines += [
-            f"intransigence={extra:.4f} (against the {_reference_name(run.reference_kind)})",
+            f"intransigence={extra:.4f}{shown} (against the {_reference_name(run.reference_kind)})",
             "",
         ]
     for picture in pictures:
@@ -1096,6 +1233,37 @@ def _run_lines(run: Run, out: Path) -> list[str]:
     lines += items_run_lines(run.results, run.label, _run_title(run), out, _plain_for_plot)
     lines += class_incremental_run_lines(run, out, _plain_for_plot)
     return lines + online_run_lines(run, out, _plain_title, _run_title(run))
+
+
+def _matrix_interval_lines(results: ContinualResults) -> list[str]:
+    """``report.md`` lines under a run's matrix tables: where the cells' intervals are (the
+    heatmaps, ``intervals.matrices.<m>``), and for each matrix whose cells or metrics are
+    printed without one, why (once per matrix)."""
+    section = results.intervals
+    shown, missing = [], []
+    for name, matrix in results.matrices.items():
+        held = None if section is None else section.matrices.get(name)
+        if held is not None:
+            shown.append(f"{escape_markdown(name)} ({_cell_interval_label(results, name)})")
+            keys = [k for k in METRIC_KEYS if _finite(matrix.metrics.get(k)) is not None]
+            lost = [k for k in keys if k not in held.metrics]
+            if lost:
+                why = "; ".join(f"{k}: {_no_interval_reason(results, k, name)}" for k in lost)
+                missing.append(f"{escape_markdown(name)}: {escape_markdown(why)}")
+        else:
+            why = _no_interval_reason(results, "", name)
+            missing.append(f"{escape_markdown(name)}: {escape_markdown(why)}")
+    lines = []
+    if shown:
+        lines += [
+            "Cell intervals: on each heatmap below and in results.json "
+            f"(`intervals.matrices`): {', '.join(shown)}.",
+            "",
+        ]
+    if missing:
+        lines += ["Printed above without an interval:", ""]
+        lines += _caveat_block(missing)
+    return lines
 
 
 def write_report(
@@ -1137,6 +1305,10 @@ def write_report(
     note = _interval_note(summaries)
     if note is not None:
         lines += [escape_markdown(note), ""]
+    missing = _missing_interval_notes(summaries)
+    if missing:
+        lines += ["Values of one run printed without an interval, and why:", ""]
+        lines += _caveat_block([escape_markdown(m) for m in missing])
     if len(runs) > 0 and _plot_metric_panels(summaries, runs, out / "metrics.png"):
         lines += [
             "![metrics per method](metrics.png)",
@@ -1166,6 +1338,16 @@ def write_report(
         f"LaTeX table (booktabs, mean ± {shown}, best in bold): `{TABLE_FILE}`.",
         "",
     ]
+    tables: list[PerTaskTable] = []
+    if per_task:
+        tables = per_task_tables(
+            summaries,
+            lambda values: summarize(
+                values, confidence=confidence, resamples=resamples, seed=bootstrap_seed
+            ),
+            _no_interval_reason,
+        )
+        lines += per_task_markdown(tables, _cell, escape_markdown, pct)
     if len(runs) > 1:
         lines += _statistics(
             summaries,
@@ -1183,19 +1365,26 @@ def write_report(
     for run in runs:
         lines += _run_lines(run, out)
     if html_report:
-        lines += _write_html(runs, summaries, out, confidence=confidence)
+        lines += _write_html(runs, summaries, out, confidence=confidence, per_task=tables)
     report = out / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return report
 
 
 def _write_html(
-    runs: Sequence[Run], summaries: Sequence[MethodSummary], out: Path, *, confidence: float
+    runs: Sequence[Run],
+    summaries: Sequence[MethodSummary],
+    out: Path,
+    *,
+    confidence: float,
+    per_task: Sequence[PerTaskTable] = (),
 ) -> list[str]:
     """``report.html`` (``continual_eval._html_report``) and the lines of ``report.md`` that
-    name it; without plotly, a line that names the extra instead."""
+    name it; without plotly, a line that names the extra instead. ``per_task``: the tables of
+    ``--per-task``."""
     try:
-        from continual_eval._html_report import html_report
+        from continual_eval._html_report import _mean_std, _table, _text, html_report
+        from continual_eval._per_task_report import per_task_html
     except ModuleNotFoundError as err:
         if (err.name or "").split(".")[0] != "plotly":
             raise
@@ -1215,6 +1404,8 @@ def _write_html(
         run_title=_run_title,
         single_interval=_single_run_interval,
         interval_note=_interval_note(summaries),
+        missing_notes=_missing_interval_notes(summaries),
+        per_task=per_task_html(per_task, _mean_std, _text, _table, f"{100 * confidence:g}%"),
         seed_caveats=lambda named: _seed_caveats(named, str),
         interval_label=_cell_interval_label,
     )
@@ -1286,7 +1477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--per-task",
         action="store_true",
-        help="table.tex: also a column per task (the final primary score, over the runs)",
+        help="table.tex: also a column per task (the final primary score, over the runs); "
+        "report.md / report.html: a table per method of each task's BWT, forgetting, FWT and "
+        "intransigence (one run: with its interval from its test items)",
     )
     parser.add_argument("--no-html", action="store_true", help="do not write report.html")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -213,16 +213,27 @@ def _values(values: Iterable[float | None], name: str) -> tuple[list[float], int
 def _check_seed_types(labels: Iterable[Hashable], owner: str) -> list[Hashable]:
     """The seed labels sorted; labels of mixed types (``0`` and ``"0"``) refused by name."""
     labels = list(labels)
-    by_type: dict[type, Hashable] = {}
-    for label in labels:
-        by_type.setdefault(type(label), label)
-    if len(by_type) > 1:
-        examples = ", ".join(f"{v!r} ({t.__name__})" for t, v in by_type.items())
+    refuse_mixed_seed_types(labels, owner)
+    return sorted(labels)  # type: ignore[type-var]
+
+
+def refuse_mixed_seed_types(
+    labels: Sequence[Any], owner: str, sources: Sequence[str] | None = None
+) -> None:
+    """A ``ValueError`` naming one label of each type (with ``sources``: where each label comes
+    from, e.g. its run's file) when the labels are of more than one type (``0`` and ``"0"``)."""
+    first: dict[type, int] = {}
+    for i, label in enumerate(labels):
+        first.setdefault(type(label), i)
+    if len(first) > 1:
+        examples = ", ".join(
+            f"{labels[i]!r} ({t.__name__}{'' if sources is None else ', ' + sources[i]})"
+            for t, i in first.items()
+        )
         raise ValueError(
-            f"{owner} mixes seed label types: {examples}; seeds are matched by value and "
+            f"{owner}: seed labels of mixed types: {examples}; seeds are matched by value and "
             "type, so use one type for every seed (all int or all str)"
         )
-    return sorted(labels)  # type: ignore[type-var]
 
 
 def _finite(value: float, what: str, owner: str) -> float:

@@ -126,3 +126,10 @@ def trainer_kwargs(tmp_path, **overrides):
     )
     kwargs.update(overrides)
     return kwargs
+
+
+def by_step(events):
+    """Events in step order: each fit opens a new event file, and TensorBoard reads a
+    directory's files in name order, whose last part (a per-process counter) compares as text
+    (``...12.10`` before ``...12.9`` within one second)."""
+    return sorted(events, key=lambda e: e.step)

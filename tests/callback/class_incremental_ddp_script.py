@@ -2,10 +2,12 @@
 on 2 CPU processes (gloo), test sets of odd sizes sharded without padding (one of them an
 iterable dataset that rank 0 scores alone).
 
-Usage: python class_incremental_ddp_script.py OUT_DIR. Lightning re-launches this script for rank
-1. Rank 0 saves the weights at the baseline and after every stage; every rank saves its callback's
-matrices and ``class_incremental`` section. The test module rebuilds the single-process reference
-from the weights with :func:`make_problem`'s test sets.
+Usage: python class_incremental_ddp_script.py OUT_DIR [items]. Lightning re-launches this script
+for rank 1. With ``items``: per-item records too (every rank saves the items and labels it
+recorded and the class-incremental intervals). Rank 0 saves the weights at the baseline and
+after every stage; every rank saves its callback's matrices and ``class_incremental`` section.
+The test module rebuilds the single-process reference from the weights with
+:func:`make_problem`'s test sets.
 """
 
 from __future__ import annotations
@@ -90,13 +92,17 @@ class Snapshots(pl.Callback):
         self.stage += 1
 
 
-def main(out: Path) -> None:
+def main(out: Path, items: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     train, test = make_problem()
     loaders = [DataLoader(TensorDataset(x, y), batch_size=8) for x, y in test]
     loaders[1] = DataLoader(Stream(*test[1]), batch_size=8)
     cb = ContinualEvalCallback(
-        loaders, task_classes=TASK_CLASSES, dirpath=out / "run", verbose=False
+        loaders,
+        task_classes=TASK_CLASSES,
+        dirpath=out / "run",
+        verbose=False,
+        item_records={"resamples": 200} if items else False,
     )
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -113,8 +119,17 @@ def main(out: Path) -> None:
     train_loaders = [DataLoader(TensorDataset(x, y), batch_size=8) for x, y in train]
     fit_tasks(trainer, Net(), train_loaders)
     results = cb.continual_results()
+    extra = {}
+    if items:
+        record = cb.record.sections["items"]
+        extra = {
+            "labels": {j: v.clone() for j, v in record.labels.items()},
+            "bits": [record.values("acc_task_agnostic", stage) for stage in (None, 0, 1, 2)],
+            "class_il": results.to_dict()["intervals"]["class_incremental"],
+        }
     torch.save(
         {
+            **extra,
             "world_size": trainer.world_size,
             "matrices": {name: m.scores.clone() for name, m in results.matrices.items()},
             "baselines": {name: m.baseline.clone() for name, m in results.matrices.items()},
@@ -126,5 +141,5 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), "items" in sys.argv[2:])
     destroy_process_group()

@@ -380,6 +380,29 @@ def test_logs_carry_lo_and_hi_beside_the_scalars(tmp_path):
     )
     stage_0 = next(r for r in rows if r.get("continual/items/wrong_to_right"))
     assert float(stage_0["continual/items/wrong_to_right"]) == moves["wrong_to_right"][0][0]
+    # the fraction forgotten at least once: Wilson interval of forgotten_once of n_j items, in
+    # results.json and the logs, equal to scipy's
+    from scipy.stats import binomtest
+
+    assert moves["confidence"] == 0.95
+    for i, row in enumerate(moves["forgotten_once"]):
+        for j, count in enumerate(row):
+            if count is None:
+                assert moves["forgotten_once_low"][i][j] is None
+                continue
+            want = binomtest(int(count), moves["num_items"][j]).proportion_ci(method="wilson")
+            assert moves["forgotten_once_low"][i][j] == pytest.approx(want.low, abs=1e-12)
+            assert moves["forgotten_once_high"][i][j] == pytest.approx(want.high, abs=1e-12)
+    assert float(last["continual/items/forgotten_once/task_0/lo"]) == pytest.approx(
+        moves["forgotten_once_low"][2][0]
+    )
+    assert float(last["continual/items/forgotten_once/task_0/hi"]) == pytest.approx(
+        moves["forgotten_once_high"][2][0]
+    )
+    loaded = ContinualResults.from_dict(document).items
+    assert loaded is not None
+    low, _ = loaded.transitions["acc"].forgotten_once_interval
+    assert low[2, 0].item() == pytest.approx(moves["forgotten_once_low"][2][0], abs=1e-15)
 
 
 def test_report_shows_intervals_and_transitions(run, tmp_path):
@@ -394,6 +417,12 @@ def test_report_shows_intervals_and_transitions(run, tmp_path):
     pictures = sorted(p.name for p in (tmp_path / "report").glob("*_transitions*.png"))
     assert len(pictures) == 2  # acc and top2 (0/1 items); the loss has none
     assert "fraction of each task's items forgotten at least once" in text
+    moves = ContinualResults.load(root / "out").items.transitions["acc"]  # type: ignore[union-attr]
+    fraction, low, high = (
+        t[-1, 0].item() for t in (moves.forgotten_once_fraction, *moves.forgotten_once_interval)
+    )
+    assert f"task\\_0 {fraction:.3f} [{low:.3f}, {high:.3f}]" in text  # name escaped
+    assert "95% Wilson interval of the fraction forgotten at least once" in text
 
 
 def test_evaluate_needed_leaves_unevaluated_cells_without_intervals(tmp_path):

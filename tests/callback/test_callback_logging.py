@@ -14,7 +14,15 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, train_loaders, trainer_kwargs
+from cl_helpers import (
+    Classifier,
+    by_step,
+    eval_loaders,
+    make_net,
+    make_tasks,
+    train_loaders,
+    trainer_kwargs,
+)
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
 from continual_eval.callback import ContinualEvalCallback
@@ -67,18 +75,18 @@ def test_csv_and_tensorboard_read_back(tasks, tmp_path):
     acc = EventAccumulator(str(tb_logger.log_dir), size_guidance={"images": 0, "tensors": 0})
     acc.Reload()
     tags = acc.Tags()
-    events = acc.Scalars("continual/acc")
+    events = by_step(acc.Scalars("continual/acc"))
     assert [e.step for e in events] == [0, 1, 2]
     assert [e.value for e in events] == pytest.approx(results["metrics_per_stage"]["acc"], abs=1e-6)
-    fwt = acc.Scalars("continual/fwt")[-1].value
+    fwt = by_step(acc.Scalars("continual/fwt"))[-1].value
     assert fwt == pytest.approx(results["metrics"]["fwt"], abs=1e-6)
     baseline_events = acc.Scalars("continual/baseline/task_1")
     assert baseline_events[0].value == pytest.approx(b[1].item(), abs=1e-6)
-    images = acc.Images("continual/accuracy_matrix")
+    images = by_step(acc.Images("continual/accuracy_matrix"))
     assert [im.step for im in images] == [0, 1, 2]
     assert images[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
     text_tag = next(t for t in tags["tensors"] if t.startswith("continual/accuracy_matrix"))
-    last_text = acc.Tensors(text_tag)[-1].tensor_proto.string_val[0].decode()
+    last_text = by_step(acc.Tensors(text_tag))[-1].tensor_proto.string_val[0].decode()
     assert "| baseline |" in last_text and f"{R[2, 0].item():.4f}" in last_text
 
 
@@ -90,7 +98,7 @@ def test_heatmap_draws_unevaluated_cells_empty(tmp_path):
     cb = run(tasks4, tmp_path, [tb_logger], evaluate="needed")
     acc = EventAccumulator(str(tb_logger.log_dir), size_guidance={"images": 0})
     acc.Reload()
-    png = acc.Images("continual/accuracy_matrix")[-1].encoded_image_string
+    png = by_step(acc.Images("continual/accuracy_matrix"))[-1].encoded_image_string
     (tmp_path / "heatmap.png").write_bytes(png)
 
     import matplotlib.image as mpimg
@@ -237,12 +245,6 @@ def test_final_table_printed(tasks, tmp_path, caplog):
     assert "stage 3/3 (task_2; row 2 of R)" in text
     assert "baseline" in text and f"{cb.scores[2, 2].item():.4f}" in text
     assert not math.isnan(cb.results()["metrics"]["acc"])
-
-
-def by_step(events: list) -> list:
-    """TensorBoard events sorted by step: the event files of the fits in one directory are read
-    in file-name order, and two made within the same second may come in either order."""
-    return sorted(events, key=lambda e: e.step)
 
 
 def test_every_matrix_logged_read_back_and_tabled(tasks, tmp_path, caplog):

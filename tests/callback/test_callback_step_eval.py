@@ -16,6 +16,7 @@ import torch
 from cl_helpers import (
     BATCH,
     Classifier,
+    by_step,
     eval_loaders,
     make_net,
     make_tasks,
@@ -526,11 +527,11 @@ def test_tensorboard_wandb_mlflow_get_steps_and_curves_figure(tasks, tmp_path, m
 
     acc = EventAccumulator(str(tb.log_dir), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
-    events = acc.Scalars("continual/step/task_0")
+    events = by_step(acc.Scalars("continual/step/task_0"))
     assert [e.step for e in events] == [4, 6, 8, 12, 16, 18]
     assert events[0].value == pytest.approx(rows[0, 0].item(), abs=1e-6)
-    assert [e.step for e in acc.Scalars("continual/wc_acc")] == [0, 1, 2]
-    images = acc.Images("continual/accuracy_curves")
+    assert [e.step for e in by_step(acc.Scalars("continual/wc_acc"))] == [0, 1, 2]
+    images = by_step(acc.Images("continual/accuracy_curves"))
     assert [im.step for im in images] == [0, 1, 2]
     assert images[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -267,3 +267,37 @@ def test_a_meta_device_output_says_what_it_is(scorer, name):
     err = error_of([scorer], net=MetaNet(), loaders=loaders, device="cpu")
     rest = names_scorer_task_batch(err, name)
     assert rest.startswith("the model returned a tensor on the meta device, which holds no values")
+
+
+def test_a_one_element_matrix_is_not_one_number():
+    """``[[0.5]]`` (2-D) is refused where one number is meant; ``0.5`` and ``[0.5]`` pass."""
+    err = error_of([Protocol("per_task", lambda c: torch.tensor([[0.5]]), count_based=False)])
+    assert re.match(
+        PREFIX + r"scorer 'per_task': result\(\) returned a tensor of shape \[1, 1\], not one "
+        r"number",
+        str(err),
+    ), str(err)
+    net, loaders = problem()
+    for value in (torch.tensor(0.5), torch.tensor([0.5])):
+        scorer = Protocol("one", lambda c, v=value: v, count_based=False)
+        got = evaluate_tasks(net, loaders, [0, 1], scorers=[scorer]).scores
+        assert torch.equal(got, torch.tensor([0.5, 0.5], dtype=torch.float64))
+
+
+def test_a_scorer_error_in_a_fit_names_the_key_given_in_scorers(tmp_path):
+    """The key of ``scorers=`` (the matrix's name, the user's word for it) and the object's own
+    ``name`` when they differ."""
+    import lightning.pytorch as pl
+    from cl_helpers import Classifier, eval_loaders, make_net, make_tasks, trainer_kwargs
+
+    from continual_eval import ContinualEvalCallback
+
+    tasks = make_tasks(2)
+    bad = Protocol("proto", lambda c: c.double())  # [2, 2]: not one score per task
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks), scorers={"acc": "accuracy", "mine": bad}, verbose=False
+    )
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
+    with pytest.raises(Exception, match=r"scorer 'mine' \(name 'proto'\): result\(\)") as info:
+        trainer.fit(Classifier(make_net()), eval_loaders(tasks)[0])
+    assert "scorer 'proto':" not in str(info.value)

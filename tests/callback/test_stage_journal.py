@@ -364,3 +364,20 @@ def test_the_online_section_of_a_file_written_here_is_not_read_again(
     assert len(reads) == 1
     files.commit_results(tmp_path, document)
     assert len(reads) == 1
+
+
+def test_a_fresh_reader_process_replays_the_newer_journal(tmp_path: Path, monkeypatch) -> None:
+    """A process that never imported the callback (a script reading results, the report CLI):
+    load still replays the journal's stages that results.json does not hold yet."""
+    import continual_eval.results.files as files
+
+    record, _, directory = _run(tmp_path, 33)
+    g = torch.Generator().manual_seed(1)
+    record.record_stage(33, _scored(g, 33), _cost(33))
+    directory.write(record, record.continual_results(), stage=33)  # journal only (not due)
+    directory.wait()
+    assert read_run_id(tmp_path)[2] == 33
+    monkeypatch.setattr(files, "_journal_replay", None)  # as in a fresh process
+    loaded = ContinualResults.load(tmp_path)
+    assert loaded.stages_completed == 34
+    assert torch.equal(loaded.primary.scores, record.continual_results().primary.scores)

@@ -170,6 +170,12 @@ def test_intransigence_interval_equals_the_functional_layer(initial, runs, form)
         float(want.high),
     ]
     assert section["unavailable"] == {}
+    # FWT against isolated training, the same resamples: the functional layer's, estimate the
+    # reference section's fwt_isolated (the report's FWT (isolated) column)
+    fwt = section["metrics"]["fwt_isolated"]
+    want_fwt = expected.metrics["fwt_isolated"]
+    assert [fwt["low"], fwt["high"]] == [float(want_fwt.low), float(want_fwt.high)]
+    assert fwt["estimate"] == pytest.approx(document["reference"]["fwt_isolated"], abs=1e-12)
     # the estimate is the reference section's intransigence; the interval is a real one
     assert got["estimate"] == pytest.approx(document["reference"]["intransigence"], abs=1e-12)
     assert got["low"] < got["estimate"] < got["high"]

@@ -147,6 +147,7 @@ def test_html_shows_the_names_as_text(report: Path) -> None:
         "h1",
         "h2",
         "h3",
+        "h4",  # a run's held-out sets and class-incremental tables, per matrix
         "p",
         "code",
         "table",
@@ -164,7 +165,8 @@ def test_html_shows_the_names_as_text(report: Path) -> None:
     for method in METHODS:
         assert parser.cells.count(method) == 1 + 5  # the summary and each metric's statistics
     for task in TASKS:
-        assert parser.cells.count(task) == 2 * len(METHODS) * 2  # two matrix tables per run
+        # two matrix tables per run, and a row of each method's per-task table (--per-task)
+        assert parser.cells.count(task) == 2 * len(METHODS) * 2 + len(METHODS)
     # in the figures' JSON every name is HTML-escaped (Plotly reads tags in labels)
     scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.S)
     figures = "".join(s for s in scripts if "Plotly.newPlot" in s and len(s) < 1_000_000)

@@ -226,3 +226,18 @@ def test_matrix_names_and_scores_escaped(tmp_path: Path) -> None:
     assert 'href="http://evil.test"' not in page
     visible = re.sub(r"\\([:$~])", r"\1", html.unescape(re.sub(r"<[^>]+>", "", page)))
     assert "[x](http://evil.test) (<script>alert(2)</script>)" in visible
+
+
+@pytest.mark.parametrize("methods", [("naive", "naive"), ("naive", "ewc")])
+def test_mixed_seed_label_types_exit_2_naming_them(tmp_path: Path, capsys, methods) -> None:
+    """``seed: 0`` beside ``seed: "zero"`` (one method or two): seeds are matched by value and
+    type, so the report refuses them, naming both labels and their files."""
+    a = write_run(tmp_path / "a", results_doc(method=methods[0], seed=0))
+    b = write_run(tmp_path / "b", results_doc(method=methods[1], seed="zero"))
+    out = tmp_path / "report"
+    assert report_main([str(a), str(b), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"continual-eval report: {b / 'results.json'}: metadata.seed: " in err
+    assert f"0 (int, {a / 'results.json'}), 'zero' (str, {b / 'results.json'})" in err
+    assert not out.exists()

@@ -382,3 +382,23 @@ def test_huge_rewards_with_a_ceiling_for_one_label_only():
     assert result["per_regime"]["b"]["performance_gap"] is None
     first = result["per_trace"][0]["per_interval"][0]
     assert first["ceiling"] == HUGE and first["settled_ceiling"] == HUGE
+
+
+@pytest.mark.parametrize("per_seed", [False, True], ids=["one", "seeds"])
+def test_huge_finite_values_print_compactly_and_json_keeps_them_whole(tmp_path, capsys, per_seed):
+    """A return of 8e306 prints as ``8.0000e+306`` (not a 309-digit number in a 656-character
+    row); ``--json`` keeps the float itself."""
+    rewards = [8e306] * 10 + [0.5] * 10
+    trace = EpisodeTrace.from_arrays(rewards, ["a"] * 10 + ["b"] * 10)
+    paths = [write_jsonl(trace, tmp_path / f"s{i}.jsonl") for i in range(2 if per_seed else 1)]
+    argv = [str(p) for p in paths] + (["--per-seed"] if per_seed else [])
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert max(len(line) for line in table.splitlines()[1:]) < 80, table
+    assert "8.0000e+306" in table and "0.5000" in table
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    if per_seed:
+        doc = doc["per_seed"][0]
+    assert doc["per_regime"]["a"]["per_configuration_reward"] == 8e306
+    assert doc["per_regime"]["a"]["undiscounted_return"] == sum([8e306] * 10)

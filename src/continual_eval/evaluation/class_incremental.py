@@ -6,11 +6,11 @@ same logits in the two ways of Masana et al., "Class-incremental learning: surve
 evaluation" (TPAMI 2022), the functions of
 `continual_eval.functional.class_incremental` applied batch by batch:
 
-* [`TaskAwareAccuracyScorer`][continual_eval.evaluation.TaskAwareAccuracyScorer]
+* [`TaskAwareAccuracyScorer`][]
   (``acc_task_aware``, task-IL): ``R[i, j]`` is the accuracy on task ``j``'s test set with the
   argmax over task ``j``'s classes only (the task is known at test time; Mammoth's
   ``mask_classes``). It does not depend on the stage ``i``.
-* [`TaskAgnosticAccuracyScorer`][continual_eval.evaluation.TaskAgnosticAccuracyScorer]
+* [`TaskAgnosticAccuracyScorer`][]
   (``acc_task_agnostic``, class-IL): ``R[i, j]`` is the accuracy on task ``j``'s test set with the
   argmax over the classes of the tasks ``<= max(i, j)``. For ``j <= i`` (the seen tasks, every cell
   the usual metrics read but FWT) that is exactly the classes seen so far, Masana et al.'s class-IL
@@ -33,7 +33,7 @@ counts its predictions in a confusion matrix: the rows of task ``j``'s classes (
 task, accumulated on the device with one `torch.bincount` per update and appended to its
 local counts after the problem counts (see ``num_problems`` in
 [`Scorer`][continual_eval.evaluation.Scorer]), so it reduces exactly with the same collective; its
-[`TaskAgnosticAccuracyScorer.details`][continual_eval.evaluation.TaskAgnosticAccuracyScorer.details]
+[`TaskAgnosticAccuracyScorer.details`][]
 turns the reduced counts into the blocks, which the loop returns in `details_by_scorer`.
 
 Targets are checked as by the built-in accuracy scorer (class indices, whole-number floats, or
@@ -69,10 +69,10 @@ __all__ = [
 ]
 
 #: the matrix name (and scorer ``name``) of
-#: [`TaskAwareAccuracyScorer`][continual_eval.evaluation.TaskAwareAccuracyScorer]
+#: [`TaskAwareAccuracyScorer`][]
 AWARE_NAME = "acc_task_aware"
 #: the matrix name (and scorer ``name``) of
-#: [`TaskAgnosticAccuracyScorer`][continual_eval.evaluation.TaskAgnosticAccuracyScorer]
+#: [`TaskAgnosticAccuracyScorer`][]
 AGNOSTIC_NAME = "acc_task_agnostic"
 
 _NOT_IN_TASK = (
@@ -123,10 +123,24 @@ class _ClassIncrementalScorer(_LabelScorer):
         return len(self.class_lists)
 
     # ------------------------------------------------------------------ protocol
+    #: with ``keep_items``: also keep each sample's label (`local_item_labels`), gathered by
+    #: the loop beside the items (set by the callback for the baseline evaluation only: the
+    #: test items' classes, recorded once for the per-class intervals)
+    keep_labels = False
+
     def start(self, device: torch.device) -> None:
         super().start(device)
         self._task = None
         self._outside: list[Tensor] = []
+        self._labels: list[Tensor] = []
+
+    def local_item_labels(self) -> Tensor:
+        """Every sample's label on this rank since `start`, in the order fed (int64; the
+        samples of `local_items`), kept while ``keep_items`` and ``keep_labels`` are set."""
+        if not self._labels:
+            return torch.zeros(0, dtype=torch.int64, device=self._device)
+        labels = self._labels[0] if len(self._labels) == 1 else torch.cat(self._labels)
+        return labels.long()
 
     def set_task(self, task: int, stage: int | None = None) -> None:
         """The task whose test set the next updates score and the evaluation's stage (``-1``
@@ -236,6 +250,8 @@ class _ClassIncrementalScorer(_LabelScorer):
         scores, flat = self._flatten(preds, labels)
         pred = self._predict(scores)
         self._count(self._task_rows(flat), pred)
+        if self.keep_labels:
+            self._labels.append(flat)
         return pred == flat
 
     def _batch_value(self, preds: Tensor, target: Tensor, labels: Tensor, mode: str) -> Tensor:
@@ -253,7 +269,8 @@ class TaskAwareAccuracyScorer(_ClassIncrementalScorer):
 
     Args:
         task_classes: one list of class ids per task (checked by
-            [`check_task_classes`][continual_eval.functional.check_task_classes]: no empty
+            [`check_task_classes`][continual_eval.functional.class_incremental.check_task_classes]:
+            no empty
             task, no negative id, no class in two tasks).
         check_targets: count the targets outside the task's classes (``False`` where a
             task-agnostic scorer of the same evaluation counts them already, as
@@ -276,6 +293,8 @@ class TaskAwareAccuracyScorer(_ClassIncrementalScorer):
         pred = self._predict(scores)
         if self.check_targets:
             self._task_rows(flat)
+        if self.keep_labels:
+            self._labels.append(flat)
         return pred == flat
 
 
@@ -289,9 +308,10 @@ class TaskAgnosticAccuracyScorer(_ClassIncrementalScorer):
     Also counts the confusion of its predictions, per task scored: ``[K, C]`` int64, ``K`` the
     most classes of a task, row ``r`` the true class ``task_classes[j][r]``, column the predicted
     class id (rows past task ``j``'s class count stay 0). The counts follow the accuracy counts in
-    [`local_counts`][continual_eval.evaluation.TaskAgnosticAccuracyScorer.local_counts], so the loop
+    [`local_counts`][], so the loop
     sums them across ranks exactly;
-    [`details`][continual_eval.evaluation.TaskAgnosticAccuracyScorer.details] gives the reduced
+    [`details`][]
+    gives the reduced
     blocks of the tasks scored, ``[tasks, K, C]``. With ``confusion=False`` nothing is counted (one
     accuracy alone).
 
@@ -391,7 +411,8 @@ def task_classes_from_loaders(test_loaders: Sequence[Any]) -> list[list[int]]:
     pass over each, through the evaluation's fast path for tensor datasets).
 
     Raises ``ValueError`` for a loader without a sample, for a negative label, and for a class
-    found in two test sets (as [`check_task_classes`][continual_eval.functional.check_task_classes]
+    found in two test sets (as
+    [`check_task_classes`][continual_eval.functional.class_incremental.check_task_classes]
     words it); ``TypeError`` for batches that are not ``(x, y, ...)``.
 
     Example:

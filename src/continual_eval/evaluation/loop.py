@@ -91,6 +91,7 @@ from continual_eval.evaluation.scorers import (
     checked_result,
     item_support,
     make_scorer,
+    scorer_label,
 )
 from continual_eval.evaluation.sources import _batch_sources, _TaskSource
 from continual_eval.evaluation.step import (
@@ -139,6 +140,10 @@ class TaskEvaluation:
     """per scorer, with ``item_scorers``: each task's per-item values ``[n_k]`` in test-set order
     (bool for 0/1 scores, float64 otherwise; CPU, the same on every rank), aligned with
     ``task_ids``; ``None`` for a scorer not recorded (``()`` when none is)"""
+    labels_by_scorer: tuple[tuple[Tensor, ...] | None, ...] = ()
+    """per scorer whose ``keep_labels`` is set (the class-incremental scorers, recorded): each
+    task's sample labels ``[n_k]`` int64, in the items' order, gathered like them; ``()`` when
+    none is"""
 
 
 def _resolve_scorers(scorer: Scorer | None, scorers: Sequence[Any] | None) -> list[Scorer]:
@@ -326,6 +331,9 @@ class _Tally:
         #: the scorers whose items are kept, and per such scorer each task's local items
         self.item_scorers: list[int] = []
         self.items: list[list[Tensor]] = []
+        #: the recorded scorers that keep their samples' labels too, and per task their labels
+        self.label_scorers: list[int] = []
+        self.labels: list[list[Tensor]] = []
 
     def add(self, task: int, watch: _OutputWatch) -> None:
         """Task ``task``'s local counts, read after its batches."""
@@ -337,6 +345,8 @@ class _Tally:
         self.watches.append(watch)
         for kept, i in zip(self.items, self.item_scorers, strict=True):
             kept.append(self.scorers[i].local_items())  # type: ignore[attr-defined]
+        for kept, i in zip(self.labels, self.label_scorers, strict=True):
+            kept.append(self.scorers[i].local_item_labels())  # type: ignore[attr-defined]
         if self.per_task:
             counts = self._reduce()
             _raise_for_task(counts.host_row(0), self.label(task), self.scorers, self.world_size)
@@ -529,6 +539,8 @@ def evaluate_tasks(
     tally = _Tally(scorer_list, device, all_reduce, rank, world_size, label)
     recorded = _item_scorers(scorer_list, item_scorers)
     tally.item_scorers, tally.items = recorded, [[] for _ in recorded]
+    labelled = [i for i in recorded if getattr(scorer_list[i], "keep_labels", False) is True]
+    tally.label_scorers, tally.labels = labelled, [[] for _ in labelled]
     batch_scorers = _BatchScorers(scorer_list, all_reduce)
     output_scorers = [s for s in scorer_list if s not in batch_scorers.scorers]
     with preserve_rng_state(device), preserve_training_flags(module), grad_context():
@@ -563,9 +575,11 @@ def evaluate_tasks(
     evaluation = tally.finish(task_ids)
     if not recorded:
         return evaluation
+    # the labels of the scorers that keep them: more rows of the same gather (float64: exact)
     items = gather_items(
-        tally.items,
-        [bool(scorer_list[i].items_binary) for i in recorded],  # type: ignore[attr-defined]
+        [*tally.items, *tally.labels],
+        [bool(scorer_list[i].items_binary) for i in recorded]  # type: ignore[attr-defined]
+        + [False] * len(labelled),
         list(task_ids),
         unsharded=unsharded,
         all_reduce=all_reduce,
@@ -575,9 +589,16 @@ def evaluate_tasks(
         label=label,
     )
     by_scorer: list[tuple[Tensor, ...] | None] = [None] * len(scorer_list)
-    for i, values in zip(recorded, items, strict=True):
+    for i, values in zip(recorded, items[: len(recorded)], strict=True):
         by_scorer[i] = tuple(values)
-    return dataclasses.replace(evaluation, items_by_scorer=tuple(by_scorer))
+    if not labelled:
+        return dataclasses.replace(evaluation, items_by_scorer=tuple(by_scorer))
+    labels: list[tuple[Tensor, ...] | None] = [None] * len(scorer_list)
+    for i, values in zip(labelled, items[len(recorded) :], strict=True):
+        labels[i] = tuple(v.round().long() for v in values)
+    return dataclasses.replace(
+        evaluation, items_by_scorer=tuple(by_scorer), labels_by_scorer=tuple(labels)
+    )
 
 
 def _item_scorers(scorers: Sequence[Scorer], wanted: Collection[int]) -> list[int]:
@@ -589,7 +610,7 @@ def _item_scorers(scorers: Sequence[Scorer], wanted: Collection[int]) -> list[in
             raise ValueError(f"item_scorers: {i} is no scorer position (0..{len(scorers) - 1})")
         problem = item_support(scorers[i])
         if problem is not None:
-            raise TypeError(f"scorer {scorers[i].name!r} keeps no per-item values: {problem}")
+            raise TypeError(f"{scorer_label(scorers[i])} keeps no per-item values: {problem}")
     for i, s in enumerate(scorers):
         if i in recorded or hasattr(s, "keep_items"):
             s.keep_items = i in recorded  # type: ignore[attr-defined]

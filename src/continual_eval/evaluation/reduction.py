@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from continual_eval.evaluation.errors import EvaluationError
-from continual_eval.evaluation.scorers import _OUT_OF_RANGE, Scorer
+from continual_eval.evaluation.scorers import _OUT_OF_RANGE, Scorer, scorer_label
 
 
 def _nonfinite_problem(watch: Sequence[float], world_size: int) -> str | None:
@@ -76,7 +76,7 @@ def _local_counts(scorer: Scorer, device: torch.device) -> Tensor:
     counts = scorer.local_counts()
     if not isinstance(counts, Tensor) or counts.ndim != 1 or counts.numel() < 2:
         raise EvaluationError(
-            f"scorer {scorer.name}: local_counts() must return a 1-D tensor [value, total, ...], "
+            f"{scorer_label(scorer)}: local_counts() must return a 1-D tensor [value, total, ...], "
             f"got {counts!r}"
         )
     dtype = counts.dtype if counts.is_floating_point() else torch.int64

@@ -40,6 +40,7 @@ there).
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import re
 import warnings
@@ -1000,13 +1001,40 @@ def checked_update(scorer: Scorer) -> Callable[[Tensor, Tensor], None]:
     return checked
 
 
+#: ``id(scorer) -> the key the user gave it in scorers=`` during an evaluation (`scorer_keys`)
+_KEYS: contextvars.ContextVar[Mapping[int, str] | None] = contextvars.ContextVar(
+    "continual_eval_scorer_keys", default=None
+)
+
+
+@contextmanager
+def scorer_keys(scorers: Mapping[str, Scorer]) -> Iterator[None]:
+    """While inside: errors name each scorer of ``scorers`` by its key there (`scorer_label`)."""
+    token = _KEYS.set({id(s): key for key, s in scorers.items()})
+    try:
+        yield
+    finally:
+        _KEYS.reset(token)
+
+
+def scorer_label(scorer: Scorer) -> str:
+    """``scorer 'KEY'`` in messages: the key it has in ``scorers=`` (inside `scorer_keys`),
+    with its ``name`` beside when they differ (``scorer 'f1' (name 'proto')``)."""
+    keys = _KEYS.get()
+    key = None if keys is None else keys.get(id(scorer))
+    name = getattr(scorer, "name", None)
+    if key is None or key == name:
+        return f"scorer {name!r}"
+    return f"scorer {key!r} (name {name!r})"
+
+
 def scorer_batch_error(
     scorer: Scorer, err: EvaluationError, first: int, batches: int = 1
 ) -> EvaluationError:
     """``err`` (raised while ``scorer`` scored batch ``first``, or the ``batches`` consecutive
     batches from ``first`` fed to it together) as a message naming the batch and the scorer."""
     where = f"batch {first}" if batches <= 1 else f"batches {first}-{first + batches - 1}"
-    out = EvaluationError(f"{where}, scorer {scorer.name!r}: {err}")
+    out = EvaluationError(f"{where}, {scorer_label(scorer)}: {err}")
     out.task_row = err.task_row
     return out
 
@@ -1021,7 +1049,7 @@ def checked_result(
     tasks)."""
     value = scorer.result(reduced_counts)
     want = "one number" if task_ids is None else f"[{len(task_ids)}], one score per task"
-    what = f"scorer {scorer.name!r}: result()"
+    what = f"{scorer_label(scorer)}: result()"
     if task_ids is not None:
         what += f" over the {len(task_ids)} task(s) {list(task_ids)}"
     if not isinstance(value, Tensor):
@@ -1031,7 +1059,7 @@ def checked_result(
     if value.is_complex() or value.dtype == torch.bool:
         raise EvaluationError(f"{what} returned a {value.dtype} tensor; scores are real numbers")
     if task_ids is None:
-        if value.numel() != 1:
+        if value.numel() != 1 or value.ndim > 1:  # 0-d or [1]; [[0.5]] is a matrix
             raise EvaluationError(
                 f"{what} returned a tensor of shape {list(value.shape)}, not {want}"
             )

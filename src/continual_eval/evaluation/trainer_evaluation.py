@@ -19,7 +19,7 @@ from continual_eval._loader_list import as_loader_list
 from continual_eval.evaluation.guards import grad_free_context
 from continual_eval.evaluation.lockstep import Lockstep
 from continual_eval.evaluation.loop import EvaluationProgress, TaskEvaluation, evaluate_tasks
-from continual_eval.evaluation.scorers import Scorer
+from continual_eval.evaluation.scorers import Scorer, scorer_keys
 from continual_eval.evaluation.step import default_batch_step
 from continual_eval.evaluation.strategy import collective_forward, strategy_step
 from continual_eval.evaluation.task_loaders import TaskLoaders
@@ -91,7 +91,7 @@ def evaluate_under_trainer(
         max_reduce = partial(strategy.reduce, reduce_op="max")
         lockstep = Lockstep(max_reduce, task_loaders.spare_loaders)
     forward_context, convert_input = _precision_hooks(trainer.precision_plugin)
-    with strategy_step(strategy, pl_module, default_batch_step) as step:
+    with scorer_keys(scorers), strategy_step(strategy, pl_module, default_batch_step) as step:
         evaluation = evaluate_tasks(
             pl_module,
             task_loaders.for_evaluation(

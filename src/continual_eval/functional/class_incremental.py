@@ -19,7 +19,7 @@ allowed classes; a NaN logit among them is the maximum (as in `torch.argmax`).
 Inputs and conventions (zero-based; ``C`` classes, ``T`` tasks, ``S`` stages):
 
 * ``class_task``: ``[C]`` integer tensor, the task of each class id, ``-1`` for a class of no task;
-  made (with validation) by [`check_task_classes`][continual_eval.functional.check_task_classes].
+  made (with validation) by [`check_task_classes`][].
   Class ``c`` is *seen* at stage ``i`` when ``0 <= class_task[c] <= i``; it is *new* at stage ``i``
   when ``class_task[c] == i`` and *old* when ``class_task[c] < i``.
 * ``confs``: integer confusion counts, ``[S, C, C]`` (one matrix per stage) or one ``[C, C]``
@@ -73,7 +73,7 @@ _NAN = math.nan
 
 class TaskClasses(NamedTuple):
     """The class-to-task assignment, normalised by
-    [`check_task_classes`][continual_eval.functional.check_task_classes].
+    [`check_task_classes`][].
 
     Attributes:
         class_task: ``[C]`` long, the task of each class id; ``-1`` for a class of no task.
@@ -682,7 +682,7 @@ def last_accuracy(
     validate: bool = True,
 ) -> Tensor:
     """The seen-class accuracy of the last stage given (``confs[-1]``, at stage
-    ``first_stage + S - 1``): [`seen_accuracy`][continual_eval.functional.seen_accuracy] of the
+    ``first_stage + S - 1``): [`seen_accuracy`][] of the
     final model; a scalar."""
     value = seen_accuracy(
         confs, class_task, weighting=weighting, first_stage=first_stage, validate=validate
@@ -694,7 +694,7 @@ def average_incremental_seen_accuracy(
     confs: Tensor, class_task: Tensor, *, weighting: str = "sample", validate: bool = True
 ) -> Tensor:
     """Average incremental accuracy ``(1/S) sum_{i<S} A_i`` with ``A_i`` the seen-class accuracy
-    after stage ``i`` ([`seen_accuracy`][continual_eval.functional.seen_accuracy]; ``confs[0]`` is
+    after stage ``i`` ([`seen_accuracy`][]; ``confs[0]`` is
     stage 0); a scalar.
 
     ``weighting="sample"`` is what iCaRL (Rebuffi et al., 2017) and PyCIL report as average
@@ -717,7 +717,7 @@ def old_new_accuracy(
     """Accuracy on the old classes (tasks ``j < i``) and on the new ones (task ``i``) at each
     stage ``i``; each ``[S]`` (scalars for one matrix).
 
-    Weighted as [`seen_accuracy`][continual_eval.functional.seen_accuracy] (``weighting`` changes
+    Weighted as [`seen_accuracy`][] (``weighting`` changes
     only ``old``: ``new`` is one task). ``old`` is NaN at stage 0 (no old task) and wherever the old
     classes have no test sample; ``new`` is NaN where task ``i`` has no test sample.
 
@@ -744,7 +744,7 @@ def mean_class_accuracy(
     validate: bool = True,
 ) -> Tensor:
     """Mean class accuracy at each stage: the mean of
-    [`per_class_accuracy`][continual_eval.functional.per_class_accuracy] over the classes where it
+    [`per_class_accuracy`][] over the classes where it
     is defined; ``[S]`` (a scalar for one matrix).
 
     With ``class_task``: over the seen classes that have a test sample. Without: over every class
@@ -786,7 +786,7 @@ def per_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") ->
     ``[C]``.
 
     ``class_accuracy`` is ``[S, C]`` per-class accuracy from stage 0 on, NaN where not measured
-    ([`per_class_accuracy`][continual_eval.functional.per_class_accuracy] with ``class_task``, so
+    ([`per_class_accuracy`][] with ``class_task``, so
     that stages before a class's task do not count). With ``a`` its defined values:
 
     * ``"peak"`` (the default, as
@@ -815,13 +815,19 @@ def per_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") ->
         raise ValueError(
             f"class_accuracy must be a floating [S, C] tensor, got {_describe(class_accuracy)}"
         )
-    final = class_accuracy[-1]
-    if class_accuracy.shape[0] < 2:
+    return _per_class_forgetting(class_accuracy, convention)
+
+
+def _per_class_forgetting(class_accuracy: Tensor, convention: str) -> Tensor:
+    """`per_class_forgetting` of ``[..., S, C]`` (leading dimensions kept: resamples, runs):
+    ``[..., C]``."""
+    final = class_accuracy[..., -1, :]
+    if class_accuracy.shape[-2] < 2:
         return torch.full_like(final, _NAN)
-    earlier = class_accuracy[:-1]
-    defined = (~earlier.isnan()).any(0) & ~final.isnan()
+    earlier = class_accuracy[..., :-1, :]
+    defined = (~earlier.isnan()).any(-2) & ~final.isnan()
     history = class_accuracy if convention == "peak" else earlier
-    best = history.masked_fill(history.isnan(), -math.inf).amax(0)
+    best = history.masked_fill(history.isnan(), -math.inf).amax(-2)
     return torch.where(defined, best - final, _NAN)
 
 
@@ -831,21 +837,34 @@ def mean_class_forgetting(class_accuracy: Tensor, *, convention: str = "peak") -
     return torch.nanmean(per_class_forgetting(class_accuracy, convention=convention))
 
 
-def _mean_class_forgetting_per_stage(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
-    """``[S]``: entry ``i`` is
-    [`mean_class_forgetting`][continual_eval.functional.mean_class_forgetting] of the stages
-    ``0 .. i`` (``class_accuracy[: i + 1]``; NaN at ``i = 0``), for every ``i`` at
-    once: running maxima (`torch.cummax`) instead of one call per stage (``O(S * C)``)."""
+def _class_forgetting_table(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
+    """``[S, C]``: entry ``[i, c]`` is class ``c``'s
+    [`per_class_forgetting`][continual_eval.functional.per_class_forgetting] after the stages
+    ``0 .. i`` (``class_accuracy[: i + 1]``; NaN at ``i = 0``), for every ``i`` at once:
+    running maxima (`torch.cummax`) instead of one call per stage (``O(S * C)``). Leading
+    dimensions (``[..., S, C]``: resamples, runs) are kept."""
     check_forgetting_convention(convention)
     measured = ~class_accuracy.isnan()
     floor = class_accuracy.masked_fill(~measured, -math.inf)
-    peak = torch.cummax(floor, 0).values  # best over the stages <= i
+    peak = torch.cummax(floor, -2).values  # best over the stages <= i
     # best and "measured before" over the stages < i (nothing before stage 0)
-    earlier_peak = torch.cat([torch.full_like(peak[:1], -math.inf), peak[:-1]])
-    before = torch.cat([torch.zeros_like(measured[:1]), measured.cumsum(0)[:-1] > 0])
+    earlier_peak = torch.cat(
+        [torch.full_like(peak[..., :1, :], -math.inf), peak[..., :-1, :]], dim=-2
+    )
+    before = torch.cat(
+        [torch.zeros_like(measured[..., :1, :]), measured.cumsum(-2)[..., :-1, :] > 0], dim=-2
+    )
     best = peak if convention == "peak" else earlier_peak
     per_class = torch.where(before & measured, best - class_accuracy, _NAN)
-    return torch.nanmean(per_class, dim=-1)
+    return per_class
+
+
+def _mean_class_forgetting_per_stage(class_accuracy: Tensor, *, convention: str = "peak") -> Tensor:
+    """``[S]``: entry ``i`` is
+    [`mean_class_forgetting`][continual_eval.functional.mean_class_forgetting] of the stages
+    ``0 .. i`` (NaN at ``i = 0``): the mean over classes of `_class_forgetting_table`
+    (``O(S * C)``). Leading dimensions (``[..., S, C]``) are kept: ``[..., S]``."""
+    return torch.nanmean(_class_forgetting_table(class_accuracy, convention=convention), dim=-1)
 
 
 def recency_bias(

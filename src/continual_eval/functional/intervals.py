@@ -7,7 +7,7 @@ functions state that error from the per-item records of one run.
 Inputs: ``items`` has one entry per task ``j``, the value of each of its test items after every
 stage, ``[T, n_j]`` (row ``i``: after stage ``i``; item ``k`` is the ``k``-th item of the task's
 test set in every row). 0/1 scores (correct or not) are ``bool`` tensors or
-[`PackedBits`][continual_eval.functional.PackedBits]; other per-item scores (a per-sample loss) are
+[`PackedBits`][]; other per-item scores (a per-sample loss) are
 floating tensors. ``baseline`` (the untrained model, for FWT) and ``reference`` (a reference model,
 for intransigence) hold one ``[n_j]`` entry per task, the same items. Rows ``i < j - 1`` of task
 ``j`` are cells no metric reads (``R[i, j]`` with ``j > i + 1``): any value, NaN included, is
@@ -132,7 +132,7 @@ class PackedBits(NamedTuple):
 
 
 def pack_bits(values: Tensor) -> PackedBits:
-    """[`PackedBits`][continual_eval.functional.PackedBits] of a ``bool`` tensor along its last
+    """[`PackedBits`][] of a ``bool`` tensor along its last
     dimension (its items)."""
     if not isinstance(values, Tensor) or values.dtype != torch.bool:
         raise TypeError(f"pack_bits takes a bool tensor, got {_describe(values)}")
@@ -141,7 +141,7 @@ def pack_bits(values: Tensor) -> PackedBits:
 
 
 def unpack_bits(packed: PackedBits) -> Tensor:
-    """The ``bool`` tensor ``[..., n]`` of [`PackedBits`][continual_eval.functional.PackedBits] (the
+    """The ``bool`` tensor ``[..., n]`` of [`PackedBits`][] (the
     inverse of [`pack_bits`][continual_eval.functional.pack_bits])."""
     bits = packed.bits.detach().cpu().numpy()
     values = np.unpackbits(bits, axis=-1, count=int(packed.num_items), bitorder="little")
@@ -718,8 +718,9 @@ class BootstrapIntervals:
 
     metrics: dict[str, IntervalTensors]
     """``acc``, ``bwt``, ``forgetting`` (under ``forgetting_convention``), ``learning_accuracy``,
-    ``average_incremental_accuracy``; ``fwt`` with a baseline, ``intransigence`` with a
-    reference"""
+    ``average_incremental_accuracy``; ``fwt`` with a baseline, ``intransigence`` and
+    ``fwt_isolated`` (``R[j, j] - ref[j]`` over ``j >= 1``, FWT's ``isolated`` convention) with
+    a reference"""
     per_task: dict[str, IntervalTensors]
     """``bwt``, ``forgetting``, ``fwt`` ``[..., T-1]``; ``intransigence`` ``[..., T]``"""
     cells: IntervalTensors
@@ -814,6 +815,11 @@ def _metric_family(
     if reference is not None:
         per_task["intransigence"] = intransigence_per_task(scores, reference, **options)
         means["intransigence"] = intransigence(scores, reference, **options)
+        # FWT against isolated training, R[j, j] - ref[j] over j >= 1 (a mean of the negated
+        # per-task intransigence after the first task; meaningful for an isolated reference)
+        means["fwt_isolated"] = forward_transfer(
+            scores, reference, convention="isolated", **options
+        )
     return means, per_task
 
 

@@ -3,7 +3,8 @@ r"""Item-level forgetting: which test items go from right to wrong between evalu
 An accuracy cell ``R[i, j]`` hides how it changes: a task can lose 50 items and regain 45 others
 with its accuracy down by only 5. These functions read the per-item records of 0/1 scores (right
 or wrong), one entry per task ``j``, ``[T, n_j]`` (row ``i``: after stage ``i``; ``bool`` or
-[`PackedBits`][continual_eval.functional.PackedBits]), with the untrained model's ``[n_j]``
+[`PackedBits`][continual_eval.functional.intervals.PackedBits]), with the untrained model's
+``[n_j]``
 as an optional ``baseline``. Item ``v[i, k]`` is item ``k`` of task ``j`` after stage ``i``.
 
 Per stage ``i`` and task ``j`` ([`item_transitions`][continual_eval.functional.item_transitions],

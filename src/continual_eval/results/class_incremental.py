@@ -316,7 +316,8 @@ class ClassIncrementalResults:
         sparse COO (stage ``i`` = row ``i``; an all-zero matrix = a stage without counts), computed
         from its nonzero cells. ``confusion_text``: their `encode_confusion` strings when already
         known (a recorder encodes each stage once); ``checked``:
-        [`check_task_classes`][continual_eval.functional.check_task_classes] of ``task_classes``
+        [`check_task_classes`][continual_eval.functional.class_incremental.check_task_classes] of
+        ``task_classes``
         over the ``C`` classes, when already made; ``stage_counts``: the sums of ``confusion``
         every measure reads, when already made (a recorder keeps them as each stage is recorded,
         so that the measures cost ``O(s * C)``, not a pass over every stored cell): per stage

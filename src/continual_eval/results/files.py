@@ -84,6 +84,7 @@ __all__ = [
     "commit_results",
     "default_results_dir",
     "file_records",
+    "is_record_file",
     "new_version_dir",
     "prepare_commit",
     "read_document",
@@ -94,6 +95,7 @@ __all__ = [
     "replay_newer_journal",
     "scores_csv_name",
     "set_journal_replay",
+    "write_failed",
     "write_scores_csv",
 ]
 
@@ -136,20 +138,36 @@ def _write_bytes(path: Path, data: bytes, *, durable: bool) -> None:
 
 class ResultsWriteError(OSError):
     """A results file could not be written (a full disk, a read-only directory): one line naming
-    the file, what is safely on disk and how to resume; ``errno`` is the cause's."""
+    the file, what is safely on disk and how to resume; ``errno`` is the cause's, ``path`` the
+    file (``None`` where the error does not say)."""
+
+    path: Path | None = None
 
 
-def _write_failed(path: Path, err: OSError, stages: int) -> ResultsWriteError:
-    on_disk = read_run_id(path.parent)[2]
+def write_failed(
+    path: str | os.PathLike[str],
+    err: OSError,
+    stages: int,
+    *,
+    results_dir: str | os.PathLike[str] | None = None,
+    what: str = "",
+) -> ResultsWriteError:
+    """The one-line `ResultsWriteError` of a failed write of ``path`` while ``stages`` stages
+    were recorded: the file (``what``: what it is, e.g. a logger's copy), what the results
+    directory ``results_dir`` (default: ``path``'s) safely holds and how to resume."""
+    path = Path(path)
+    directory = path.parent if results_dir is None else Path(results_dir)
+    on_disk = read_run_id(directory)[2]
+    kept = "" if directory == path.parent else f"in the results directory {directory}, "
     if on_disk is None:
-        kept = f"no complete {RESULTS_FILE} is on disk yet"
+        kept += f"no complete {RESULTS_FILE} is on disk yet"
     else:
-        kept = f"{RESULTS_FILE} on disk holds {on_disk} completed stage(s), unchanged"
-        if path.name != RESULTS_FILE:
-            kept += " (the CSV files it names are unchanged too)"
-        else:
+        kept += f"{RESULTS_FILE} on disk holds {on_disk} completed stage(s), unchanged"
+        if path.name == RESULTS_FILE:
             kept += " (a CSV may be a stage ahead; a resumed run rewrites it)"
-    journal = path.parent / JOURNAL_FILE
+        elif path.parent == directory and _is_results_file(path.name):
+            kept += " (the CSV files it names are unchanged too)"
+    journal = directory / JOURNAL_FILE
     if journal.is_file():
         with contextlib.suppress(OSError):
             lines = journal.read_bytes().count(b"\n")
@@ -157,13 +175,32 @@ def _write_failed(path: Path, err: OSError, stages: int) -> ResultsWriteError:
                 f"; the stage journal {JOURNAL_FILE} holds {max(lines - 2, 0)} stage(s) "
                 "(ContinualResults.load reads them)"
             )
-    return ResultsWriteError(
-        err.errno,
-        f"could not write {path} ({err.strerror or err}) while recording {stages} completed "
-        f"stage(s); {kept}, nothing truncated. Free the disk (or fix the directory), then resume "
-        "the run from its last checkpoint (trainer.fit(..., ckpt_path=...)): it rewrites every "
-        "file from the checkpoint's state",
+    resume = (
+        "then resume the run from its last checkpoint (trainer.fit(..., ckpt_path=...)): it "
+        "rewrites every file from the checkpoint's state"
     )
+    if stages <= 1:  # the baseline's or first stage's write: a checkpoint may not exist yet
+        again = " with overwrite=True or a new dirpath"
+        again = again if journal.is_file() or on_disk is not None else ""
+        resume += f"; without a checkpoint, start the run again{again}"
+    error = ResultsWriteError(
+        err.errno,
+        f"could not write {path}{what} ({err.strerror or err}) while recording {stages} "
+        f"completed stage(s); {kept}, nothing truncated. Free the disk (or fix the directory), "
+        + resume,
+    )
+    error.path = path
+    return error
+
+
+def is_record_file(path: Path | None) -> bool:
+    """Whether ``path`` is one of the files whose contents a `write_failed` message describes
+    (``results.json``, a scores CSV, the journal, the claim), which nothing may rewrite after
+    that message."""
+    return path is not None and _is_results_file(path.name)
+
+
+_write_failed = write_failed
 
 
 # ---------------------------------------------------------------------- CSV files
@@ -392,9 +429,15 @@ def replay_newer_journal(dirpath: str | os.PathLike[str], document: Document | N
     """The results of the stage journal in ``dirpath`` when it holds stages that ``document``
     (its ``results.json``) does not yet, else ``None``."""
     path = Path(dirpath) / JOURNAL_FILE
-    if _journal_replay is None or not path.is_file():
+    if not path.is_file():
         return None
-    return _journal_replay(path, document)
+    replay = _journal_replay
+    if replay is None:  # a process that never imported the callback (a reader, the report CLI)
+        import importlib
+
+        replay = importlib.import_module("continual_eval._stage_journal").replay_if_newer
+        set_journal_replay(replay)
+    return replay(path, document)
 
 
 class _Header(msgspec.Struct):
@@ -721,12 +764,22 @@ def claim_results_dir(
     Temporaries of killed writers are removed.
     """
     dirpath = Path(dirpath)
-    dirpath.mkdir(parents=True, exist_ok=True)
     path = dirpath / CLAIM_FILE
+    try:
+        dirpath.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise
+    except OSError as err:
+        raise _claim_failed(dirpath, err) from None
     with _directory_lock(dirpath):
         problem: str | None = ""
         for _ in range(5):
-            problem = _try_claim(path, run_id)
+            try:
+                problem = _try_claim(path, run_id)
+            except FileExistsError:
+                raise
+            except OSError as err:  # a full disk: nothing written (no half claim is left)
+                raise _claim_failed(path, err) from None
             if problem != "":
                 break
         if problem:
@@ -751,6 +804,16 @@ def claim_results_dir(
             )
     remove_stale_temporaries(dirpath)
     return None
+
+
+def _claim_failed(path: Path, err: OSError) -> ResultsWriteError:
+    """The one-line error of a claim (or its directory) that cannot be written at fit start."""
+    return ResultsWriteError(
+        err.errno,
+        f"could not write {path} ({err.strerror or err}), the claim of the results directory "
+        "made at fit start; nothing was trained or written. Free the disk (or fix the "
+        "directory), then start the run again (a resumed run: from the same checkpoint)",
+    )
 
 
 def _release(path: Path, run_id: str) -> None:
@@ -781,11 +844,17 @@ def claim_or_refuse(
     ``results_dir`` (`claim_results_dir`); every rank raises ``FileExistsError`` with rank
     0's reason (named after ``owner``, the claiming callback) when it cannot."""
     problem = None
+    failed: tuple[int | None, str] | None = None  # a claim that could not be written
     if trainer.is_global_zero and results_dir is not None:
-        problem = claim_results_dir(results_dir, run_id, restored=restored, overwrite=overwrite)
+        try:
+            problem = claim_results_dir(results_dir, run_id, restored=restored, overwrite=overwrite)
+        except ResultsWriteError as err:  # every rank raises it (none waits for rank 0)
+            failed = (err.errno, f"{owner}: {err.strerror}")
         if problem is not None:
             problem = f"{owner}: {problem}{_open_wandb_run_note(trainer, results_dir)}"
     if trainer.world_size > 1:
-        problem = trainer.strategy.broadcast(problem, src=0)
+        problem, failed = trainer.strategy.broadcast((problem, failed), src=0)
+    if failed is not None:
+        raise ResultsWriteError(*failed)
     if problem is not None:
         raise FileExistsError(problem)

@@ -10,8 +10,10 @@ after every stage (`continual_eval._item_record`). From them:
   test items
   ([`paired_bootstrap`][continual_eval.functional.paired_bootstrap]: one resample of each
   task's items used in every cell of that task), with the confidence, resamples, weights and
-  seed stated; ``unavailable``: metric -> why it has no interval (intransigence against a
-  reference of scores only);
+  seed stated; with per-step evaluations, the curve metrics' (min-ACC, WC-ACC, the stability
+  gap, the stage areas, anytime accuracy, ``LCA_beta``, the AUC forward transfer) by the same
+  paired resamples (``step_metrics``); ``unavailable``: metric -> why it has no interval
+  (intransigence against a reference of scores only) or what an interval does not cover;
 * ``items``: the memory the records hold, the matrices not recorded and why, and per 0/1 matrix
   the item transitions of [`item_transitions`][continual_eval.functional.item_transitions]
   (right -> wrong and wrong -> right against the previous evaluation and against the diagonal,
@@ -31,12 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from continual_eval.functional.intervals import wilson_interval
+from continual_eval.functional.intervals import DEFAULT_CONFIDENCE, wilson_interval
 from continual_eval.results import schema
 from continual_eval.results._convert import cells, matrix, present, vector
 
 __all__ = [
+    "CLASS_IL_PAIRED",
+    "CLASS_IL_UNAVAILABLE",
     "ClassIncrementalIntervals",
+    "ClassIncrementalPaired",
     "HeldOutIntervals",
     "IntervalResults",
     "ItemResults",
@@ -67,6 +72,12 @@ class MatrixIntervals:
     num_items: tuple[int, ...]
     unavailable: Mapping[str, str] = field(default_factory=dict)
     per_task: Mapping[str, Triple] = field(default_factory=dict)
+    #: the step curves' metrics by the same paired resamples (per-step evaluations with
+    #: ``item_records``): ``min_acc``, ``wc_acc``, ``stage_auc``,
+    #: ``auc_forward_transfer_per_task`` ``[s]``; ``gap_boundary``, ``gap_minimum``,
+    #: ``gap_depth`` ``[s - 1]``; their scalars (``anytime_accuracy``, ``lca``,
+    #: ``auc_forward_transfer``) are in ``metrics``
+    step_metrics: Mapping[str, Triple] = field(default_factory=dict)
 
 
 def _triple(section: schema.PerTaskIntervalSection) -> Triple:
@@ -132,35 +143,122 @@ class HeldOutIntervals:
 
 #: the class-incremental numbers without a one-run interval, and why
 CLASS_IL_UNAVAILABLE = {
-    "seen_accuracy_task": (
-        "a mean of task accuracies (acc_task_agnostic cells, whose items item_records keeps: "
-        "intervals.matrices.acc_task_agnostic has the cells and the matrix metrics); the paired "
-        "interval of this per-stage mean is not built"
+    "recency_sample_share": (
+        "task i's share of the seen test samples: a count of the test sets themselves, the same "
+        "for every model (the reference the prediction share is read against), not an estimate "
+        "from the model's predictions"
     ),
-    "old_accuracy_task": "as seen_accuracy_task",
-    "average_incremental_accuracy": (
-        "a mean over stages of accuracies on the same test items (correlated): the paired "
-        "interval from the acc_task_agnostic items is not built for this section's value"
-    ),
-    "mean_class_accuracy": "a mean of per-class proportions: not built",
-    "amca": "as average_incremental_accuracy",
-    "class_forgetting": (
-        "a difference of per-class accuracies on the same items across stages: pairing needs "
-        "each item's class beside its correctness, which the item records do not keep"
-    ),
-    "recency_bias": "a share of predictions, not a mean of per-item scores: not built",
 }
+#: the class-incremental numbers whose interval is the paired bootstrap over the items of
+#: ``acc_task_agnostic`` and their labels (`ClassIncrementalPaired`); each is in
+#: ``unavailable``, with the reason, where that bootstrap is not made
+CLASS_IL_PAIRED = (
+    "seen_accuracy_task",
+    "old_accuracy_task",
+    "average_incremental_accuracy",
+    "mean_class_accuracy",
+    "amca",
+    "class_forgetting",
+)
+#: `ClassIncrementalPaired.per_stage`'s entries (``[s]`` each) and `metrics`' (scalars)
+PAIRED_PER_STAGE = (
+    "seen_accuracy_task",
+    "old_accuracy_task",
+    "mean_class_accuracy",
+    "amca_per_stage",
+    "mean_class_forgetting_per_stage",
+)
+PAIRED_METRICS = (
+    "average_incremental_accuracy_task",
+    "average_incremental_accuracy_sample",
+    "amca",
+    "mean_class_forgetting",
+)
+
+
+def _scalar(values: Triple, at: int | None = None) -> tuple[float, float, float]:
+    return tuple(float(t if at is None else t[at]) for t in values)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ClassIncrementalPaired:
+    """The paired percentile bootstrap over ``matrix``'s test items (``acc_task_agnostic``)
+    and their labels, one double-or-nothing resample of each task's items used at every stage
+    (`continual_eval.functional._class_il_intervals`; the run's ``confidence``, ``resamples``
+    and ``seed``, the very draws of the matrix's own bootstrap): ``per_stage`` name ->
+    ``(estimate, low, high)`` ``[s]`` (`PAIRED_PER_STAGE`), ``class_forgetting`` ``[C]``,
+    ``metrics`` name -> ``(estimate, low, high)`` (`PAIRED_METRICS`: the average incremental
+    accuracy in both weightings, AMCA, the mean per-class forgetting after the last stage).
+    The task-weighted seen accuracy of the last stage and its mean over stages equal the
+    matrix's ACC and average incremental accuracy, intervals included (the same draws)."""
+
+    matrix: str
+    per_stage: Mapping[str, Triple]
+    class_forgetting: Triple
+    metrics: Mapping[str, tuple[float, float, float]]
+    method: str = "paired percentile bootstrap over test items and their classes"
+
+    @classmethod
+    def from_bootstrap(cls, values: Mapping[str, Any], matrix: str) -> ClassIncrementalPaired:
+        """From `class_il_bootstrap`'s statistics (one run)."""
+        per_stage = {key: tuple(values[key]) for key in PAIRED_PER_STAGE}
+        metrics = {
+            "average_incremental_accuracy_task": _scalar(
+                values["average_incremental_accuracy_task"]
+            ),
+            "average_incremental_accuracy_sample": _scalar(
+                values["average_incremental_accuracy_sample"]
+            ),
+            "amca": _scalar(values["amca_per_stage"], -1),
+            "mean_class_forgetting": _scalar(values["mean_class_forgetting_per_stage"], -1),
+        }
+        return cls(matrix, per_stage, tuple(values["class_forgetting"]), metrics)
+
+    def to_section(self) -> schema.ClassIncrementalPairedSection:
+        return schema.ClassIncrementalPairedSection(
+            method=self.method,
+            matrix=self.matrix,
+            per_stage={key: _triple_section(v) for key, v in self.per_stage.items()},
+            class_forgetting=_triple_section(self.class_forgetting),
+            metrics={
+                key: schema.MetricIntervalSection(
+                    estimate=present(e), low=present(lo), high=present(hi)
+                )
+                for key, (e, lo, hi) in self.metrics.items()
+            },
+        )
+
+    @classmethod
+    def from_section(cls, section: schema.ClassIncrementalPairedSection) -> ClassIncrementalPaired:
+        def number(value: float | None) -> float:
+            return math.nan if value is None else float(value)
+
+        return cls(
+            matrix=section.matrix,
+            per_stage={key: _triple(v) for key, v in section.per_stage.items()},
+            class_forgetting=_triple(section.class_forgetting),
+            metrics={
+                key: (number(v.estimate), number(v.low), number(v.high))
+                for key, v in section.metrics.items()
+            },
+            method=section.method,
+        )
 
 
 @dataclass(frozen=True)
 class ClassIncrementalIntervals:
-    """Wilson intervals of the class-incremental proportions, from the confusion counts of
+    """The class-incremental intervals. Wilson intervals of the proportions, from the
+    confusion counts of
     [`ClassIncrementalResults`][continual_eval.results.ClassIncrementalResults] (each a mean of
     per-item 0/1: the task-agnostic prediction equals the label): ``per_class_accuracy``
     ``[s, C]`` (``conf[i, c, c]`` of ``n_c``), and per stage ``i`` the sample-weighted
     ``seen_accuracy`` (classes of tasks ``<= i``), ``old_accuracy`` (tasks ``< i``) and
-    ``new_accuracy`` (task ``i``), each ``(estimate, low, high)`` (NaN: undefined);
-    ``unavailable``: number -> why it has no interval."""
+    ``new_accuracy`` (task ``i``), and ``recency_prediction_share`` (the seen test samples
+    predicted as a class of task ``i``, of all seen test samples: each sample one trial), each
+    ``(estimate, low, high)`` (NaN: undefined). ``paired``: the numbers that read each item's
+    class across stages, by the paired bootstrap (`ClassIncrementalPaired`; ``None`` where it
+    is not made, the reason in ``unavailable``); ``unavailable``: number -> why it has no
+    interval."""
 
     per_class_accuracy: Triple
     seen_accuracy: Triple
@@ -168,11 +266,13 @@ class ClassIncrementalIntervals:
     new_accuracy: Triple
     method: str = "wilson"
     unavailable: Mapping[str, str] = field(default_factory=lambda: dict(CLASS_IL_UNAVAILABLE))
+    recency_prediction_share: Triple | None = None
+    paired: ClassIncrementalPaired | None = None
 
     @classmethod
     def compute(cls, results: Any, confidence: float) -> ClassIncrementalIntervals:
         """From ``results`` (a `ClassIncrementalResults`): its ``confusion``, ``test_samples``
-        and ``task_classes``."""
+        and ``task_classes`` (the Wilson part; ``paired`` is added by the item records)."""
         confusion = results.confusion.coalesce()
         s, C = int(confusion.shape[0]), int(confusion.shape[-1])
         index, count = confusion.indices(), confusion.values().to(torch.float64)
@@ -210,11 +310,16 @@ class ClassIncrementalIntervals:
             m = mask.to(torch.float64)
             return wilson((correct * m).sum(1), (n * m).sum(1))
 
+        # recency: the section's own counts (prediction share = new predictions / seen samples)
+        share = results.recency_prediction_share.to(torch.float64)
+        seen_samples = (n * pools["seen"].to(torch.float64)).sum(1)
+        recency = wilson((share * seen_samples).round(), seen_samples)
         return cls(
             per_class_accuracy=per_class,
             seen_accuracy=pooled(pools["seen"]),
             old_accuracy=pooled(pools["old"]),
             new_accuracy=pooled(pools["new"]),
+            recency_prediction_share=(share, recency[1], recency[2]),
         )
 
     def to_section(self) -> schema.ClassIncrementalIntervalsSection:
@@ -225,6 +330,10 @@ class ClassIncrementalIntervals:
             old_accuracy=_triple_section(self.old_accuracy),
             new_accuracy=_triple_section(self.new_accuracy),
             unavailable=dict(self.unavailable),
+            recency_prediction_share=None
+            if self.recency_prediction_share is None
+            else _triple_section(self.recency_prediction_share),
+            paired=None if self.paired is None else self.paired.to_section(),
         )
 
     @classmethod
@@ -241,6 +350,12 @@ class ClassIncrementalIntervals:
             new_accuracy=_triple(section.new_accuracy),
             method=section.method,
             unavailable=dict(section.unavailable),
+            recency_prediction_share=None
+            if section.recency_prediction_share is None
+            else _triple(section.recency_prediction_share),
+            paired=None
+            if section.paired is None
+            else ClassIncrementalPaired.from_section(section.paired),
         )
 
 
@@ -291,6 +406,7 @@ class IntervalResults:
                     num_items=list(m.num_items),
                     unavailable=dict(m.unavailable),
                     per_task={key: _triple_section(v) for key, v in m.per_task.items()},
+                    step_metrics={key: _triple_section(v) for key, v in m.step_metrics.items()},
                 )
                 for name, m in self.matrices.items()
             },
@@ -328,6 +444,7 @@ class IntervalResults:
                     num_items=tuple(m.num_items),
                     unavailable=dict(m.unavailable),
                     per_task={key: _triple(v) for key, v in m.per_task.items()},
+                    step_metrics={key: _triple(v) for key, v in m.step_metrics.items()},
                 )
                 for name, m in section.matrices.items()
             },
@@ -354,12 +471,23 @@ class Transitions:
     recovered: Tensor
     forgotten_once: Tensor
     num_items: tuple[int, ...]
+    #: the confidence of `forgotten_once_interval` (the ``intervals`` section's)
+    confidence: float = DEFAULT_CONFIDENCE
 
     @property
     def forgotten_once_fraction(self) -> Tensor:
         """``forgotten_once / n_j`` ``[s, T]``: the fraction of task ``j``'s items forgotten at
         least once (a right -> wrong step between consecutive stages after it was learned)."""
         return self.forgotten_once / torch.tensor(self.num_items, dtype=torch.float64)
+
+    @property
+    def forgotten_once_interval(self) -> tuple[Tensor, Tensor]:
+        """``(low, high)`` ``[s, T]``: the Wilson interval (at ``confidence``) of
+        `forgotten_once_fraction` as the rate at which the task's items (i.i.d. draws of its
+        test distribution) are forgotten at least once, ``forgotten_once`` of ``n_j`` trials
+        (NaN where undefined)."""
+        trials = torch.tensor(self.num_items, dtype=torch.float64).expand_as(self.forgotten_once)
+        return wilson_interval(self.forgotten_once, trials, confidence=self.confidence)
 
 
 _TRANSITION_KEYS = ("right_to_wrong", "wrong_to_right", "forgotten", "recovered", "forgotten_once")
@@ -385,6 +513,9 @@ class ItemResults:
                 name: schema.TransitionsSection(
                     **{key: cells(getattr(t, key)) for key in _TRANSITION_KEYS},
                     num_items=list(t.num_items),
+                    confidence=t.confidence,
+                    forgotten_once_low=cells(t.forgotten_once_interval[0]),
+                    forgotten_once_high=cells(t.forgotten_once_interval[1]),
                 )
                 for name, t in self.transitions.items()
             },
@@ -400,6 +531,7 @@ class ItemResults:
                 name: Transitions(
                     **{key: matrix(getattr(t, key), num_tasks) for key in _TRANSITION_KEYS},
                     num_items=tuple(t.num_items),
+                    confidence=t.confidence,  # the interval follows from the counts
                 )
                 for name, t in section.transitions.items()
             },

@@ -1,6 +1,6 @@
 """References of the primary scorer: what [`train_reference`][continual_eval.train_reference]
 measured ([`Reference`][continual_eval.Reference],
-[`ReferenceCurve`][continual_eval.results.ReferenceCurve]) and what
+[`ReferenceCurve`][]) and what
 ``ContinualEvalCallback(reference=...)`` accepts, resolved into a
 [`ReferenceScores`][continual_eval.results.ReferenceScores] (no Lightning here: the report reads
 references too).
@@ -94,14 +94,15 @@ class Reference:
         higher_is_better: the primary scorer's direction.
         task_names: one name per task.
         curves: with ``eval_every_n_steps`` (isolated only): one
-            [`ReferenceCurve`][continual_eval.results.ReferenceCurve] per task, copy ``j``'s curve
+            [`ReferenceCurve`][] per task, copy ``j``'s curve
             on task ``j``; else ``None``.
         results_dirs: where each reference run's ``results.json`` went (empty without
             ``dirpath``).
         items: with per-item records of the primary matrix (``item_records`` in
             ``callback_kwargs``): per task ``j`` the reference's ``[n_j]`` items on task ``j``'s
             test set, in its order (the cells of ``scores``: isolated and cumulative, copy ``j``'s;
-            joint, the joint copy's), [`PackedBits`][continual_eval.functional.PackedBits] for 0/1
+            joint, the joint copy's), [`PackedBits`][continual_eval.functional.intervals.PackedBits]
+            for 0/1
             items, else float64; ``None`` otherwise.
     """
 

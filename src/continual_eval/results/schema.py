@@ -441,10 +441,27 @@ class HeldOutIntervalsSection(Struct, kw_only=True):
     num_items: list[Count]
 
 
+class ClassIncrementalPairedSection(Struct, kw_only=True):
+    """The paired bootstrap of the class-incremental numbers that read each item's class
+    (`ClassIncrementalPaired`): over ``matrix``'s items (``acc_task_agnostic``) and their
+    labels; ``per_stage`` ``[s]`` each (``seen_accuracy_task``, ``old_accuracy_task``,
+    ``mean_class_accuracy``, ``amca_per_stage``, ``mean_class_forgetting_per_stage``),
+    ``class_forgetting`` ``[C]``, ``metrics`` scalars (``average_incremental_accuracy_task``,
+    ``average_incremental_accuracy_sample``, ``amca``, ``mean_class_forgetting``)."""
+
+    method: Text
+    matrix: Name
+    per_stage: dict[Name, PerTaskIntervalSection]
+    class_forgetting: PerTaskIntervalSection
+    metrics: dict[Name, MetricIntervalSection]
+
+
 class ClassIncrementalIntervalsSection(Struct, kw_only=True):
     """Wilson intervals of the class-incremental proportions (`ClassIncrementalIntervals`):
     ``per_class_accuracy`` ``[s, C]``, the sample-weighted ``seen_accuracy``, ``old_accuracy``
-    and ``new_accuracy`` ``[s]``; ``unavailable``: number -> why it has no interval."""
+    and ``new_accuracy`` ``[s]``, ``recency_prediction_share`` ``[s]``; ``paired``: the paired
+    bootstrap of the per-class and task-weighted numbers; ``unavailable``: number -> why it has
+    no interval."""
 
     method: Literal["wilson"]
     per_class_accuracy: RowsIntervalSection
@@ -452,6 +469,8 @@ class ClassIncrementalIntervalsSection(Struct, kw_only=True):
     old_accuracy: PerTaskIntervalSection
     new_accuracy: PerTaskIntervalSection
     unavailable: dict[Name, Text] = msgspec.field(default_factory=dict)
+    recency_prediction_share: PerTaskIntervalSection | None = None
+    paired: ClassIncrementalPairedSection | None = None
 
 
 class MatrixIntervalsSection(Struct, kw_only=True):
@@ -473,6 +492,10 @@ class MatrixIntervalsSection(Struct, kw_only=True):
     #: the per-task values' intervals by the same resamples (``bwt``, ``forgetting``, ``fwt``
     #: ``[max(s - 1, 0)]``, ``intransigence`` ``[s]``)
     per_task: dict[Name, PerTaskIntervalSection] = msgspec.field(default_factory=dict)
+    #: the step curves' metrics by the same resamples (``min_acc``, ``wc_acc``, ``stage_auc``,
+    #: ``auc_forward_transfer_per_task`` ``[s]``; ``gap_boundary``, ``gap_minimum``,
+    #: ``gap_depth`` ``[max(s - 1, 0)]``)
+    step_metrics: dict[Name, PerTaskIntervalSection] = msgspec.field(default_factory=dict)
 
 
 class IntervalsSection(Struct, kw_only=True):
@@ -501,7 +524,9 @@ class TransitionsSection(Struct, kw_only=True):
     """One 0/1 matrix's item transitions per stage and task ``[s, T]`` (``null``: undefined):
     against the previous evaluation (``right_to_wrong``, ``wrong_to_right``), against the
     diagonal (``forgotten``, ``recovered``), the items forgotten at least once
-    (``forgotten_once``) and ``num_items`` ``[T]``."""
+    (``forgotten_once``) and ``num_items`` ``[T]``; ``forgotten_once_low``/``_high`` ``[s, T]``:
+    the Wilson interval (at ``confidence``) of the fraction ``forgotten_once / num_items``
+    (derived from the counts: a reader recomputes it)."""
 
     right_to_wrong: Rows
     wrong_to_right: Rows
@@ -509,6 +534,9 @@ class TransitionsSection(Struct, kw_only=True):
     recovered: Rows
     forgotten_once: Rows
     num_items: list[Count]
+    confidence: Annotated[float, Meta(gt=0, lt=1)] = 0.95
+    forgotten_once_low: Rows | None = None
+    forgotten_once_high: Rows | None = None
 
 
 class ItemsSection(Struct, kw_only=True):
@@ -1166,6 +1194,14 @@ def _check_intervals(
             for part in ("estimate", "low", "high"):
                 check.length(getattr(values, part), f"{where}.{part}", n(s))
             _check_ordered(check, f"{where}.low", values.low, values.high, "high")
+        for key, values in m.step_metrics.items():
+            where = key_path(f"{field}.step_metrics", key)
+            n = _STEP_METRIC_LENGTHS.get(key)
+            if n is None:
+                check.fail(where, f"expected one of {sorted(_STEP_METRIC_LENGTHS)}")
+            for part in ("estimate", "low", "high"):
+                check.length(getattr(values, part), f"{where}.{part}", n(s))
+            _check_ordered(check, f"{where}.low", values.low, values.high, "high")
     _check_held_out_intervals(check, section, matrices, held_out, s)
     _check_class_il_intervals(check, section.class_incremental, class_incremental, s)
 
@@ -1195,6 +1231,74 @@ def _check_class_il_intervals(
                 check.length(value, where, s)
             check.within(value, where, [0.0, 1.0], "[0, 1]")
         _check_ordered(check, f"{field}.{key}.low", part.low, part.high, "high")
+    if section.recency_prediction_share is not None:
+        _check_triple(
+            check, f"{field}.recency_prediction_share", section.recency_prediction_share, s
+        )
+    if section.paired is not None:
+        _check_class_il_paired(check, f"{field}.paired", section.paired, s, C)
+
+
+#: the paired class-IL entries and the range of their values (forgetting: a difference)
+_PAIRED_STAGE_BOUNDS = {
+    "seen_accuracy_task": [0.0, 1.0],
+    "old_accuracy_task": [0.0, 1.0],
+    "mean_class_accuracy": [0.0, 1.0],
+    "amca_per_stage": [0.0, 1.0],
+    "mean_class_forgetting_per_stage": [-1.0, 1.0],
+}
+_PAIRED_METRIC_BOUNDS = {
+    "average_incremental_accuracy_task": [0.0, 1.0],
+    "average_incremental_accuracy_sample": [0.0, 1.0],
+    "amca": [0.0, 1.0],
+    "mean_class_forgetting": [-1.0, 1.0],
+}
+
+
+def _check_triple(
+    check: _Check,
+    where: str,
+    part: PerTaskIntervalSection,
+    n: int,
+    bounds: list[float] | None = None,
+) -> None:
+    """``estimate``/``low``/``high`` of length ``n`` within ``bounds`` (``[0, 1]``),
+    ``low <= high``."""
+    bounds = [0.0, 1.0] if bounds is None else bounds
+    for end in ("estimate", "low", "high"):
+        value = getattr(part, end)
+        check.length(value, f"{where}.{end}", n)
+        check.within(value, f"{where}.{end}", bounds, f"[{bounds[0]:g}, {bounds[1]:g}]")
+    _check_ordered(check, f"{where}.low", part.low, part.high, "high")
+
+
+def _check_class_il_paired(
+    check: _Check, field: str, section: ClassIncrementalPairedSection, s: int, C: int
+) -> None:
+    """Known entries, ``[s]`` per stage and ``[C]`` per class within their ranges, ``low <=
+    high``."""
+    for key, part in section.per_stage.items():
+        bounds = _PAIRED_STAGE_BOUNDS.get(key)
+        if bounds is None:
+            check.fail(
+                key_path(f"{field}.per_stage", key),
+                f"expected one of {sorted(_PAIRED_STAGE_BOUNDS)}",
+            )
+        _check_triple(check, key_path(f"{field}.per_stage", key), part, s, bounds)
+    _check_triple(check, f"{field}.class_forgetting", section.class_forgetting, C, [-1.0, 1.0])
+    for key, interval in section.metrics.items():
+        where = key_path(f"{field}.metrics", key)
+        bounds = _PAIRED_METRIC_BOUNDS.get(key)
+        if bounds is None:
+            check.fail(where, f"expected one of {sorted(_PAIRED_METRIC_BOUNDS)}")
+        for end in ("estimate", "low", "high"):
+            value = getattr(interval, end)
+            if value is not None and not bounds[0] <= value <= bounds[1]:
+                check.fail(
+                    f"{where}.{end}",
+                    f"expected a value in [{bounds[0]:g}, {bounds[1]:g}], found {value!r}",
+                )
+        _check_ordered(check, f"{where}.low", interval.low, interval.high, "high")
 
 
 #: per-task interval name -> its length after ``s`` stages
@@ -1203,6 +1307,16 @@ _PER_TASK_LENGTHS = {
     "forgetting": lambda s: max(s - 1, 0),
     "fwt": lambda s: max(s - 1, 0),
     "intransigence": lambda s: s,
+}
+#: step-curve interval name -> its length after ``s`` stages
+_STEP_METRIC_LENGTHS = {
+    "min_acc": lambda s: s,
+    "wc_acc": lambda s: s,
+    "stage_auc": lambda s: s,
+    "auc_forward_transfer_per_task": lambda s: s,
+    "gap_boundary": lambda s: max(s - 1, 0),
+    "gap_minimum": lambda s: max(s - 1, 0),
+    "gap_depth": lambda s: max(s - 1, 0),
 }
 
 
@@ -1286,6 +1400,19 @@ def _check_items(
                     f"{field}.{key}[{i}][{j}]",
                     f"expected a count in [0, {t.num_items[j]}] (num_items[{j}]), found "
                     f"{describe(float(values[i, j]))}",
+                )
+        for key in ("forgotten_once_low", "forgotten_once_high"):
+            rows = getattr(t, key)
+            if rows is None:
+                continue
+            check.rows(rows, f"{field}.{key}", s, T)
+            values = np.array(rows, dtype=np.float64).reshape(len(rows), T)
+            outside = np.argwhere((values < 0) | (values > 1))
+            if outside.size:
+                i, j = (int(v) for v in outside[0])
+                check.fail(
+                    f"{field}.{key}[{i}][{j}]",
+                    f"expected a fraction in [0, 1], found {describe(float(values[i, j]))}",
                 )
 
 

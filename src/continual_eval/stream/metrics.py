@@ -748,7 +748,7 @@ def compute_all_metrics(
     labels (``overall``). Absences are dropped at both stages and ``n`` / ``overall_n`` count the
     values each aggregate rests on.
 
-    ``ceiling``: a number (explicit), an [`UpperBound`][continual_eval.stream.UpperBound], a
+    ``ceiling``: a number (explicit), an [`UpperBound`][continual_eval.stream.rewards.UpperBound], a
     [`RewardSpec`][continual_eval.stream.RewardSpec] (analytic bound) or a mapping label ->
     number/bound. ``reference``: one reference reward sequence (or trace) per trace, for regret.
     ``episode_end_components``: components whose payout steps are excluded from forgetting and from

@@ -17,7 +17,7 @@ derivations bound what the reward can pay:
   observed in recorded traces. Derived from the policy being measured, so two policies compared
   against their own data-relative bounds are not compared fairly.
 
-Every [`UpperBound`][continual_eval.stream.UpperBound] records its ``derivation``. A window of ``L``
+Every [`UpperBound`][] records its ``derivation``. A window of ``L``
 steps holding ``e`` episode ends (final steps) is measured against
 [`UpperBound.for_interval`][continual_eval.stream.UpperBound.for_interval]:
 ``((L - e) * per_step + e * final_step) / L`` -- the most its mean reward can be, since each step

@@ -104,13 +104,27 @@ ROW_TITLES: dict[str, str] = {
 _STEP_COUNTS = {"adaptation_speed", "recovery_time"}
 
 
+#: from this magnitude on a table writes a number as ``.4e`` (``8.0000e+306``, not 309 digits)
+_LARGE = 1e6
+
+
+def _compact(value: float, fixed: str) -> str:
+    """``value`` in the format ``fixed``, or ``.4e`` when its magnitude is 1e6 or more."""
+    if abs(value) >= _LARGE:
+        return f"{value:+.4e}" if fixed.startswith("+") else f"{value:.4e}"
+    return format(value, fixed)
+
+
 def format_value(metric: str, value: float | None) -> str:
     """``--`` for ``None``; step counts as integers when whole; ``+.4f`` for forgetting;
-    ``inf``/``-inf``/``nan`` for a number that is not finite."""
+    ``inf``/``-inf``/``nan`` for a number that is not finite; a magnitude of 1e6 or more as
+    ``.4e`` (the JSON output keeps every number whole)."""
     if value is None:
         return ABSENT
     if not math.isfinite(value):
         return str(float(value))
+    if abs(value) >= _LARGE:
+        return _compact(value, "+.4f" if metric == "forgetting" else ".4f")
     if metric in _STEP_COUNTS:
         return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
     if metric == "forgetting":
@@ -180,7 +194,7 @@ def _seed_cell(metric: str, cell: Mapping[str, Any]) -> str:
     out = format_value(metric, cell["mean"])
     if cell["spread"] is not None:
         spread = cell["spread"]
-        out += f" ± {spread:.4f}" if math.isfinite(spread) else f" ± {float(spread)}"
+        out += f" ± {_compact(spread, '.4f')}" if math.isfinite(spread) else f" ± {float(spread)}"
     return f"{out} (n={cell['n']})"
 
 

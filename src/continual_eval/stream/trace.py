@@ -10,7 +10,7 @@ Validation happens once, here: a non-finite reward, a step number that does not 
 alias whose origin never occurs in the trace is an error naming the step or the label.
 
 JSON lines are decoded against a strict typed schema
-([`StepRecord`][continual_eval.stream.StepRecord], msgspec): a value of the wrong type is an error
+([`StepRecord`][], msgspec): a value of the wrong type is an error
 naming ``file:line`` and the field, never coerced (``"false"`` is not a boolean, ``7`` is not a
 label, ``1.7`` is not a step). [`read_jsonl`][continual_eval.stream.read_jsonl] decodes the file a
 block at a time straight into column arrays, so no per-line Python object outlives its block.
@@ -169,7 +169,7 @@ class EpisodeStep:
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> EpisodeStep:
         """Inverse of [`to_dict`][continual_eval.stream.EpisodeStep.to_dict], validated against
-        [`StepRecord`][continual_eval.stream.StepRecord] (no coercion)."""
+        [`StepRecord`][] (no coercion)."""
         data = dict(record) if isinstance(record, Mapping) else record
         try:
             rec = msgspec.convert(data, StepRecord, strict=True)
@@ -179,7 +179,7 @@ class EpisodeStep:
 
     @classmethod
     def from_record(cls, rec: StepRecord) -> EpisodeStep:
-        """The step a decoded [`StepRecord`][continual_eval.stream.StepRecord] describes; a
+        """The step a decoded [`StepRecord`][] describes; a
         non-finite number is an error."""
         numbers = {"reward": rec.reward, "effective_rank": rec.effective_rank}
         numbers.update({f"components.{k}": v for k, v in (rec.components or {}).items()})
@@ -716,7 +716,7 @@ def read_jsonl(
     max_line_bytes: int | None = DEFAULT_MAX_LINE_BYTES,
     max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES,
 ) -> EpisodeTrace:
-    """Read one trace from JSON lines (one [`StepRecord`][continual_eval.stream.StepRecord] per
+    """Read one trace from JSON lines (one [`StepRecord`][] per
     line; blank lines skip).
 
     ``source``: a path (a regular file, a FIFO, a device) or a binary file object (anything with
