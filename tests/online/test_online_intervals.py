@@ -114,7 +114,10 @@ def test_report_tables_show_value_and_interval(run):
             float(row["near_future/2/acc_hi"]),
         ) == pytest.approx(_scipy(counts.correct, counts.total), abs=1e-9)
         want = _scipy(counts.blind["prior"], counts.total)
-        got = (float(row["near_future/2/blind_prior/acc_lo"]), float(row["near_future/2/blind_prior/acc_hi"]))
+        got = (
+            float(row["near_future/2/blind_prior/acc_lo"]),
+            float(row["near_future/2/blind_prior/acc_hi"]),
+        )
         assert got == pytest.approx(want, abs=1e-9)
     assert "independent" in INTERVAL_NOTE
     assert f"{WILSON_COVERAGE['runs of 150']:.1%}" in INTERVAL_NOTE
@@ -149,3 +152,5 @@ def test_wilson_coverage_iid_and_autocorrelated_as_stated():
     runs150 = _coverage(150)
     assert runs150 == pytest.approx(WILSON_COVERAGE["runs of 150"], abs=1e-9)
     assert runs150 < runs10 < 0.94  # it undercovers, the more the longer the runs
+    stream = _coverage(150, window=12000, windows=2000)  # the counts pooled over a whole stream
+    assert stream == pytest.approx(WILSON_COVERAGE["stream of 12000, runs of 150"], abs=1e-9)

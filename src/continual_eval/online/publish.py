@@ -6,9 +6,9 @@ online score, ``near_future/<d>/`` and ``label_delay/<d>/`` for the others):
 
 * ``{prefix}{s}acc``: the window's accuracy; ``{prefix}{s}acc_cumulative``: over the stream so
   far; ``{prefix}blind_<b>/{s}acc``: blind predictor ``b``'s (``mode``, ``last``, ``prior``) on
-  the same samples; each window accuracy (not the cumulative one) with ``.../lo`` and ``.../hi``, its 95 %
-  Wilson interval from the window's counts (independent trials assumed: it undercovers on an
-  autocorrelated stream, see ``docs/online.md``);
+  the same samples; each window accuracy (not the cumulative one) with ``.../lo`` and
+  ``.../hi``, its 95% Wilson interval from the window's counts (independent trials assumed: it
+  undercovers on an autocorrelated stream, see ``docs/online.md``);
 * ``{prefix}samples_seen`` (stream position at the window's end), ``{prefix}cost/samples``,
   ``{prefix}cost/optimizer_steps``, ``{prefix}cost/train_seconds``, ``{prefix}cost/eval_seconds``,
   ``{prefix}cost/scoring_forwards`` (the window's);
@@ -48,7 +48,10 @@ def window_scalars(results: OnlineResults, index: int, prefix: str) -> dict[str,
         counts = window.scores[score]
         base = _base(score)
         if counts.total:
-            keys = [f"{prefix}{base}acc", *(f"{prefix}blind_{b}/{base}acc" for b in BLIND_PREDICTORS)]
+            keys = [
+                f"{prefix}{base}acc",
+                *(f"{prefix}blind_{b}/{base}acc" for b in BLIND_PREDICTORS),
+            ]
             correct = torch.tensor([counts.correct, *(counts.blind[b] for b in BLIND_PREDICTORS)])
             low, high = wilson_interval(correct, torch.tensor(counts.total))
             for k, key in enumerate(keys):

@@ -119,7 +119,11 @@ class OnlineResults:
         return int(correct.sum()) / n if n else None
 
     def window_interval(
-        self, score: str = "online", blind: str | None = None, *, confidence: float = DEFAULT_CONFIDENCE
+        self,
+        score: str = "online",
+        blind: str | None = None,
+        *,
+        confidence: float = DEFAULT_CONFIDENCE,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(low, high)`` per window (``[windows]`` float64, NaN for an empty window): the Wilson
         interval of the window accuracy ``correct / total`` of one score, the learner's or
@@ -131,7 +135,11 @@ class OnlineResults:
         return wilson_interval(correct, total, confidence=confidence)
 
     def accuracy_interval(
-        self, score: str = "online", blind: str | None = None, *, confidence: float = DEFAULT_CONFIDENCE
+        self,
+        score: str = "online",
+        blind: str | None = None,
+        *,
+        confidence: float = DEFAULT_CONFIDENCE,
     ) -> tuple[float, float] | None:
         """The Wilson interval of [`accuracy`][continual_eval.results.OnlineResults.accuracy]
         (the counts pooled over the stream), ``None`` when nothing was scored; the same
