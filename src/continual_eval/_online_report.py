@@ -84,11 +84,11 @@ INTERVAL_NOTE = (
     "trials. On an autocorrelated stream they are not, and the interval is too narrow: in a "
     "seeded simulation with the package's stream generator (a fixed predictor whose accuracy "
     "depends on the class, windows of 500 predictions), the nominal 95% interval covered the "
-    f"true accuracy in {WILSON_COVERAGE['iid']:.1%} of windows with independent labels, "
-    f"{WILSON_COVERAGE['runs of 10']:.1%} with labels in runs of 10 and "
-    f"{WILSON_COVERAGE['runs of 150']:.1%} with runs of 150 (the worked example's stream); pooling "
+    f"true accuracy in {WILSON_COVERAGE['iid']:.2%} of windows with independent labels, "
+    f"{WILSON_COVERAGE['runs of 10']:.2%} with labels in runs of 10 and "
+    f"{WILSON_COVERAGE['runs of 150']:.2%} with runs of 150 (the worked example's stream); pooling "
     "the windows of the stream does not help "
-    f"({WILSON_COVERAGE['stream of 12000, runs of 150']:.1%} over 12,000 samples in runs of 150). "
+    f"({WILSON_COVERAGE['stream of 12000, runs of 150']:.2%} over 12,000 samples in runs of 150). "
     "Read them as the binomial noise of the counts, a lower bound on the uncertainty."
 )
 

@@ -120,7 +120,7 @@ def test_report_tables_show_value_and_interval(run):
         )
         assert got == pytest.approx(want, abs=1e-9)
     assert "independent" in INTERVAL_NOTE
-    assert f"{WILSON_COVERAGE['runs of 150']:.1%}" in INTERVAL_NOTE
+    assert f"{WILSON_COVERAGE['runs of 150']:.2%}" in INTERVAL_NOTE
 
 
 def _coverage(run_length: int | None, *, window: int = 500, windows: int = 4000, seed: int = 0):
