@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import html
 import io
 import math
 
 import pytest
 import torch
 
+from continual_eval._online_report import INTERVAL_NOTE
+from continual_eval.functional.intervals import wilson_interval
 from continual_eval.report import main, write_report
 from continual_eval.results import ContinualResults, OnlineResults, ScoreMatrix
 from continual_eval.results.schema import (
@@ -161,7 +164,16 @@ def test_online_runs_get_their_picture_tables_and_windows(tmp_path):
     # the run's score table and compute line
     assert "| near-future, delay 3 | " in text and "Compute (Ghunaim et al. CVPR 2023): 600" in text
     assert "anytime accuracy" in text and "over the segments ACC" in text
+    # every accuracy of the run's score table with its Wilson interval, and the coverage note
+    score_row = next(
+        line for line in text.splitlines() if line.startswith("| online (prequential) | ")
+    )
+    first = online_record(0.6)
+    low, high = wilson_interval(*(c.sum() for c in first.counts("online")))
+    assert score_row.split(" | ")[1] == f"{first.accuracy():.4f} [{low:.4f}, {high:.4f}]"
+    assert text.count(INTERVAL_NOTE) == 3
     page = (out / "report.html").read_text()
+    assert page.count(html.escape(INTERVAL_NOTE, quote=True)) == 3
     assert page.count("Online vs near-future vs blind accuracy over the stream") == 3
     assert "blind: last label" in page
 

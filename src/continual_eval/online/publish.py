@@ -6,7 +6,9 @@ online score, ``near_future/<d>/`` and ``label_delay/<d>/`` for the others):
 
 * ``{prefix}{s}acc``: the window's accuracy; ``{prefix}{s}acc_cumulative``: over the stream so
   far; ``{prefix}blind_<b>/{s}acc``: blind predictor ``b``'s (``mode``, ``last``, ``prior``) on
-  the same samples;
+  the same samples; each window accuracy (not the cumulative one) with ``.../lo`` and
+  ``.../hi``, its 95% Wilson interval from the window's counts (independent trials assumed: it
+  undercovers on an autocorrelated stream, see ``docs/online.md``);
 * ``{prefix}samples_seen`` (stream position at the window's end), ``{prefix}cost/samples``,
   ``{prefix}cost/optimizer_steps``, ``{prefix}cost/train_seconds``, ``{prefix}cost/eval_seconds``,
   ``{prefix}cost/scoring_forwards`` (the window's);
@@ -24,8 +26,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
+from continual_eval.functional.intervals import wilson_interval
 from continual_eval.functional.online import held_out_curves
 from continual_eval.online.record import BLIND_PREDICTORS, OnlineResults
 
@@ -44,9 +48,15 @@ def window_scalars(results: OnlineResults, index: int, prefix: str) -> dict[str,
         counts = window.scores[score]
         base = _base(score)
         if counts.total:
-            out[f"{prefix}{base}acc"] = counts.correct / counts.total
-            for b in BLIND_PREDICTORS:
-                out[f"{prefix}blind_{b}/{base}acc"] = counts.blind[b] / counts.total
+            keys = [
+                f"{prefix}{base}acc",
+                *(f"{prefix}blind_{b}/{base}acc" for b in BLIND_PREDICTORS),
+            ]
+            correct = torch.tensor([counts.correct, *(counts.blind[b] for b in BLIND_PREDICTORS)])
+            low, high = wilson_interval(correct, torch.tensor(counts.total))
+            for k, key in enumerate(keys):
+                out[key] = int(correct[k]) / counts.total
+                out[f"{key}/lo"], out[f"{key}/hi"] = float(low[k]), float(high[k])
         cumulative = results.accuracy(score)
         if cumulative is not None:
             out[f"{prefix}{base}acc_cumulative"] = cumulative

@@ -1,0 +1,156 @@
+"""Wilson intervals of the online window accuracies: from the stored counts (results.json), in
+the logs (``.../lo`` ``.../hi``) and the report's tables, against scipy's Wilson interval; and
+their coverage on an autocorrelated stream, measured by a seeded simulation with the package's
+own label generator (the numbers the report's note and docs/online.md state)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from online_helpers import Learner, loader, make_net, run_stream, trainer
+from scipy.stats import binomtest
+
+from continual_eval._online_report import (
+    INTERVAL_NOTE,
+    WILSON_COVERAGE,
+    online_score_rows,
+    online_windows_csv,
+)
+from continual_eval.functional.intervals import wilson_interval
+from continual_eval.online import OnlineEvalCallback, read_online
+from continual_eval.online.synthetic import autocorrelated_labels
+from continual_eval.results.schema import BLIND_PREDICTORS
+
+
+def _scipy(correct: int, total: int) -> tuple[float, float]:
+    ci = binomtest(int(correct), int(total)).proportion_ci(0.95, method="wilson")
+    return ci.low, ci.high
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A real online run (CSVLogger), windows of 4 batches of 8, a near-future score."""
+    tmp_path = tmp_path_factory.mktemp("online_intervals")
+    x, y = run_stream(200, 20, seed=3)
+    logger = CSVLogger(tmp_path, name="csv")
+    cb = OnlineEvalCallback(near_future_delays=[2], window_batches=4, verbose=False)
+    trainer(tmp_path, [cb], logger=logger).fit(Learner(make_net()), loader(x, y, 8))
+    return read_online(cb.results_dir), cb.results_dir
+
+
+def test_window_and_stream_intervals_match_scipy_wilson(run):
+    online, _ = run
+    assert len(online.windows) > 3
+    for score in online.score_names():
+        for blind in (None, *BLIND_PREDICTORS):
+            low, high = online.window_interval(score, blind)
+            for k, w in enumerate(online.windows):
+                counts = w.scores[score]
+                correct = counts.correct if blind is None else counts.blind[blind]
+                if counts.total == 0:
+                    assert low[k].isnan() and high[k].isnan()
+                    continue
+                assert (float(low[k]), float(high[k])) == pytest.approx(
+                    _scipy(correct, counts.total), abs=1e-12
+                )
+            correct = sum(
+                w.scores[score].correct if blind is None else w.scores[score].blind[blind]
+                for w in online.windows
+            )
+            total = sum(w.scores[score].total for w in online.windows)
+            assert online.accuracy_interval(score, blind) == pytest.approx(
+                _scipy(correct, total), abs=1e-12
+            )
+
+
+def test_logged_lo_hi_are_the_window_intervals(run):
+    online, results_dir = run
+    rows = list(csv.DictReader(io.StringIO((results_dir / "metrics.csv").read_text())))
+    for key, score, blind in [
+        ("online/acc", "online", None),
+        ("online/blind_last/acc", "online", "last"),
+        ("online/near_future/2/acc", "near_future/2", None),
+        ("online/blind_mode/near_future/2/acc", "near_future/2", "mode"),
+    ]:
+        logged = [(float(r[f"{key}/lo"]), float(r[f"{key}/hi"])) for r in rows if r[key]]
+        expected = []
+        for w in online.windows:
+            counts = w.scores[score]
+            if counts.total:
+                correct = counts.correct if blind is None else counts.blind[blind]
+                expected.append(_scipy(correct, counts.total))
+        assert len(logged) == len(expected) > 0
+        for got, want in zip(logged, expected, strict=True):
+            assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_report_tables_show_value_and_interval(run):
+    online, _ = run
+    rows = online_score_rows(online)
+    entry = online.summary()["scores"]["online"]
+    low, high = _scipy(
+        sum(w.scores["online"].correct for w in online.windows),
+        sum(w.scores["online"].total for w in online.windows),
+    )
+    assert rows[0][1] == f"{entry['accuracy']:.4f} [{low:.4f}, {high:.4f}]"
+    last = BLIND_PREDICTORS.index("last")
+    blow, bhigh = _scipy(
+        sum(w.scores["online"].blind["last"] for w in online.windows),
+        sum(w.scores["online"].total for w in online.windows),
+    )
+    assert rows[0][2 + last].endswith(f" [{blow:.4f}, {bhigh:.4f}]")
+    table = list(csv.DictReader(io.StringIO(online_windows_csv(online))))
+    for row, w in zip(table, online.windows, strict=True):
+        counts = w.scores["near_future/2"]
+        if not counts.total:
+            assert row["near_future/2/acc_lo"] == ""
+            continue
+        assert (
+            float(row["near_future/2/acc_lo"]),
+            float(row["near_future/2/acc_hi"]),
+        ) == pytest.approx(_scipy(counts.correct, counts.total), abs=1e-9)
+        want = _scipy(counts.blind["prior"], counts.total)
+        got = (
+            float(row["near_future/2/blind_prior/acc_lo"]),
+            float(row["near_future/2/blind_prior/acc_hi"]),
+        )
+        assert got == pytest.approx(want, abs=1e-9)
+    assert "independent" in INTERVAL_NOTE
+    assert f"{WILSON_COVERAGE['runs of 150']:.2%}" in INTERVAL_NOTE
+
+
+def _coverage(run_length: int | None, *, window: int = 500, windows: int = 4000, seed: int = 0):
+    """The share of windows whose nominal 95 % Wilson interval covers the true accuracy of a
+    fixed predictor (right with probability ``p[y]``, ``p`` from 0.50 to 0.95 over 10 classes;
+    true accuracy ``mean(p)``, the labels' stationary distribution being uniform), with labels
+    iid (``None``) or from ``autocorrelated_labels`` in runs of ``run_length``."""
+    g = torch.Generator().manual_seed(seed)
+    classes = 10
+    p = torch.linspace(0.5, 0.95, classes, dtype=torch.float64)
+    n = window * windows
+    if run_length is None:
+        y = torch.randint(0, classes, (n,), generator=g)
+    else:
+        y = autocorrelated_labels(n, classes, run_length, generator=g)
+    right = torch.rand(n, generator=g, dtype=torch.float64) < p[y]
+    correct = right.view(windows, window).sum(1)
+    low, high = wilson_interval(correct, torch.full_like(correct, window))
+    truth = p.mean()
+    return float(((low <= truth) & (truth <= high)).double().mean())
+
+
+def test_wilson_coverage_iid_and_autocorrelated_as_stated():
+    iid = _coverage(None)
+    assert 0.94 <= iid <= 0.96
+    assert iid == pytest.approx(WILSON_COVERAGE["iid"], abs=1e-9)
+    runs10 = _coverage(10)
+    assert runs10 == pytest.approx(WILSON_COVERAGE["runs of 10"], abs=1e-9)
+    runs150 = _coverage(150)
+    assert runs150 == pytest.approx(WILSON_COVERAGE["runs of 150"], abs=1e-9)
+    assert runs150 < runs10 < 0.94  # it undercovers, the more the longer the runs
+    stream = _coverage(150, window=12000, windows=2000)  # the counts pooled over a whole stream
+    assert stream == pytest.approx(WILSON_COVERAGE["stream of 12000, runs of 150"], abs=1e-9)
