@@ -47,11 +47,12 @@ class _Job:
 
 
 class _Writer:
-    """The process's background writer: one daemon thread taking `_Job`s in order (started on the
-    first job, again in a forked child); an exiting interpreter finishes the queued jobs first
+    """A background writer of the process: one daemon thread taking `_Job`s in order (started on
+    the first job, again in a forked child); an exiting interpreter finishes the queued jobs first
     (`atexit`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "continual-eval writer") -> None:
+        self.name = name
         self.lock = threading.Lock()
         self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
@@ -63,7 +64,7 @@ class _Writer:
             if self.pid != os.getpid() or self.thread is None or not self.thread.is_alive():
                 self.jobs, self.pid = queue.SimpleQueue(), os.getpid()
                 self.thread = threading.Thread(
-                    target=self._serve, args=(self.jobs,), name="continual-eval writer", daemon=True
+                    target=self._serve, args=(self.jobs,), name=self.name, daemon=True
                 )
                 self.thread.start()
             self.last = job
@@ -81,8 +82,13 @@ class _Writer:
             last.done.wait()
 
 
+#: the journal's fsyncs (one short job a stage)
 _WRITER = _Writer()
+#: the rebuilds of results.json and the CSV files (long at large T: seconds at T = 1000 with
+#: class-incremental counts), apart so that the stages recorded meanwhile need not wait for them
+_REBUILDER = _Writer("continual-eval rebuild")
 atexit.register(_WRITER.drain)
+atexit.register(_REBUILDER.drain)
 
 
 class RunDirectory:
@@ -98,7 +104,9 @@ class RunDirectory:
         self._built: int | None = None  # stages in the results.json this process last wrote
         #: whether the last `write` rebuilt results.json
         self.rebuilt = False
-        self._pending: _Job | None = None  # the background write of the last stage
+        self._pending: _Job | None = None  # the journal's fsync of the last stage
+        self._rebuild: _Job | None = None  # the rebuild of results.json in flight
+        self._building: int | None = None  # the stages it holds
 
     def choose(self, trainer: Any, run_id: str, dirpath: str | os.PathLike[str] | None) -> None:
         """Rank 0, at every fit: keep the directory chosen before, else the one a resumed run
@@ -122,9 +130,17 @@ class RunDirectory:
             )
 
     def __getstate__(self) -> dict[str, Any]:  # a pickled copy (ddp_spawn) writes afresh
-        if self._pending is not None:
-            self._pending.done.wait()  # its error (if any) stays here, for this copy's `wait`
-        return {**self.__dict__, "_journal": None, "_built": None, "_pending": None}
+        for job in (self._pending, self._rebuild):
+            if job is not None:
+                job.done.wait()  # its error (if any) stays here, for this copy's `wait`
+        return {
+            **self.__dict__,
+            "_journal": None,
+            "_built": None,
+            "_pending": None,
+            "_rebuild": None,
+            "_building": None,
+        }
 
     def write(
         self,
@@ -143,10 +159,17 @@ class RunDirectory:
         Off the critical path: the journal line is written and flushed to the OS here (a killed
         process loses no stage; a rewritten journal is fsync'd here too) and the document of
         ``results.json`` made here (plain values) unless ``results`` is a function; its bytes and
-        the CSV files', the fsyncs and the atomic replacement of the files run on a background
-        thread (`wait`), which the next write, `flush`, the fit's end, the ``ddp_spawn``
-        hand-over and a failed fit wait for."""
-        self.wait()
+        the CSV files', the fsyncs and the atomic replacement of the files run on background
+        threads (`wait`): the journal's fsync on one, which the next write waits for; the
+        rebuild on another, which only the next rebuild (one at a time, in order), a full
+        rewrite (``stage=None``), `flush`, the fit's end, the ``ddp_spawn`` hand-over and a
+        failed fit wait for, so that the stages between two rebuilds never wait for one (an
+        error of a rebuild that has finished is raised by the next write)."""
+        if stage is None:
+            self.wait()
+        else:
+            self._wait_journal()
+            self._check_rebuild()
         if self.path is None:
             self.rebuilt = True  # nothing written: every logger output is up to date anyway
             return False
@@ -154,6 +177,8 @@ class RunDirectory:
             self._journal = StageJournal(self.path)
         completed = record.num_stages
         self.rebuilt = self.due(record, stage)
+        if self.rebuilt:
+            self._wait_rebuild()  # the rebuild before, whose files this one replaces
         jobs: list[Callable[[], Any]] = []
         if stage is None:
             self._journal.rewrite(record)
@@ -161,22 +186,26 @@ class RunDirectory:
             sync = self._journal.append(record, stage, durable=not self.rebuilt, deferred=True)
             if sync is not None:
                 jobs.append(sync)
+        self._start(jobs)
         if self.rebuilt:
             # the document (plain lists, nothing the record changes later) is made here; its
-            # bytes (JSON, CSV, hashes) and the files on the writer thread
+            # bytes (JSON, CSV, hashes) and the files on the rebuild thread
             path = self.path
+            rebuild: list[Callable[[], Any]]
             if callable(results):  # the results made, and their document, on the writer too
-                jobs.append(lambda: prepare_commit(path, results().to_document(with_files=False))())
+                make = results
+                rebuild = [lambda: prepare_commit(path, make().to_document(with_files=False))()]
             else:
                 document = results.to_document(with_files=False)
-                jobs.append(lambda: prepare_commit(path, document)())
-            jobs.append(lambda: setattr(self, "_built", completed))
-        self._start(jobs)
+                rebuild = [lambda: prepare_commit(path, document)()]
+            rebuild.append(lambda: setattr(self, "_built", completed))
+            self._rebuild, self._building = _Job(rebuild), completed
+            _REBUILDER.submit(self._rebuild)
         return self.rebuilt
 
     def _start(self, steps: list[Callable[[], Any]]) -> None:
-        """Run ``steps`` in order on the background writer (`_Writer`); the first error stops
-        them and is kept for `wait`."""
+        """Run ``steps`` in order on the journal's background writer (`_Writer`); the first error
+        stops them and is kept for `wait`."""
         if steps:
             self._pending = _Job(steps)
             _WRITER.submit(self._pending)
@@ -188,21 +217,41 @@ class RunDirectory:
             self._journal.close()
 
     def wait(self) -> None:
-        """Wait for the background write (if any); its error (a ``ResultsWriteError``: a full
-        disk) is raised here, once."""
+        """Wait for the background writes (if any): the journal's and the rebuild's; an error
+        (a ``ResultsWriteError``: a full disk) is raised here, once (the journal's first)."""
+        try:
+            self._wait_journal()
+        finally:
+            self._wait_rebuild()
+
+    def _wait_journal(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.done.wait()
             if pending.error is not None:
                 raise pending.error
 
+    def _wait_rebuild(self) -> None:
+        rebuild, self._rebuild = self._rebuild, None
+        if rebuild is not None:
+            rebuild.done.wait()
+            if rebuild.error is not None:
+                raise rebuild.error
+
+    def _check_rebuild(self) -> None:
+        """The rebuild in flight, if it has finished: forgotten, its error raised."""
+        if self._rebuild is not None and self._rebuild.done.is_set():
+            self._wait_rebuild()
+
     def due(self, record: RunRecord, stage: int | None) -> bool:
         """Whether `write` of ``stage`` (``None``: a full rewrite) rebuilds ``results.json``
         (always where no directory is written: every output is then the stage's own)."""
         if self.path is None or stage is None:
             return True
-        self.wait()  # the last rebuild's count is set when its write has finished
-        return rebuild_due(record.num_stages, self._built, record.num_tasks)
+        self._check_rebuild()
+        # a rebuild in flight counts as done (its error, if any, is raised by a later write)
+        built = self._building if self._rebuild is not None else self._built
+        return rebuild_due(record.num_stages, built, record.num_tasks)
 
     def flush(self, record: RunRecord, results: ContinualResults) -> None:
         """Wait for the background write, then rebuild ``results.json`` if it is behind the

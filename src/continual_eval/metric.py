@@ -124,6 +124,7 @@ class ContinualMetrics(Metric):
         self.scores_higher_is_better = higher_is_better
         self.bounds = resolve_bounds(bounds)
         self.validate = validate
+        self._checked_row: tuple[int, Tensor] | None = None  # the last row `check_row` passed
         nan = float("nan")
         dtype = dtype or torch.get_default_dtype()
         if not dtype.is_floating_point:
@@ -221,11 +222,15 @@ class ContinualMetrics(Metric):
             self._check("scores", row, required, "used cells (j <= i + 1)", (stage,))
             present = masks.used[stage] & ~required & ~torch.isnan(row)  # absent: NaN allowed
             self._check("scores", row, present, "used cells (j <= i + 1)", (stage,))
+        self._checked_row = (stage, row)  # `update` of this very tensor next: not checked again
         return row
 
     def update(self, row: Tensor) -> None:
         """Append the next stage's row ``R[s, :]`` (accuracy on every task after stage ``s``)."""
-        row = self.check_row(row)
+        checked, self._checked_row = self._checked_row, None
+        if checked is None or checked[0] != self.num_stages or checked[1] is not row:
+            row = self.check_row(row)
+            self._checked_row = None
         self.scores_state[self.num_stages] = row
         self.stages += 1
 

@@ -313,17 +313,19 @@ class RunRecord:
         return Coverage(self.num_stages, self.num_tasks)
 
     # ------------------------------------------------------------------ recording
-    def _check_rows(self, scored: Scored, check: str, problem: str) -> None:
+    def _check_rows(self, scored: Scored, check: str, problem: str) -> dict[str, Tensor]:
         """Every matrix's row passes ``check`` (``problem`` names what is refused, with
-        ``{name}``), before any is recorded."""
+        ``{name}``), before any is recorded; returns the checked rows (the metric's dtype)."""
+        checked = {}
         for name, metric in self.matrices.items():
             what = problem.format(name=repr(name))
             if name not in scored.rows:
                 raise ValueError(f"{what}: the evaluation has no {name!r} row")
             try:
-                getattr(metric, check)(scored.rows[name])
+                checked[name] = getattr(metric, check)(scored.rows[name])
             except (TypeError, ValueError) as err:
                 raise ValueError(f"{what}: {err}") from err
+        return checked
 
     def record_baseline(self, scored: Scored) -> None:
         """Record the untrained model's scores of every matrix (all or none)."""
@@ -347,7 +349,7 @@ class RunRecord:
                 "recorded in order, each once)"
             )
         problem = f"stage {stage} produced {{name}} scores the metrics cannot use"
-        self._check_rows(scored, "check_row", problem)
+        checked = self._check_rows(scored, "check_row", problem)
         ids = torch.tensor(scored.task_ids, dtype=torch.long)
         ids = ids[ids <= stage + 1]  # the scored cells the metrics read
         for name, row in scored.rows.items():  # an old task's NaN is absent only if unscored
@@ -361,7 +363,7 @@ class RunRecord:
         for section in self.sections.values():
             section.check_stage(stage, scored)
         for name, metric in self.matrices.items():
-            metric.update(scored.rows[name])
+            metric.update(checked[name])  # checked above: not again (`check_row`)
         self.ended_early = False
         notes = [note for s in self.sections.values() for note in s.record_stage(stage, scored)]
         if cost is not None:

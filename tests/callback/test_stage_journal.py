@@ -246,7 +246,7 @@ def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
     in the hook."""
     import threading
 
-    from continual_eval._run_directory import _WRITER, _Job
+    from continual_eval._run_directory import _REBUILDER, _Job
 
     specs = {"acc": MatrixSpec("accuracy"), "loss": MatrixSpec("cross_entropy", bounds=None)}
     names = [f"task {j}" for j in range(4)]
@@ -272,7 +272,7 @@ def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
         record.record_step(5 * stage + 5, stage, rows(), full=True)
         expected = record.continual_results()
         held = threading.Event()
-        _WRITER.submit(_Job([lambda held=held: held.wait(timeout=20)]))  # the writer: held
+        _REBUILDER.submit(_Job([lambda held=held: held.wait(timeout=20)]))  # rebuilds: held
         later = record.deferred_results()
         assert later is not None
         assert deferred.write(record, later, stage=stage)
@@ -288,6 +288,82 @@ def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
         ).read_bytes()
         loaded = ContinualResults.load(deferred.path)
         assert torch.equal(loaded.primary.scores, record.matrices["acc"].scores)
+
+
+def test_a_stage_between_rebuilds_does_not_wait_for_the_rebuild(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """While the rebuild of results.json after 35 stages is held on its thread, stage 36 (no
+    rebuild due) is appended to the journal without waiting for it; the held rebuild then lands
+    complete, and the next rebuild, the fit's end or `wait` wait for it."""
+    import threading
+    import time
+
+    import continual_eval.results.files as files
+
+    record, rebuilt, directory = _run(tmp_path, 34)
+    assert rebuilt[-1] == 33 and read_run_id(tmp_path)[2] == 33  # stage 34: journal only
+    held, entered = threading.Event(), threading.Event()
+    real = files._write_bytes
+
+    def held_write(path: Path, data: bytes, *, durable: bool) -> None:
+        if path.name == RESULTS_FILE:
+            entered.set()
+            held.wait(timeout=20)
+        real(path, data, durable=durable)
+
+    monkeypatch.setattr(files, "_write_bytes", held_write)
+    safety = threading.Timer(10, held.set)  # a write that waits anyway ends after 10 s
+    safety.start()
+    g = torch.Generator().manual_seed(7)
+    try:
+        record.record_stage(34, _scored(g, 34), _cost(34))
+        assert directory.write(record, record.continual_results(), stage=34)  # 35: a rebuild
+        assert entered.wait(timeout=20)  # held inside the rebuild
+        record.record_stage(35, _scored(g, 35), _cost(35))
+        start = time.perf_counter()
+        assert not directory.write(record, record.continual_results(), stage=35)  # 36: no
+        seconds = time.perf_counter() - start
+        assert not held.is_set() and seconds < 5, seconds  # it did not wait for the rebuild
+        assert read_run_id(tmp_path)[2] == 33  # results.json: the last finished rebuild's
+        assert ContinualResults.load(tmp_path).stages_completed == 36  # the journal's 36
+    finally:
+        held.set()
+        safety.cancel()
+    directory.wait()
+    assert read_run_id(tmp_path)[2] == 35
+    loaded = ContinualResults.load(tmp_path)
+    assert loaded.stages_completed == 36
+    assert loaded.to_dict() == record.continual_results().to_dict()
+
+
+def test_the_online_section_of_a_file_written_here_is_not_read_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A rebuild keeps the ``online`` section of the results.json it replaces: read from the file
+    unless this process wrote that very file (same inode, size, times); a file replaced by
+    another writer since is read again."""
+    import continual_eval.results.files as files
+
+    record, _, _ = _run(tmp_path, 3)
+    reads = []
+    real = files.msgspec.json.decode
+
+    def counted(data, *args, **kwargs):
+        if kwargs.get("type") is files._OnlinePart:
+            reads.append(len(data))
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(files.msgspec.json, "decode", counted)
+    document = record.continual_results().to_document(with_files=False)
+    files.commit_results(tmp_path, document)
+    assert reads == []  # the file this process wrote last: its section is known
+    path = tmp_path / RESULTS_FILE
+    path.write_bytes(path.read_bytes())  # another writer's copy: another mtime, same bytes
+    files.commit_results(tmp_path, document)
+    assert len(reads) == 1
+    files.commit_results(tmp_path, document)
+    assert len(reads) == 1
 
 
 def test_a_fresh_reader_process_replays_the_newer_journal(tmp_path: Path, monkeypatch) -> None:
