@@ -7,7 +7,8 @@
   (correlated across an item's evaluations), the nominal 95% intervals of min-ACC, WC-ACC, the
   gap depth, the stage areas, anytime accuracy, LCA and the AUC forward transfer cover the truth
   in 94-96% of them where the curve's minimum is clear; a flat stretch near the minimum
-  undercovers (measured and asserted, as the ``intervals`` section states).
+  undercovers a little (about 93% with the basic interval of the minimum metrics; measured and
+  asserted, as the ``intervals`` section states).
 """
 
 from __future__ import annotations
@@ -94,14 +95,18 @@ def test_the_resamples_are_the_matrix_bootstraps():
     res = si.step_bootstrap(values, evaluated, stage, steps, T, resamples=400, seed=5)
     items = [v[1 : 1 + T] for v in values]
     matrix = iv.paired_bootstrap(items, baseline=[v[0] for v in values], resamples=400, seed=5)
-    # WC-ACC at stage 0 is R[0, 0]: the same resampled values, the same percentile interval
-    torch.testing.assert_close(res["wc_acc"].low[0], matrix.cells.low[0, 0], rtol=0, atol=1e-12)
-    torch.testing.assert_close(res["wc_acc"].high[0], matrix.cells.high[0, 0], rtol=0, atol=1e-12)
+    # WC-ACC at stage 0 is R[0, 0]: the same resampled values, reflected about the estimate
+    # (WC-ACC's interval is the basic one, [2 est - q_hi, 2 est - q_lo])
+    est = matrix.cells.estimate[0, 0]
+    basic_low, basic_high = 2 * est - matrix.cells.high[0, 0], 2 * est - matrix.cells.low[0, 0]
+    torch.testing.assert_close(res["wc_acc"].low[0], basic_low, rtol=0, atol=1e-12)
+    torch.testing.assert_close(res["wc_acc"].high[0], basic_high, rtol=0, atol=1e-12)
     weights = iv.resample_weights(sizes, resamples=400, seed=5)
     kept = (weights[0] * values[0][1 + T + 1].double()).sum(1) / weights[0].sum(1)
     lo, hi = np.quantile(kept.numpy(), [0.025, 0.975])
-    assert res["wc_acc"].low[0].item() == pytest.approx(lo, abs=1e-12)
-    assert res["wc_acc"].high[0].item() == pytest.approx(hi, abs=1e-12)
+    estimate = values[0][1 + T + 1].double().mean().item()
+    assert res["wc_acc"].low[0].item() == pytest.approx(2 * estimate - hi, abs=1e-12)
+    assert res["wc_acc"].high[0].item() == pytest.approx(2 * estimate - lo, abs=1e-12)
 
 
 # ---------------------------------------------------------------------------- simulation
@@ -191,12 +196,14 @@ def test_coverage_of_the_curve_metrics_by_simulation():
         assert key in coverage
 
 
-def test_a_flat_minimum_undercovers():
-    """Where four evaluations sit within 0.02 of task 0's minimum, the plug-in minimum is biased
-    low and the percentile interval of min-ACC (and the gap's minimum and depth) undercovers
-    (measured at about 88% in 2000 runs; stated in the section's ``unavailable``, not
-    claimed); the linear curve metrics keep their coverage."""
-    coverage = _coverage(FLAT, runs=400)
-    assert coverage["min_acc"][1].item() < 0.92, coverage["min_acc"]
-    assert coverage["gap_minimum"][0].item() < 0.92, coverage["gap_minimum"]
-    assert 0.92 <= coverage["stage_auc"][0].item() <= 0.98, coverage["stage_auc"]
+def test_a_flat_minimum_undercovers_a_little():
+    """Where four to eight evaluations sit within 0.02 of task 0's minimum, the plug-in minimum
+    is biased low; the basic interval of min-ACC and the gap's minimum, reflected about the
+    estimate, covers about 93% (the percentile interval measured 82-85% in 1000 runs), still
+    below nominal (stated in the section's ``unavailable``, not claimed); the gap's depth and
+    the linear curve metrics keep their coverage."""
+    coverage = _coverage(FLAT, runs=1000)
+    for key, at in (("min_acc", 1), ("min_acc", 2), ("gap_minimum", 0), ("wc_acc", 2)):
+        assert 0.90 <= coverage[key][at].item() < 0.95, (key, coverage[key])
+    assert 0.93 <= coverage["gap_depth"][0].item() <= 0.97, coverage["gap_depth"]
+    assert 0.93 <= coverage["stage_auc"][0].item() <= 0.97, coverage["stage_auc"]
