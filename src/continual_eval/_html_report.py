@@ -923,7 +923,7 @@ def _online_section(online: Any, figures: _Figures) -> list[str]:
         "<h3>Online evaluation</h3>",
         figures.add(online_figure(online)),
         _table([_text(h) for h in SCORE_HEADER], rows),
-        f"<p>{_text(INTERVAL_NOTE, 1000)}</p>",
+        f"<p>{_text(INTERVAL_NOTE, 1500)}</p>",
         f"<p>Compute: {_text(cost_text(online), 500)}.</p>",
     ]
     held = held_out_text(online)

@@ -111,6 +111,7 @@ __all__ = [
     "t_quantile",
     "unpack_bits",
     "wilson_interval",
+    "window_means_interval",
 ]
 
 DEFAULT_CONFIDENCE = 0.95
@@ -224,6 +225,49 @@ def student_t_interval(
     )
     half = t.view_as(n) * std / n.sqrt()
     return mean - half, mean + half
+
+
+def window_means_interval(
+    successes: Tensor, trials: Tensor, *, confidence: float = DEFAULT_CONFIDENCE
+) -> tuple[float, float] | None:
+    r"""Interval of the pooled proportion ``p = sum(x) / sum(n)`` of a stream from its
+    consecutive windows' counts (``successes``, ``trials``: ``[W]``, in stream order), by batch
+    means: the windows are the batches, and their spread, not a binomial count, gives the error,
+    so predictions correlated within a window (labels in runs, a learner better on some
+    classes) are accounted for.
+
+    ``p -/+ t_{(1+c)/2, k-1} sqrt(v / k)`` over the ``k`` windows with a prediction, ``z_w =
+    (x_w - p n_w) / nbar`` the windows' linearised deviations (``nbar = sum(n) / k``; for equal
+    windows ``z_w = x_w / n - p``) and ``v = sum_w (z_{w+1} - z_w)^2 / (2 (k - 1))`` their
+    variance by the mean squared successive difference (von Neumann et al., Ann. Math. Stat.
+    1941), which a slow drift of the accuracy (a learning curve) barely inflates. Assumes windows
+    longer than the stream's correlation (adjacent windows nearly independent); clipped to
+    ``[0, 1]``; ``None`` with fewer than two windows with a prediction or all of them equal.
+
+    >>> low, high = window_means_interval(torch.tensor([30, 35, 38, 40]), torch.full((4,), 50))
+    >>> round(low, 4), round(high, 4)
+    (0.6349, 0.7951)
+    """
+    level = (1 + _check_confidence(confidence)) / 2
+    x = torch.as_tensor(successes).to(torch.float64).reshape(-1)
+    n = torch.as_tensor(trials).to(torch.float64).reshape(-1)
+    if x.shape != n.shape:
+        raise ValueError(
+            f"window_means_interval: successes {tuple(x.shape)} and trials {tuple(n.shape)} "
+            "must have one count per window each"
+        )
+    kept = n > 0
+    x, n = x[kept], n[kept]
+    k = int(n.numel())
+    if k < 2:
+        return None
+    p = x.sum() / n.sum()
+    z = (x - p * n) / (n.sum() / k)
+    v = torch.diff(z).square().sum() / (2 * (k - 1))
+    if not bool(v > 0):
+        return None
+    half = t_quantile(level, k - 1) * math.sqrt(float(v) / k)
+    return max(float(p) - half, 0.0), min(float(p) + half, 1.0)
 
 
 # ---------------------------------------------------------------------------- item layout

@@ -36,7 +36,11 @@ import msgspec
 import torch
 
 from continual_eval.functional import continual_metrics
-from continual_eval.functional.intervals import DEFAULT_CONFIDENCE, wilson_interval
+from continual_eval.functional.intervals import (
+    DEFAULT_CONFIDENCE,
+    wilson_interval,
+    window_means_interval,
+)
 from continual_eval.functional.online import (
     area_under_curve,
     cumulative_accuracy,
@@ -140,14 +144,27 @@ class OnlineResults:
         blind: str | None = None,
         *,
         confidence: float = DEFAULT_CONFIDENCE,
+        method: str = "windows",
     ) -> tuple[float, float] | None:
-        """The Wilson interval of [`accuracy`][continual_eval.results.OnlineResults.accuracy]
-        (the counts pooled over the stream), ``None`` when nothing was scored; the same
-        independence caveat as ``window_interval``."""
+        """An interval of [`accuracy`][continual_eval.results.OnlineResults.accuracy] (the
+        counts pooled over the stream); ``None`` when nothing was scored (or, ``"windows"``,
+        fewer than two windows were).
+
+        ``method="windows"`` (default): batch means over the windows
+        ([`window_means_interval`][continual_eval.functional.intervals.window_means_interval]),
+        whose spread carries the stream's autocorrelation (measured coverage in
+        ``docs/online.md``: 94 % with labels in runs of 150, where Wilson gives 42 %);
+        ``"wilson"``: the Wilson interval of the pooled counts, which treats every prediction as
+        an independent trial (the caveat of ``window_interval``)."""
+        if method not in ("windows", "wilson"):
+            raise ValueError(
+                f"accuracy_interval: method must be 'windows' or 'wilson', got {method!r}"
+            )
         correct, total = self.counts(score, blind)
-        n = int(total.sum())
-        if not n:
+        if not int(total.sum()):
             return None
+        if method == "windows":
+            return window_means_interval(correct, total, confidence=confidence)
         low, high = wilson_interval(correct.sum(), total.sum(), confidence=confidence)
         return float(low), float(high)
 
