@@ -109,8 +109,9 @@ __all__ = [
 
 #: the ``format_version`` written and read
 FORMAT_VERSION: Literal[2] = 2
-#: largest ``results.json`` read (bytes); T = 2000 with full curves fits comfortably
-MAX_FILE_BYTES = 256 * 1024 * 1024
+#: largest ``results.json`` (and stage journal) read, in bytes: T = 2000 with full curves fits
+#: comfortably, and so do `MAX_CONFUSION_CELLS` confusion cells (about 12 characters each)
+MAX_FILE_BYTES = 1024 * 1024 * 1024
 #: most tasks a document may hold (``num_tasks``)
 MAX_TASKS = 2000
 #: most score matrices in one document
@@ -126,8 +127,8 @@ MAX_CLASSES = 5000
 #: most nonzero confusion cells of a ``class_incremental`` section, all stages together (the
 #: counts are stored sparsely: 24 bytes per cell in the record, 32 in the results' sparse tensor,
 #: about 12 characters in the file; a stage holds at most one cell per test sample of its seen
-#: tasks)
-MAX_CONFUSION_CELLS = 2**23
+#: tasks; T = 1000 tasks of 2 classes with 64 test samples each store at most 32M)
+MAX_CONFUSION_CELLS = 2**25
 #: most stages x classes of a ``class_incremental`` section (its per-class tables such as
 #: ``per_class_accuracy [s, C]``, 8 bytes per cell in memory; T = 1000 tasks of 2 classes: 2M)
 MAX_CLASS_TABLE_CELLS = 2**22
