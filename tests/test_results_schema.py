@@ -347,6 +347,9 @@ def test_class_incremental_records_test_samples_and_round_trips(tmp_path: Path) 
         (0, "0:0:2 0:9:1 1:1:3", "stages[0] cell 1", "class ids below 4"),
         (0, "0:0:2  1:1:3", "stages[0]", "true:predicted:count cells"),
         (0, "0:0:-2", "stages[0]", "true:predicted:count cells"),
+        # non-ASCII digits (Arabic-Indic three): decimal to Python's int, not to the parser
+        (0, "0:0:2 0:1:1 1:1:\u0663", "stages[0]", "true:predicted:count cells"),
+        (0, "0:0:2 0:1:1 1:1:3 ", "stages[0]", "true:predicted:count cells"),
     ],
 )
 def test_impossible_confusion_counts_refused(
