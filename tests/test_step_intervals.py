@@ -109,6 +109,24 @@ def test_the_resamples_are_the_matrix_bootstraps():
     assert res["wc_acc"].high[0].item() == pytest.approx(2 * estimate - lo, abs=1e-12)
 
 
+def test_the_basic_intervals_stay_within_the_bounds():
+    """WC-ACC at stage 0 of one task scored 99 of 100 at every evaluation: reflected about the
+    estimate 0.99 its upper end would pass 1 (the resamples reach down to about 0.97); with
+    the scores' bounds it stops at 1, without them it does not."""
+    stage, steps = torch.tensor([0, 0]), torch.tensor([1, 2])
+    values = [torch.ones(1 + 1 + 2, 100, dtype=torch.bool)]
+    values[0][:, 0] = False
+    evaluated = torch.ones(4, 1, dtype=torch.bool)
+    free = si.step_bootstrap(values, evaluated, stage, steps, 1, resamples=400, seed=0)
+    kept = si.step_bootstrap(
+        values, evaluated, stage, steps, 1, bounds=(0.0, 1.0), resamples=400, seed=0
+    )
+    assert free["wc_acc"].estimate[0].item() == pytest.approx(0.99)
+    assert free["wc_acc"].high[0].item() > 1.0
+    assert kept["wc_acc"].high[0].item() == 1.0
+    assert kept["wc_acc"].low[0].item() == free["wc_acc"].low[0].item() < 0.99
+
+
 # ---------------------------------------------------------------------------- simulation
 #: true curves: 3 tasks, 4 evaluations per stage at steps 1..12 (every step; the 4th of each
 #: stage is its end), a clear dip of each old task at the start of the next stage

@@ -18,7 +18,7 @@ computed on each resample's curves by batched forms of `continual_eval.functiona
 interval is the percentile interval (``numpy.quantile``, linear), except for the metrics that
 take a minimum over evaluations (`WORST_KEYS`: min-ACC, WC-ACC, the gap's ``minimum`` and
 ``depth``), which get the basic bootstrap interval ``[2 est - q_hi, 2 est - q_lo]`` (Davison &
-Hinkley 1997, eq. 5.6; clipped to the scores' bounds when given).
+Hinkley 1997, sec. 5.2; clipped to the scores' bounds when given).
 
 Why the basic interval there: the minimum is a non-smooth statistic; where several evaluations
 come close to the minimum the plug-in minimum is biased downward (the minimum of noisy curves
