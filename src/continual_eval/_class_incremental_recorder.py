@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -379,17 +379,30 @@ class ClassIncrementalRecord:
         """``results`` with the ``class_incremental`` section of its stages: the measures from
         the sums kept per stage (`stage_sums`, ``O(s * C)``), the counts a view of the stored
         cells and their text encoded once per stage, so that no stored cell is read again."""
-        num_stages = results.primary.num_stages
+        return self.deferred_add_to(results.primary.num_stages)(results)
+
+    def deferred_add_to(self, num_stages: int) -> Callable[[ContinualResults], ContinualResults]:
+        """`add_to` for results of the first ``num_stages`` stages, as a function to call later
+        (on the background writer of `RunRecord.deferred_results`): what it reads is taken now,
+        in ``O(s * C)`` (copies of the sums; the counts a view of cells that are never written
+        over; the stage strings, immutable), so that stages recorded meanwhile do not change it."""
         sums = None if num_stages > len(self.task_classes) else self.stage_sums(num_stages)
-        section = ClassIncrementalResults.compute(
-            self.task_classes,
-            self.confusion(num_stages),
-            forgetting=results.forgetting,
-            confusion_text=[self.stage_text(stage) for stage in range(num_stages)],
-            checked=self._checked,
-            stage_counts=sums,
-        )
-        return dataclasses.replace(results, class_incremental=section)
+        confusion = self.confusion(num_stages)
+        texts = [self.stage_text(stage) for stage in range(num_stages)]
+        task_classes, checked = [list(c) for c in self.task_classes], self._checked
+
+        def add(results: ContinualResults) -> ContinualResults:
+            section = ClassIncrementalResults.compute(
+                task_classes,
+                confusion,
+                forgetting=results.forgetting,
+                confusion_text=texts,
+                checked=checked,
+                stage_counts=sums,
+            )
+            return dataclasses.replace(results, class_incremental=section)
+
+        return add
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

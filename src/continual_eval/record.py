@@ -443,12 +443,26 @@ class RunRecord:
     ) -> Callable[[], ContinualResults] | None:
         """`continual_results` (with ``omit``) of the stages so far, as a function to call later
         (on the background writer: the metrics are computed there): what it reads is copied
-        now, so that stages recorded meanwhile do not change it. ``None`` when a section not
-        in ``omit`` would be added (its state is not copied: build the results now)."""
-        if any(key not in omit for key in self.sections):
+        now, so that stages recorded meanwhile do not change it; a section takes part through
+        its ``deferred_add_to(num_stages)`` (the class-incremental one has it). ``None`` when a
+        section not in ``omit`` has none (its state is not copied: build the results now)."""
+        adders = [
+            getattr(section, "deferred_add_to", None)
+            for key, section in self.sections.items()
+            if key not in omit
+        ]
+        if any(adder is None for adder in adders):
             return None
         matrices, settings = self._results_inputs()
-        return lambda: ContinualResults.from_tensors(matrices, **settings)
+        later = [adder(self.num_stages) for adder in adders if adder is not None]
+
+        def make() -> ContinualResults:
+            results = ContinualResults.from_tensors(matrices, **settings)
+            for add in later:
+                results = add(results)
+            return results
+
+        return make
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

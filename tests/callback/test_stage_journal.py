@@ -252,7 +252,8 @@ def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
     names = [f"task {j}" for j in range(4)]
     record = RunRecord(specs, names, step_curves=True, metadata={"seed": 3})
     assert record.deferred_results() is not None
-    assert _record().deferred_results() is None  # sections: made in the hook
+    assert _record().deferred_results() is None  # the held-out section: made in the hook
+    assert _record().deferred_results(omit=["held_out"]) is not None  # class-IL: deferred too
     assert _record().deferred_results(omit=["class_incremental", "held_out"]) is not None
     g = torch.Generator().manual_seed(0)
 
@@ -288,6 +289,32 @@ def test_deferred_results_are_those_of_their_stage_while_the_record_moves_on(
         ).read_bytes()
         loaded = ContinualResults.load(deferred.path)
         assert torch.equal(loaded.primary.scores, record.matrices["acc"].scores)
+
+
+def test_deferred_class_incremental_results_are_those_of_their_stage(tmp_path: Path) -> None:
+    """With a class-incremental section, results made later (`deferred_results`, the section's
+    `deferred_add_to`) equal results made at the stage, bit for bit in results.json, although
+    the next stage is recorded first (more confusion cells, new sums) and the section then loads
+    another run's counts (new buffers and sums, as on a resume): made from the live state, the
+    section would hold those."""
+    g, h = torch.Generator().manual_seed(4), torch.Generator().manual_seed(5)
+    record, other = _record(), _record()
+    section = record.sections["class_incremental"]
+    for r, gen in ((record, g), (other, h)):
+        r.sections.pop("held_out")
+        r.record_baseline(_scored(gen, None))
+        r.record_stage(0, _scored(gen, 0), _cost(0))
+    for stage in range(3):
+        expected = record.continual_results()
+        later = record.deferred_results()
+        assert later is not None
+        record.record_stage(stage + 1, _scored(g, stage + 1), _cost(stage + 1))  # moves on
+        other.record_stage(stage + 1, _scored(h, stage + 1), _cost(stage + 1))
+        section.load_state_dict(other.sections["class_incremental"].state_dict())
+        made = later()
+        assert made.class_incremental is not None and made.primary.num_stages == stage + 1
+        assert made.to_document().class_incremental == expected.to_document().class_incremental
+        assert made.to_dict() == expected.to_dict()
 
 
 def test_a_stage_between_rebuilds_does_not_wait_for_the_rebuild(
