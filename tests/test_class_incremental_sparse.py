@@ -361,13 +361,14 @@ def test_a_stage_past_the_cell_cap_is_refused_and_records_nothing(monkeypatch):
     assert record.stage_text(1) == "0:0:1 0:1:1 0:2:1 1:1:3 2:2:4"
 
 
-def test_an_older_dense_state_loads_and_a_bad_one_is_refused():
+def test_a_state_loads_and_a_bad_one_is_refused():
     record = new_record([[0, 1], [2]])
-    dense = torch.tensor([[2, 1, 0], [0, 3, 0], [0, 0, 0]])
-    record.load_state_dict({"task_classes": [[0, 1], [2]], "confusion": {0: dense}})
+    cells = torch.tensor([[0, 1, 1], [0, 0, 2], [1, 1, 3]])  # any order: sorted row-major
+    record.load_state_dict({"task_classes": [[0, 1], [2]], "cells": {0: cells}})
     assert record.stage_counts(0).tolist() == [[0, 0, 2], [0, 1, 1], [1, 1, 3]]
-    with pytest.raises(ValueError, match=r"stage 0 are \(2, 2\), expected \[3, 3\]"):
-        record.load_state_dict({"task_classes": [[0, 1], [2]], "confusion": {0: dense[:2, :2]}})
+    dense = torch.tensor([[2, 1, 0], [0, 3, 0], [0, 0, 0]])  # dense per-stage matrices: refused
+    with pytest.raises(ValueError, match=r"hold no 'cells'"):
+        record.load_state_dict({"task_classes": [[0, 1], [2]], "confusion": {0: dense}})
     with pytest.raises(ValueError, match=r"cell 0 = \[0, 3, 1\] is not"):
         record.load_state_dict(
             {"task_classes": [[0, 1], [2]], "cells": {0: torch.tensor([[0, 3, 1]])}}
@@ -430,7 +431,9 @@ def test_the_journal_part_replays_to_the_same_record():
     with pytest.raises(
         ValueError, match=r"journal's confusion cells of stage 1: cell 0 = \[3, 0, 1\]"
     ):
-        again.replay_part(1, [[3, 0, 1]])
+        again.replay_part(1, "3:0:1")
+    with pytest.raises(ValueError, match=r"stage 1: expected a string .* found list"):
+        again.replay_part(1, [[0, 0, 1]])  # rows: never written by a journal of this version
     assert torch.equal(again.stage_counts(1), record.stage_counts(1))  # unchanged
 
 

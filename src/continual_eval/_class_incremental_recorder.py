@@ -414,9 +414,8 @@ class ClassIncrementalRecord:
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """Restore the recorded counts; a state of other ``task_classes`` is refused (nothing
-        changes). A state written before the counts were sparse (``"confusion"``: one dense
-        ``[C, C]`` matrix per stage) is read too."""
+        """Restore the recorded counts (``cells``: per stage its ``[nnz, 3]`` cells); a state of
+        other ``task_classes``, or one without ``cells``, is refused (nothing changes)."""
         if state is None:
             raise ValueError("the state holds no class-incremental counts")
         recorded = [list(c) for c in state["task_classes"]]
@@ -425,16 +424,15 @@ class ClassIncrementalRecord:
                 f"the state was recorded with other task_classes ({recorded}, now "
                 f"{self.task_classes}); resume with the recorded task_classes, or start a new run"
             )
-        if "cells" in state:
-            cells = {
-                int(stage): _checked_cells(stage, m, self.num_classes)
-                for stage, m in state["cells"].items()
-            }
-        else:  # dense matrices per stage
-            cells = {
-                int(stage): _dense_cells(stage, m, self.num_classes)
-                for stage, m in state["confusion"].items()
-            }
+        if "cells" not in state:
+            raise ValueError(
+                "the state's class-incremental counts hold no 'cells' (per stage its "
+                "(true, predicted, count) cells): it was not written by this version"
+            )
+        cells = {
+            int(stage): _checked_cells(stage, m, self.num_classes)
+            for stage, m in state["cells"].items()
+        }
         beyond = [stage for stage in cells if not 0 <= stage < len(self.task_classes)]
         if beyond:
             raise ValueError(
@@ -466,17 +464,21 @@ class ClassIncrementalRecord:
         return self.stage_text(stage)
 
     def replay_part(self, stage: int | None, part: Any) -> None:
-        """Record a journal line's cells of ``stage``: its string (`journal_part`) or
-        ``[true, predicted, count]`` rows (journals written before), refused, naming the stage
-        and the cell, unless class ids are below ``C``, counts >= 1 and each cell given once."""
+        """Record a journal line's cells of ``stage``, its string (`journal_part`), refused,
+        naming the stage and the cell, unless class ids are below ``C``, counts >= 1 and each
+        cell given once."""
         if stage is None:
             return
-        if isinstance(part, str):
-            try:
-                part = torch.from_numpy(confusion_cells(part))
-            except ValueError as err:
-                raise ValueError(f"the journal's confusion cells of stage {stage}: {err}") from None
-        self._append(stage, _checked_cells(stage, part, self.num_classes, "the journal's"))
+        if not isinstance(part, str):
+            raise ValueError(
+                f"the journal's confusion cells of stage {stage}: expected a string of "
+                f"true:predicted:count cells, found {type(part).__name__}"
+            )
+        try:
+            cells = torch.from_numpy(confusion_cells(part))
+        except ValueError as err:
+            raise ValueError(f"the journal's confusion cells of stage {stage}: {err}") from None
+        self._append(stage, _checked_cells(stage, cells, self.num_classes, "the journal's"))
 
 
 def _checked_cells(stage: Any, given: Any, C: int, source: str = "the state's") -> Tensor:
@@ -498,16 +500,3 @@ def _checked_cells(stage: Any, given: Any, C: int, source: str = "the state's") 
             f"{cells[order[int(repeated[0, 0])], :2].tolist()} is given twice"
         )
     return cells[order]
-
-
-def _dense_cells(stage: Any, matrix: Any, C: int) -> Tensor:
-    """The ``[nnz, 3]`` cells of a dense ``[C, C]`` matrix of an older state."""
-    matrix = torch.as_tensor(matrix).to("cpu", torch.int64)
-    if matrix.shape != (C, C):
-        raise ValueError(
-            f"the state's confusion counts of stage {stage} are {tuple(matrix.shape)}, "
-            f"expected [{C}, {C}]"
-        )
-    index = matrix.nonzero()
-    cells = torch.cat([index, matrix[index[:, 0], index[:, 1]][:, None]], 1)
-    return _checked_cells(stage, cells, C)
