@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from scipy.stats import binomtest
 from scipy.stats import t as student_t
 
 from continual_eval._online_report import INTERVAL_NOTE
@@ -165,7 +166,7 @@ def test_online_runs_get_their_picture_tables_and_windows(tmp_path):
     assert "| near-future, delay 3 | " in text and "Compute (Ghunaim et al. CVPR 2023): 600" in text
     assert "anytime accuracy" in text and "over the segments ACC" in text
     # every accuracy of the run's score table with its batch-means interval over the windows
-    # (a plain loop here), and the coverage note
+    # (a plain loop here) joined with scipy's pooled Wilson interval, and the coverage note
     score_row = next(
         line for line in text.splitlines() if line.startswith("| online (prequential) | ")
     )
@@ -175,7 +176,8 @@ def test_online_runs_get_their_picture_tables_and_windows(tmp_path):
     z = [(c - p * n) / (sum(total) / len(total)) for c, n in zip(correct, total, strict=True)]
     v = sum((z[w + 1] - z[w]) ** 2 for w in range(len(z) - 1)) / (2 * (len(z) - 1))
     half = student_t.ppf(0.975, len(z) - 1) * math.sqrt(v / len(z))
-    low, high = max(p - half, 0.0), min(p + half, 1.0)
+    wilson = binomtest(sum(correct), sum(total)).proportion_ci(0.95, method="wilson")
+    low, high = min(wilson.low, max(p - half, 0.0)), max(wilson.high, min(p + half, 1.0))
     assert score_row.split(" | ")[1] == f"{first.accuracy():.4f} [{low:.4f}, {high:.4f}]"
     assert text.count(INTERVAL_NOTE) == 3
     page = (out / "report.html").read_text()

@@ -71,23 +71,30 @@ def test_window_and_stream_intervals_match_scipy_wilson(run):
 
 
 def _windows_by_hand(correct: list[int], total: list[int]) -> tuple[float, float] | None:
-    """Batch means over the windows, written out with a plain loop: the pooled proportion, the
-    windows' linearised deviations, their mean squared successive difference, a t quantile."""
+    """Batch means over the windows, written out with a plain loop (the pooled proportion, the
+    windows' linearised deviations, their mean squared successive difference, a t quantile),
+    joined with scipy's Wilson interval of the pooled counts (that alone without a spread)."""
     pairs = [(c, n) for c, n in zip(correct, total, strict=True) if n > 0]
+    if not pairs:
+        return None
+    low, high = _scipy(sum(c for c, _ in pairs), sum(n for _, n in pairs))
     k = len(pairs)
     if k < 2:
-        return None
+        return low, high
     p = sum(c for c, _ in pairs) / sum(n for _, n in pairs)
     nbar = sum(n for _, n in pairs) / k
     z = [(c - p * n) / nbar for c, n in pairs]
     v = sum((z[w + 1] - z[w]) ** 2 for w in range(k - 1)) / (2 * (k - 1))
+    if v == 0:
+        return low, high
     half = student_t.ppf(0.975, k - 1) * math.sqrt(v / k)
-    return max(p - half, 0.0), min(p + half, 1.0)
+    return min(low, max(p - half, 0.0)), max(high, min(p + half, 1.0))
 
 
 def test_stream_intervals_are_batch_means_over_the_windows(run):
     """The default interval of the stream accuracy (``method="windows"``), learner's and blind
-    predictors', equals a plain loop's batch means over the windows (empty windows skipped)."""
+    predictors', equals a plain loop's batch means over the windows (empty windows skipped)
+    joined with the pooled counts' Wilson interval; windows that all agree: Wilson alone."""
     online, _ = run
     checked = 0
     for score in online.score_names():
@@ -203,10 +210,11 @@ def test_wilson_coverage_iid_and_autocorrelated_as_stated():
 
 
 def _stream_coverage(run_length: int | None, *, drift: float = 0.0, streams: int = 2000):
-    """The share of streams (24 windows of 500 predictions) whose nominal 95 % batch-means
-    interval covers the expected stream accuracy: the fixed predictor of `_coverage`, optionally
-    learning (its accuracy ``drift`` lower at the stream's start, rising linearly to ``p[y]``),
-    labels iid or in runs; one generator call for all streams (seed 1)."""
+    """The share of streams (24 windows of 500 predictions) whose nominal 95 % interval of
+    ``accuracy_interval`` (batch means joined with the pooled Wilson interval) covers the
+    expected stream accuracy: the fixed predictor of `_coverage`, optionally learning (its
+    accuracy ``drift`` lower at the stream's start, rising linearly to ``p[y]``), labels iid or
+    in runs; one generator call for all streams (seed 1)."""
     g = torch.Generator().manual_seed(1)
     classes, windows, window = 10, 24, 500
     p = torch.linspace(0.5, 0.95, classes, dtype=torch.float64)
@@ -221,9 +229,11 @@ def _stream_coverage(run_length: int | None, *, drift: float = 0.0, streams: int
     correct = right.view(streams, windows, window).sum(2)
     truth = float(p.mean() + ramp.mean())
     total = torch.full((windows,), window)
+    pooled = wilson_interval(correct.sum(1), torch.full((streams,), n))
     covered = 0
-    for c in correct:
-        low, high = window_means_interval(c, total)
+    for c, wilson_low, wilson_high in zip(correct, *pooled, strict=True):
+        low, high = window_means_interval(c, total)  # joined with the pooled Wilson interval
+        low, high = min(low, float(wilson_low)), max(high, float(wilson_high))
         covered += low <= truth <= high
     return covered / streams
 
