@@ -389,7 +389,7 @@ class ClassIncrementalRecord:
         sums = None if num_stages > len(self.task_classes) else self.stage_sums(num_stages)
         confusion = self.confusion(num_stages)
         texts = [self.stage_text(stage) for stage in range(num_stages)]
-        task_classes, checked = [list(c) for c in self.task_classes], self._checked
+        task_classes, checked = self.task_classes, self._checked  # set once, never changed
 
         def add(results: ContinualResults) -> ContinualResults:
             section = ClassIncrementalResults.compute(

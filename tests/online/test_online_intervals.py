@@ -252,3 +252,24 @@ def test_stream_interval_coverage_by_simulation_as_stated():
         assert 0.93 <= coverage <= 0.97, (key, coverage)
         assert coverage == pytest.approx(WINDOWS_COVERAGE[key], abs=1e-9), key
     assert f"{WINDOWS_COVERAGE['runs of 150']:.2%}" in INTERVAL_NOTE
+
+
+@pytest.mark.parametrize(
+    ("successes", "trials", "window"),
+    [
+        ([3.0, float("nan")], [5, 5], 1),
+        ([3, 6], [5, 5], 1),
+        ([-1, 2], [5, 5], 0),
+        ([3, 2], [5, float("inf")], 1),
+    ],
+)
+def test_window_means_refuses_impossible_counts_naming_the_window(successes, trials, window):
+    with pytest.raises(ValueError, match=rf"window {window} has .* 0 <= successes <= trials"):
+        window_means_interval(torch.tensor(successes), torch.tensor(trials))
+
+
+def test_window_means_needs_one_count_per_window():
+    with pytest.raises(ValueError, match="one count per window"):
+        window_means_interval(torch.tensor([1, 2, 3]), torch.tensor([5, 5]))
+    assert window_means_interval(torch.tensor([2]), torch.tensor([5])) is None  # one window
+    assert window_means_interval(torch.tensor([2, 2]), torch.tensor([5, 5])) is None  # no spread

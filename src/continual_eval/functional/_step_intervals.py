@@ -289,10 +289,8 @@ def step_bootstrap(
     ends = samples.percentiles(float(confidence))
     for key in WORST_KEYS:  # the basic interval, [2 est - q_hi, 2 est - q_lo]
         if key in ends:
-            low, high = ends[key]
-            ends[key] = _clipped(
-                key, 2 * estimate[key][0] - high, 2 * estimate[key][0] - low, bounds
-            )
+            (low, high), twice = ends[key], 2 * estimate[key][0]
+            ends[key] = _clipped(key, twice - high, twice - low, bounds)
     return {
         key: IntervalTensors(
             *(t.reshape((*batch, *t.shape[1:])) for t in (estimate[key][0], *ends[key]))

@@ -256,6 +256,13 @@ def window_means_interval(
             f"window_means_interval: successes {tuple(x.shape)} and trials {tuple(n.shape)} "
             "must have one count per window each"
         )
+    bad = ~(torch.isfinite(x) & torch.isfinite(n) & (x >= 0) & (x <= n))
+    if bool(bad.any()):
+        w = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"window_means_interval: window {w} has {x[w].item()} successes of "
+            f"{n[w].item()} trials; expected finite counts with 0 <= successes <= trials"
+        )
     kept = n > 0
     x, n = x[kept], n[kept]
     k = int(n.numel())

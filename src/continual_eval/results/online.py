@@ -147,8 +147,7 @@ class OnlineResults:
         method: str = "windows",
     ) -> tuple[float, float] | None:
         """An interval of [`accuracy`][continual_eval.results.OnlineResults.accuracy] (the
-        counts pooled over the stream); ``None`` when nothing was scored (or, ``"windows"``,
-        fewer than two windows were).
+        counts pooled over the stream); ``None`` when nothing was scored.
 
         ``method="windows"`` (default): batch means over the windows
         ([`window_means_interval`][continual_eval.functional.intervals.window_means_interval]),
