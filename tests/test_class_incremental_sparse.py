@@ -7,8 +7,10 @@ older checkpoints), the ``results.json`` round trip and the cap on the stored ce
 
 from __future__ import annotations
 
+import base64
 import io
 import math
+import struct
 
 import pytest
 import torch
@@ -428,13 +430,33 @@ def test_the_journal_part_replays_to_the_same_record():
         again.add_to(base).class_incremental.to_section()
         == record.add_to(base).class_incremental.to_section()
     )
+    assert parts[0]["dtype"] == "<i4"  # the cells' bytes, not the results.json string
+    bad = {"dtype": "<i8", "cells": base64.b64encode(struct.pack("<3q", 3, 0, 1)).decode()}
     with pytest.raises(
         ValueError, match=r"journal's confusion cells of stage 1: cell 0 = \[3, 0, 1\]"
     ):
-        again.replay_part(1, "3:0:1")
-    with pytest.raises(ValueError, match=r"stage 1: expected a string .* found list"):
-        again.replay_part(1, [[0, 0, 1]])  # rows: never written by a journal of this version
+        again.replay_part(1, bad)
+    for part, why in [
+        ("3:0:1", r"expected \{'dtype'.* found str \(a journal of an earlier development"),
+        ([[0, 0, 1]], r"expected \{'dtype'.* found list"),
+        ({"dtype": "<f8", "cells": ""}, r"expected \{'dtype': '<i4' or '<i8'"),
+        ({"dtype": "<i4", "cells": "not base64!"}, r"'cells' is not base64 text"),
+        ({"dtype": "<i4", "cells": base64.b64encode(bytes(16)).decode()}, r"16 bytes are not"),
+    ]:
+        with pytest.raises(ValueError, match=r"journal's confusion cells of stage 1: " + why):
+            again.replay_part(1, part)
     assert torch.equal(again.stage_counts(1), record.stage_counts(1))  # unchanged
+    # a count past int32 is kept exactly (int64 bytes)
+    big = new_record([[0, 1], [2]])
+    scored = small_scored(0, [[[2**40, 1, 0], [0, 3, 0]], [[0, 0, 4], [0, 0, 0]]])
+    big.check_stage(0, scored)
+    big.record_stage(0, scored)
+    part = json.loads(json.dumps(big.journal_part(0)))
+    assert part["dtype"] == "<i8"
+    replayed = ClassIncrementalRecord.from_journal(big.journal_settings(), ["t0", "t1"])
+    replayed.replay_part(0, part)
+    assert torch.equal(replayed.stage_counts(0), big.stage_counts(0))
+    assert replayed.stage_text(0) == big.stage_text(0) == "0:0:1099511627776 0:1:1 1:1:3"
 
 
 # ---------------------------------------------------------------- the record's running sums
@@ -579,8 +601,8 @@ def test_the_records_running_sums_give_the_functional_measures(seed):
     replayed = ClassIncrementalRecord.from_journal(record.journal_settings(), [""] * T)
     for stage in range(5):
         part = json.loads(json.dumps(record.journal_part(stage)))
-        assert isinstance(part, str) and part == record.stage_text(stage)
         replayed.replay_part(stage, part)
+        assert replayed.stage_text(stage) == record.stage_text(stage)
     for other in (restored, replayed):
         assert other.add_to(results_of(5, T)).class_incremental.to_section() == expected
         assert torch.equal(other.stage_sums(5)[0], record.stage_sums(5)[0])
@@ -588,12 +610,20 @@ def test_the_records_running_sums_give_the_functional_measures(seed):
     assert ClassIncrementalResults.compute(task_classes, dense).to_section() == expected
 
 
-def test_a_journal_string_of_bad_cells_is_refused_naming_the_stage():
+def journal_cells(*cells: tuple[int, int, int]) -> dict[str, str]:
+    """A journal part of ``cells`` as the journal writes them (int32 bytes, base64)."""
+    raw = struct.pack(f"<{3 * len(cells)}i", *(v for cell in cells for v in cell))
+    return {"dtype": "<i4", "cells": base64.b64encode(raw).decode()}
+
+
+def test_a_journal_part_of_bad_cells_is_refused_naming_the_stage():
     record = ClassIncrementalRecord(TaskAgnosticAccuracyScorer([[0, 1], [2]]), ["a", "b"])
-    with pytest.raises(ValueError, match="journal's confusion cells of stage 0: expected"):
-        record.replay_part(0, "0:0:x")
     with pytest.raises(ValueError, match=r"stage 0: cell 0 = \[7, 0, 1\]"):
-        record.replay_part(0, "7:0:1")
+        record.replay_part(0, journal_cells((7, 0, 1)))
+    with pytest.raises(ValueError, match=r"stage 0: cell 1 = \[0, 1, -2\]"):
+        record.replay_part(0, journal_cells((0, 0, 1), (0, 1, -2)))
+    with pytest.raises(ValueError, match=r"stage 0: the cell \[0, 0\] is given twice"):
+        record.replay_part(0, journal_cells((0, 0, 1), (0, 0, 2)))
     with pytest.raises(ValueError, match="at most 2 stages"):
-        record.replay_part(2, "0:0:1")
+        record.replay_part(2, journal_cells((0, 0, 1)))
     assert record.recorded_stages == 0 and record.stored_cells == 0

@@ -10,6 +10,8 @@ cell per test sample of the seen tasks), so the memory follows what was measured
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import dataclasses
 import math
@@ -17,6 +19,7 @@ import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -34,7 +37,6 @@ from continual_eval.results.schema import (
     MAX_CLASS_TABLE_CELLS,
     MAX_CLASSES,
     MAX_CONFUSION_CELLS,
-    confusion_cells,
 )
 
 __all__ = [
@@ -138,8 +140,9 @@ class ClassIncrementalRecord:
 
     Each stage's counts are kept on their own, sparsely: `stage_counts` gives its
     ``[nnz, 3]`` int64 ``(true, predicted, count)`` cells (row-major, counts >= 1; at most one
-    cell per test sample of the seen tasks), `stage_text` their ``results.json`` string (also
-    the stage's journal part), `stage_sums` the per-class sums every measure reads. The cells
+    cell per test sample of the seen tasks), `journal_part` their bytes for the stage journal,
+    `stage_text` their ``results.json`` string (made when results are built: on the rebuild
+    thread), `stage_sums` the per-class sums every measure reads. The cells
     of all stages lie in buffers that grow by doubling (32 bytes a cell, at most twice that
     allocated), so `confusion` is a view made in ``O(1)`` and `add_to` computes the measures
     from the sums in ``O(s * C)``, reading no stored cell. Recording a stage costs
@@ -197,7 +200,10 @@ class ClassIncrementalRecord:
         self._correct = torch.zeros(T, C, dtype=torch.long)
         self._total = torch.zeros(T, C, dtype=torch.long)
         self._new_predictions = torch.zeros(T, dtype=torch.long)
-        self._encoded: dict[int, str] = {}  # stage -> encode_cells() of it, made once
+        # stage -> encode_cells() of it, made once, on the thread that builds the results (the
+        # rebuild thread): a new dict whenever stored stages are recorded again (a snapshot of
+        # `deferred_add_to` keeps the dict of its own cells)
+        self._encoded: dict[int, str] = {}
 
     # ------------------------------------------------------------------ recording
     def record_baseline(self, scored: Scored) -> None:
@@ -279,7 +285,8 @@ class ClassIncrementalRecord:
             self._correct[stage:] = 0
             self._total[stage:] = 0
             self._new_predictions[stage:] = 0
-            self._encoded = {k: v for k, v in self._encoded.items() if k < stage}
+            kept = self._encoded.copy()  # one C call: the rebuild thread may add to it meanwhile
+            self._encoded = {k: v for k, v in kept.items() if k < stage}
         while self.recorded_stages < stage:
             self._offsets.append(self._offsets[-1])
         start, n = self._offsets[-1], len(cells)
@@ -338,9 +345,14 @@ class ClassIncrementalRecord:
     def stage_text(self, stage: int) -> str:
         """Stage ``stage``'s ``confusion.stages`` string of ``results.json``
         (``"true:predicted:count ..."``), made once per recorded stage."""
-        if stage not in self._encoded:
-            self._encoded[stage] = encode_cells(self.stage_counts(stage))
-        return self._encoded[stage]
+        return _stage_texts(self._snapshot(stage + 1), stage + 1)[stage]
+
+    def _snapshot(self, num_stages: int) -> tuple[Tensor, Tensor, list[int], dict[int, str]]:
+        """What the first ``num_stages`` stages' strings are made from, later and on another
+        thread: views of the stored cells (never written over), their offsets, the string
+        cache of these cells."""
+        n = min(num_stages, self.recorded_stages)
+        return self._index, self._values, self._offsets[: n + 1], self._encoded
 
     @property
     def stored_cells(self) -> int:
@@ -388,7 +400,7 @@ class ClassIncrementalRecord:
         over; the stage strings, immutable), so that stages recorded meanwhile do not change it."""
         sums = None if num_stages > len(self.task_classes) else self.stage_sums(num_stages)
         confusion = self.confusion(num_stages)
-        texts = [self.stage_text(stage) for stage in range(num_stages)]
+        snapshot = self._snapshot(num_stages)  # the strings are made when `add` runs
         task_classes, checked = self.task_classes, self._checked  # set once, never changed
 
         def add(results: ContinualResults) -> ContinualResults:
@@ -396,7 +408,7 @@ class ClassIncrementalRecord:
                 task_classes,
                 confusion,
                 forgetting=results.forgetting,
-                confusion_text=texts,
+                confusion_text=_stage_texts(snapshot, num_stages),
                 checked=checked,
                 stage_counts=sums,
             )
@@ -455,30 +467,71 @@ class ClassIncrementalRecord:
         check_class_id_bounds(settings["task_classes"])
         return cls(TaskAgnosticAccuracyScorer(settings["task_classes"]), task_names)
 
-    def journal_part(self, stage: int | None) -> str | None:
-        """The stage's nonzero confusion cells as its ``results.json`` string
-        (``"true:predicted:count ..."``, row-major: `stage_text`, encoded once for both files;
-        the baseline: nothing)."""
+    def journal_part(self, stage: int | None) -> dict[str, str] | None:
+        """The stage's nonzero confusion cells (`stage_counts`) as the little-endian bytes of
+        their ``[nnz, 3]`` array, base64 (``{"dtype": "<i4" or "<i8", "cells": ...}``: int32
+        when every value fits): a copy, so the hook's journal line costs little per cell (the
+        ``results.json`` string is made on the rebuild thread); the baseline: nothing."""
         if stage is None:
             return None
-        return self.stage_text(stage)
+        cells = self.stage_counts(stage).numpy()
+        dtype = "<i4" if not len(cells) or int(cells.max()) <= np.iinfo(np.int32).max else "<i8"
+        raw = np.ascontiguousarray(cells, dtype=dtype).tobytes()
+        return {"dtype": dtype, "cells": base64.b64encode(raw).decode("ascii")}
 
     def replay_part(self, stage: int | None, part: Any) -> None:
-        """Record a journal line's cells of ``stage``, its string (`journal_part`), refused,
-        naming the stage and the cell, unless class ids are below ``C``, counts >= 1 and each
-        cell given once."""
+        """Record a journal line's cells of ``stage`` (`journal_part`'s), refused, naming the
+        stage and the cell, unless class ids are below ``C``, counts >= 1 and each cell given
+        once."""
         if stage is None:
             return
-        if not isinstance(part, str):
+        where = f"the journal's confusion cells of stage {stage}"
+        if (
+            not isinstance(part, Mapping)
+            or part.get("dtype") not in _JOURNAL_DTYPES
+            or not isinstance(part.get("cells"), str)
+        ):
             raise ValueError(
-                f"the journal's confusion cells of stage {stage}: expected a string of "
-                f"true:predicted:count cells, found {type(part).__name__}"
+                f"{where}: expected {{'dtype': '<i4' or '<i8', 'cells': base64 text}}, found "
+                f"{type(part).__name__} (a journal of an earlier development version is not "
+                "read: start a new run)"
             )
         try:
-            cells = torch.from_numpy(confusion_cells(part))
-        except ValueError as err:
-            raise ValueError(f"the journal's confusion cells of stage {stage}: {err}") from None
+            raw = base64.b64decode(part["cells"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"{where}: 'cells' is not base64 text") from None
+        width = 3 * np.dtype(part["dtype"]).itemsize
+        if len(raw) % width:
+            raise ValueError(
+                f"{where}: {len(raw)} bytes are not whole (true, predicted, count) cells of "
+                f"{width} bytes"
+            )
+        cells = torch.from_numpy(np.frombuffer(raw, dtype=part["dtype"]).astype(np.int64))
         self._append(stage, _checked_cells(stage, cells, self.num_classes, "the journal's"))
+
+
+#: the journal's cell types: little-endian int32 or int64
+_JOURNAL_DTYPES = ("<i4", "<i8")
+
+
+def _stage_texts(
+    snapshot: tuple[Tensor, Tensor, list[int], dict[int, str]], num_stages: int
+) -> list[str]:
+    """The ``results.json`` strings of the first ``num_stages`` stages of a `_snapshot`
+    (``""``: a stage not recorded), each encoded once per cache (`encode_cells`)."""
+    index, values, offsets, cache = snapshot
+    texts = []
+    for stage in range(num_stages):
+        if stage + 1 >= len(offsets):  # not recorded (not cached: it may be recorded later)
+            texts.append("")
+            continue
+        text = cache.get(stage)
+        if text is None:
+            a, b = offsets[stage], offsets[stage + 1]
+            text = encode_cells(torch.stack([index[1, a:b], index[2, a:b], values[a:b]], 1))
+            cache[stage] = text
+        texts.append(text)
+    return texts
 
 
 def _checked_cells(stage: Any, given: Any, C: int, source: str = "the state's") -> Tensor:
