@@ -13,6 +13,26 @@ import pytest
 os.environ.setdefault("MPLBACKEND", "Agg")
 sys.path.insert(0, os.path.dirname(__file__))
 
+
+def _share_the_cores_between_workers() -> None:
+    """In a pytest-xdist worker (``-n``, set in pyproject.toml's addopts), give torch this
+    worker's share of the cores: 2 workers each running 2 OpenMP threads on 2 cores spin on one
+    another (tests of many small torch ops ran 5 to 15 times slower). Through the environment
+    too, so the scripts a test starts (DDP ranks, kill -9 runs) inherit it. An
+    ``OMP_NUM_THREADS`` set by the user is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+_share_the_cores_between_workers()
+
 #: what the lowest-versions pass of .ci/run checks: Lightning, torchmetrics, and the modules of
 #: this package built on them (a torchmetrics Metric, the callback, the evaluation engine, ...)
 _VERSIONED = (

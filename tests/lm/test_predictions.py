@@ -532,6 +532,7 @@ def test_the_journal_names_each_stage_file_and_load_replays_them(tmp_path):
         record.record_stage(stage, scored(stage))
         write_pending(record, tmp_path)
         directory.write(record, record.continual_results(), stage=stage)
+    directory.wait()  # the last rebuild runs on its own thread: read its file once it is written
     assert read_run_id(tmp_path)[2] == 37  # results.json: the last rebuild, a stage behind
     last = json.loads((tmp_path / JOURNAL_FILE).read_bytes().splitlines()[-1])
     entry = last["sections"]["predictions"]
