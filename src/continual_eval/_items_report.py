@@ -1,6 +1,7 @@
 """The per-item part of ``continual-eval report``: for a run with ``intervals`` and ``items``
 sections (``item_records=``), per recorded matrix a table of the metrics with their paired
-bootstrap intervals (the settings stated), and per 0/1 matrix the item transitions picture
+bootstrap intervals (the settings stated; with per-step evaluations also each task's stability
+gap, its depth and recovery steps), and per 0/1 matrix the item transitions picture
 (``<label>_transitions[_<k>].png``): the items of the tasks seen that went right -> wrong and
 wrong -> right against the previous stage, and each task's fraction of items forgotten at least
 once, over the stages."""
@@ -73,6 +74,34 @@ def _number(value: float) -> str:
     return f"{value + 0.0:.4f}" if math.isfinite(value) else "n/a"
 
 
+def _gap_rows(held: Any, task_names: list[str]) -> list[str]:
+    """Table rows of the stability gap of each task ``j`` while ``j + 1`` trains (the
+    ``step_metrics``' ``gap_depth`` and ``gap_recovery_steps``): a recovery's NaN, where its
+    depth is defined, reads "not recovered" (within stage ``j + 1``)."""
+    from continual_eval._markdown import escape_markdown
+
+    depth = held.step_metrics.get("gap_depth")
+    recovery = held.step_metrics.get("gap_recovery_steps")
+    rows: list[str] = []
+    for j in range(0 if depth is None else len(depth[0])):
+        task = escape_markdown(task_names[j])
+        values = [float(t[j]) for t in depth]
+        rows.append(
+            f"| {escape_markdown('gap_depth')} ({task}) | "
+            + " | ".join(map(_number, values))
+            + " |"
+        )
+        if recovery is None:
+            continue
+        never = "not recovered" if math.isfinite(values[0]) else "n/a"
+        steps = [float(t[j]) for t in recovery]
+        cells = [f"{v:.0f}" if math.isfinite(v) else never for v in steps]
+        rows.append(
+            f"| {escape_markdown('gap_recovery_steps')} ({task}) | " + " | ".join(cells) + " |"
+        )
+    return rows
+
+
 def items_run_lines(
     results: Any, label: str, title: str, out: Path, plain: Callable[[str], str]
 ) -> list[str]:
@@ -106,6 +135,7 @@ def items_run_lines(
                 f"| {escape_markdown(key)} | {_number(estimate)} | {_number(low)} | "
                 f"{_number(high)} |"
             )
+        lines += _gap_rows(held, results.task_names)
         for key, why in held.unavailable.items():
             lines.append(f"| {escape_markdown(key)} | no interval: {escape_markdown(why)} | | |")
         lines.append("")

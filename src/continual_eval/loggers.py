@@ -27,8 +27,9 @@ name (``{prefix}`` is the callback's ``prefix``, ``continual/`` by default):
 * per-step evaluations: ``{prefix}step/{task}`` (primary), ``{prefix}{name}/step/{task}``;
 * stability: ``{prefix}min_acc``, ``{prefix}wc_acc``, ``{prefix}gap_depth/{task}``,
   ``{prefix}gap_recovery_steps/{task}`` (primary), the same under ``{prefix}{name}/``; with
-  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (min-ACC, WC-ACC, the gap depth;
-  at the last recorded stage);
+  ``item_records`` their intervals as ``.../lo`` and ``.../hi`` (min-ACC, WC-ACC, the gap depth
+  and recovery steps; at the last recorded stage; a recovery's ``hi`` is left out where the
+  interval reaches "not recovered within the stage", both ends where it starts there);
 * plasticity (per-step evaluation, after the last stage recorded): ``{prefix}anytime_acc``,
   ``{prefix}lca``, ``{prefix}auc_fwt`` (primary), the same under ``{prefix}{name}/``; with
   ``item_records`` each with ``.../lo`` and ``.../hi``;
@@ -406,9 +407,10 @@ def _held_out_interval_scalars(
 def _step_interval_scalars(
     held: MatrixIntervals, base: str, names: Sequence[str], stage: int
 ) -> dict[str, float]:
-    """``{base}min_acc|wc_acc/lo|hi`` and ``{base}gap_depth/{task}/lo|hi`` of ``stage`` (the
-    last recorded), and ``{base}anytime_acc|lca|auc_fwt/lo|hi`` (item_records with per-step
-    evaluations), where the ``intervals`` section holds them."""
+    """``{base}min_acc|wc_acc/lo|hi`` and ``{base}gap_depth|gap_recovery_steps/{task}/lo|hi``
+    of ``stage`` (the last recorded), and ``{base}anytime_acc|lca|auc_fwt/lo|hi`` (item_records
+    with per-step evaluations), where the ``intervals`` section holds them (an end that is NaN
+    is left out: for the recovery, not recovered within the stage)."""
     out: dict[str, float] = {}
     steps = held.step_metrics
     for key in ("min_acc", "wc_acc"):
@@ -417,10 +419,11 @@ def _step_interval_scalars(
                 f"{base}{key}/lo": float(steps[key][1][stage]),
                 f"{base}{key}/hi": float(steps[key][2][stage]),
             }
-    depth = steps.get("gap_depth")
-    if depth is not None and 1 <= stage <= len(depth[1]):
-        key = f"{base}gap_depth/{names[stage - 1]}"
-        out |= {f"{key}/lo": float(depth[1][stage - 1]), f"{key}/hi": float(depth[2][stage - 1])}
+    for tag in ("gap_depth", "gap_recovery_steps"):
+        gap = steps.get(tag)
+        if gap is not None and 1 <= stage <= len(gap[1]):
+            key = f"{base}{tag}/{names[stage - 1]}"
+            out |= {f"{key}/lo": float(gap[1][stage - 1]), f"{key}/hi": float(gap[2][stage - 1])}
     for metric, tag in _PLASTICITY_TAGS:
         if metric in held.metrics:
             _, low, high = held.metrics[metric]

@@ -125,12 +125,17 @@ def test_step_intervals_equal_the_bootstrap_of_plain_items(run):
             seed=1,
         )
         held = section.matrices[name]
-        for key in ("min_acc", "wc_acc", "gap_depth", "gap_minimum", "stage_auc"):
+        keys = ("min_acc", "wc_acc", "gap_depth", "gap_minimum", "gap_recovery_steps", "stage_auc")
+        for key in keys:
             for got, expected in zip(held.step_metrics[key], want[key], strict=True):
                 torch.testing.assert_close(got, expected, rtol=0, atol=1e-5, equal_nan=True)
         for key in ("anytime_accuracy", "lca"):
             for got, expected in zip(held.metrics[key], want[key], strict=True):
                 assert got == pytest.approx(expected.item(), abs=1e-5)
+        recovery = cb.continual_results()[name].stability.per_task["recovery_steps"]
+        torch.testing.assert_close(
+            held.step_metrics["gap_recovery_steps"][0], recovery, equal_nan=True
+        )
     # the estimates are the results' own stability and plasticity values
     results = cb.continual_results()
     held = section.matrices["acc"]
@@ -139,6 +144,7 @@ def test_step_intervals_equal_the_bootstrap_of_plain_items(run):
     )
     assert held.metrics["lca"][0] == pytest.approx(results["acc"].plasticity.lca, abs=1e-12)
     assert "stability" not in section.unavailable and "min_acc_ties" in section.unavailable
+    assert "gap_recovery_steps" not in section.unavailable  # it has an interval
     low, high = held.step_metrics["min_acc"][1:]
     assert bool((low[1:] <= high[1:]).all()) and math.isnan(low[0])
 
@@ -151,10 +157,61 @@ def test_logs_carry_lo_and_hi(run):
         assert low <= high
     name = cb.task_names[1]
     assert scalars[f"continual/gap_depth/{name}/lo"] <= scalars[f"continual/gap_depth/{name}/hi"]
+    # task 1 never comes back within stage 2, certainly: both ends "not recovered", not logged
+    held = cb.continual_results().intervals.matrices["acc"]
+    assert all(math.isnan(t[1].item()) for t in held.step_metrics["gap_recovery_steps"])
+    assert not any(key.startswith(f"continual/gap_recovery_steps/{name}") for key in scalars)
     # and results.json holds them, checked on load
     back = ContinualResults.load(root / "out")
     assert back.intervals is not None
     assert set(back.intervals.matrices["acc"].step_metrics) >= {"min_acc", "wc_acc", "gap_depth"}
+
+
+def test_gap_recovery_interval_in_results_logs_and_report(tmp_path):
+    """A stage that trains on the new task, then on the old one again (replay at the end):
+    task 0 dips and comes back within stage 1. Its recovery steps' interval is in results.json
+    (``step_metrics``, read back from disk), logged as ``.../lo`` and ``.../hi`` beside the
+    value, and shown in the report's table of the run's intervals."""
+    import json
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from continual_eval._items_report import items_run_lines
+    from continual_eval._markdown import escape_markdown
+
+    tasks = make_tasks(2, test_sizes=(200, 200))
+    (x0, y0), (x1, y1) = tasks[0][0], tasks[1][0]
+    loaders = [
+        DataLoader(TensorDataset(x0, y0), batch_size=16),
+        DataLoader(TensorDataset(torch.cat([x1, x0, x0]), torch.cat([y1, y0, y0])), batch_size=16),
+    ]
+    cb = ContinualEvalCallback(
+        eval_loaders(tasks),
+        eval_every_n_steps=1,
+        dirpath=tmp_path / "out",
+        verbose=False,
+        item_records={"resamples": RESAMPLES, "seed": 1},
+    )
+    trainer = pl.Trainer(callbacks=[cb], **trainer_kwargs(tmp_path, max_epochs=1))
+    fit_tasks(trainer, Classifier(make_net()), loaders)
+    back = ContinualResults.load(tmp_path / "out")
+    task = back.task_names[0]
+    recovery = back["acc"].stability.per_task["recovery_steps"][0].item()
+    assert back["acc"].stability.per_task["depth"][0].item() > 0.2 and 0 < recovery < 9
+    interval = back.intervals.matrices["acc"].step_metrics["gap_recovery_steps"]
+    est, low, high = (float(t[0]) for t in interval)
+    assert est == recovery and low <= est <= high < math.inf
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    section = document["intervals"]["matrices"]["acc"]["step_metrics"]["gap_recovery_steps"]
+    assert section == {"estimate": [est], "low": [low], "high": [high]}
+    assert "gap_recovery_steps" not in document["intervals"]["unavailable"]
+    assert "gap_recovery_steps_band" in document["intervals"]["unavailable"]
+    scalars = stage_scalars(back, 1)
+    key = f"continual/gap_recovery_steps/{task}"
+    assert (scalars[key], scalars[f"{key}/lo"], scalars[f"{key}/hi"]) == (est, low, high)
+    lines = items_run_lines(back, "run", "run", tmp_path, str)
+    row = escape_markdown(f"gap_recovery_steps ({task})")
+    assert f"| {row} | {est:.0f} | {low:.0f} | {high:.0f} |" in lines
 
 
 def test_the_journal_replays_the_step_items(run):

@@ -75,8 +75,9 @@ class MatrixIntervals:
     #: the step curves' metrics by the same paired resamples (per-step evaluations with
     #: ``item_records``): ``min_acc``, ``wc_acc``, ``stage_auc``,
     #: ``auc_forward_transfer_per_task`` ``[s]``; ``gap_boundary``, ``gap_minimum``,
-    #: ``gap_depth`` ``[s - 1]``; their scalars (``anytime_accuracy``, ``lca``,
-    #: ``auc_forward_transfer``) are in ``metrics``
+    #: ``gap_depth``, ``gap_recovery_steps`` ``[s - 1]`` (a recovery's NaN end, where its
+    #: depth is defined: not recovered within the stage); their scalars
+    #: (``anytime_accuracy``, ``lca``, ``auc_forward_transfer``) are in ``metrics``
     step_metrics: Mapping[str, Triple] = field(default_factory=dict)
 
 

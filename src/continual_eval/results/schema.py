@@ -495,7 +495,8 @@ class MatrixIntervalsSection(Struct, kw_only=True):
     per_task: dict[Name, PerTaskIntervalSection] = msgspec.field(default_factory=dict)
     #: the step curves' metrics by the same resamples (``min_acc``, ``wc_acc``, ``stage_auc``,
     #: ``auc_forward_transfer_per_task`` ``[s]``; ``gap_boundary``, ``gap_minimum``,
-    #: ``gap_depth`` ``[max(s - 1, 0)]``)
+    #: ``gap_depth``, ``gap_recovery_steps`` ``[max(s - 1, 0)]``; a recovery's ``null`` end:
+    #: not recovered within the stage)
     step_metrics: dict[Name, PerTaskIntervalSection] = msgspec.field(default_factory=dict)
 
 
@@ -1318,6 +1319,7 @@ _STEP_METRIC_LENGTHS = {
     "gap_boundary": lambda s: max(s - 1, 0),
     "gap_minimum": lambda s: max(s - 1, 0),
     "gap_depth": lambda s: max(s - 1, 0),
+    "gap_recovery_steps": lambda s: max(s - 1, 0),
 }
 
 
