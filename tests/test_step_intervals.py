@@ -6,9 +6,10 @@
 * coverage by simulation (seeded): 2000 simulated runs with known item probabilities
   (correlated across an item's evaluations), the nominal 95% intervals of min-ACC, WC-ACC, the
   gap depth, the stage areas, anytime accuracy, LCA and the AUC forward transfer cover the truth
-  in 94-96% of them where the curve's minimum is clear; a flat stretch near the minimum
-  undercovers a little (about 93% with the basic interval of the minimum metrics; measured and
-  asserted, as the ``intervals`` section states);
+  in 94-96% of them where the curve's minimum is clear, and so does the hull of the percentile
+  and basic intervals of the minimum metrics on a flat stretch near the minimum (where each alone
+  undercovers: 82-85% and 93%); exact ties of eight evaluations undercover a little (about 92%;
+  measured and asserted, as the ``intervals`` section states);
 * the gap's recovery steps (a first passage on the evaluation grid, NaN: not recovered within
   the stage): toy curves whose interval is known, and coverage by simulation of a clear, a
   slow, a flat and a double-dip recovery, no gap, and plateaus that never come back (at least
@@ -103,18 +104,19 @@ def test_the_resamples_are_the_matrix_bootstraps():
     res = si.step_bootstrap(values, evaluated, stage, steps, T, resamples=400, seed=5)
     items = [v[1 : 1 + T] for v in values]
     matrix = iv.paired_bootstrap(items, baseline=[v[0] for v in values], resamples=400, seed=5)
-    # WC-ACC at stage 0 is R[0, 0]: the same resampled values, reflected about the estimate
-    # (WC-ACC's interval is the basic one, [2 est - q_hi, 2 est - q_lo])
-    est = matrix.cells.estimate[0, 0]
-    basic_low, basic_high = 2 * est - matrix.cells.high[0, 0], 2 * est - matrix.cells.low[0, 0]
-    torch.testing.assert_close(res["wc_acc"].low[0], basic_low, rtol=0, atol=1e-12)
-    torch.testing.assert_close(res["wc_acc"].high[0], basic_high, rtol=0, atol=1e-12)
+    # WC-ACC at stage 0 is R[0, 0]: the same resampled values; its interval is the hull of the
+    # percentile one and the basic one, [2 est - q_hi, 2 est - q_lo]
+    est, low, high = (t[0, 0] for t in (matrix.cells.estimate, matrix.cells.low, matrix.cells.high))
+    hull_low, hull_high = torch.minimum(low, 2 * est - high), torch.maximum(high, 2 * est - low)
+    torch.testing.assert_close(res["wc_acc"].low[0], hull_low, rtol=0, atol=1e-12)
+    torch.testing.assert_close(res["wc_acc"].high[0], hull_high, rtol=0, atol=1e-12)
     weights = iv.resample_weights(sizes, resamples=400, seed=5)
     kept = (weights[0] * values[0][1 + T + 1].double()).sum(1) / weights[0].sum(1)
     lo, hi = np.quantile(kept.numpy(), [0.025, 0.975])
     estimate = values[0][1 + T + 1].double().mean().item()
-    assert res["wc_acc"].low[0].item() == pytest.approx(2 * estimate - hi, abs=1e-12)
-    assert res["wc_acc"].high[0].item() == pytest.approx(2 * estimate - lo, abs=1e-12)
+    want_low, want_high = min(lo, 2 * estimate - hi), max(hi, 2 * estimate - lo)
+    assert res["wc_acc"].low[0].item() == pytest.approx(want_low, abs=1e-12)
+    assert res["wc_acc"].high[0].item() == pytest.approx(want_high, abs=1e-12)
 
 
 def test_the_basic_intervals_stay_within_the_bounds():
@@ -234,17 +236,27 @@ def test_coverage_of_the_curve_metrics_by_simulation():
         assert key in coverage
 
 
-def test_a_flat_minimum_undercovers_a_little():
+def test_a_flat_minimum_is_covered_by_the_hull():
     """Where four to eight evaluations sit within 0.02 of task 0's minimum, the plug-in minimum
-    is biased low; the basic interval of min-ACC and the gap's minimum, reflected about the
-    estimate, covers about 93% (the percentile interval measured 82-85% in 1000 runs), still
-    below nominal (stated in the section's ``unavailable``, not claimed); the gap's depth and
-    the linear curve metrics keep their coverage."""
+    is biased low: the percentile interval of min-ACC (measured 82-85% in 1000 runs) and the
+    basic one (93%) each undercover, their hull covers 94-96% (measured 94.1-96.7% over the
+    minimum metrics); the linear curve metrics keep their coverage."""
     coverage = _coverage(FLAT, runs=1000)
-    for key, at in (("min_acc", 1), ("min_acc", 2), ("gap_minimum", 0), ("wc_acc", 2)):
-        assert 0.90 <= coverage[key][at].item() < 0.95, (key, coverage[key])
-    assert 0.93 <= coverage["gap_depth"][0].item() <= 0.97, coverage["gap_depth"]
+    for key in ("min_acc", "wc_acc", "gap_minimum", "gap_depth"):
+        values = coverage[key][~torch.isnan(coverage[key])]
+        assert bool(((values >= 0.935) & (values <= 0.975)).all()), (key, coverage[key])
     assert 0.93 <= coverage["stage_auc"][0].item() <= 0.97, coverage["stage_auc"]
+
+
+@pytest.mark.slow
+def test_exact_ties_of_the_minimum_undercover_a_little():
+    """Eight evaluations exactly at task 0's minimum (the bootstrap of a minimum is
+    inconsistent at ties): the hull covers about 92% (the basic interval alone 91-92%), as the
+    ``intervals`` section's ``unavailable["min_acc_ties"]`` states; never below 90%."""
+    coverage = _coverage({**DIP, 0: [0.50, 0.70, 0.80, 0.85] + [0.60] * 8}, runs=1000)
+    for key in ("min_acc", "wc_acc", "gap_minimum", "gap_depth"):
+        values = coverage[key][~torch.isnan(coverage[key])]
+        assert bool(((values >= 0.90) & (values <= 0.975)).all()), (key, coverage[key])
 
 
 # ---------------------------------------------------------------- the gap's recovery steps

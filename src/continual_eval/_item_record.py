@@ -110,11 +110,11 @@ STEP_UNAVAILABLE = {
     ),
     "min_acc_ties": (
         "min-ACC, WC-ACC and the gap's minimum and depth take a minimum over evaluations: their "
-        "basic bootstrap interval covers at the nominal rate where the minimum is clear (94-95% "
-        "measured), and undercovers where several evaluations come within the test-set noise "
-        "of it (about 93% at nominal 95% for min-ACC with four to eight evaluations within "
-        "0.02 of the minimum, n = 256, against 82-85% for the percentile interval; "
-        "tests/test_step_intervals.py): read such an interval as somewhat too narrow"
+        "interval, the hull of the percentile and the basic bootstrap intervals, covers 94-96% "
+        "at nominal 95% where the minimum is clear and where four to eight evaluations come "
+        "within 0.02 of it (each interval alone: 82-85% and 93% there), and undercovers a "
+        "little where evaluations are exactly tied at the minimum (about 92% with eight tied, "
+        "n = 256; tests/test_step_intervals.py): read such an interval as slightly too narrow"
     ),
     "auc_forward_transfer_reference": (
         "the AUC forward transfer's interval holds the reference's areas fixed (a reference of "
