@@ -100,7 +100,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     kept, left_out = [], []
     for item in items:
-        (left_out if "slow" in item.keywords and "ci" not in item.keywords else kept).append(item)
+        # the marks, not item.keywords: those hold parametrize ids too (a case named "slow")
+        slow = item.get_closest_marker("slow") and not item.get_closest_marker("ci")
+        (left_out if slow else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
