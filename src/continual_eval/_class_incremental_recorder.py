@@ -345,7 +345,7 @@ class ClassIncrementalRecord:
     def stage_text(self, stage: int) -> str:
         """Stage ``stage``'s ``confusion.stages`` string of ``results.json``
         (``"true:predicted:count ..."``), made once per recorded stage."""
-        return _stage_texts(self._snapshot(stage + 1), stage + 1)[stage]
+        return _stage_text(self._snapshot(stage + 1), stage)
 
     def _snapshot(self, num_stages: int) -> tuple[Tensor, Tensor, list[int], dict[int, str]]:
         """What the first ``num_stages`` stages' strings are made from, later and on another
@@ -517,21 +517,22 @@ _JOURNAL_DTYPES = ("<i4", "<i8")
 def _stage_texts(
     snapshot: tuple[Tensor, Tensor, list[int], dict[int, str]], num_stages: int
 ) -> list[str]:
-    """The ``results.json`` strings of the first ``num_stages`` stages of a `_snapshot`
-    (``""``: a stage not recorded), each encoded once per cache (`encode_cells`)."""
+    """The ``results.json`` strings of the first ``num_stages`` stages of a `_snapshot`."""
+    return [_stage_text(snapshot, stage) for stage in range(num_stages)]
+
+
+def _stage_text(snapshot: tuple[Tensor, Tensor, list[int], dict[int, str]], stage: int) -> str:
+    """Stage ``stage``'s ``results.json`` string of a `_snapshot` (``""``: a stage not
+    recorded), encoded once per cache (`encode_cells`)."""
     index, values, offsets, cache = snapshot
-    texts = []
-    for stage in range(num_stages):
-        if stage + 1 >= len(offsets):  # not recorded (not cached: it may be recorded later)
-            texts.append("")
-            continue
-        text = cache.get(stage)
-        if text is None:
-            a, b = offsets[stage], offsets[stage + 1]
-            text = encode_cells(torch.stack([index[1, a:b], index[2, a:b], values[a:b]], 1))
-            cache[stage] = text
-        texts.append(text)
-    return texts
+    if stage + 1 >= len(offsets):  # not recorded (not cached: it may be recorded later)
+        return ""
+    text = cache.get(stage)
+    if text is None:
+        a, b = offsets[stage], offsets[stage + 1]
+        text = encode_cells(torch.stack([index[1, a:b], index[2, a:b], values[a:b]], 1))
+        cache[stage] = text
+    return text
 
 
 def _checked_cells(stage: Any, given: Any, C: int, source: str = "the state's") -> Tensor:
